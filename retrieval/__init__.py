@@ -1,0 +1,1 @@
+"""Training, evaluation, artifacts and serving for the multi-interest two-tower retriever."""

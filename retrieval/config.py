@@ -1,0 +1,112 @@
+"""Configuration: one frozen dataclass per component, ``a.b=c`` overrides, saved beside artifacts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the interactions come from. ``format`` None = detected from the path."""
+
+    path: str = ""
+    format: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """User tower and embedding sizes. ``num_interests`` None = the tower's default (sa: 4, sasrec: 1)."""
+
+    tower: str = "sa"
+    dim: int = 64
+    max_len: int = 50
+    num_interests: int | None = None
+    num_blocks: int = 2
+    num_heads: int = 1
+    dropout: float = 0.2
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and the sampled-softmax task.
+
+    ``sampler`` is ``"popularity"`` (q ∝ count^``sampler_alpha`` over training events) or
+    ``"uniform"``; logits are log-Q corrected for either.
+    """
+
+    epochs: int = 20
+    batch_size: int = 256
+    learning_rate: float = 1e-3
+    num_negatives: int = 1000
+    sampler: str = "popularity"
+    sampler_alpha: float = 0.75
+    temperature: float = 1.0
+    remove_accidental_hits: bool = True
+    seed: int = 42
+    eval_every: int = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> Config:
+        return cls(
+            DataConfig(**payload.get("data", {})),
+            ModelConfig(**payload.get("model", {})),
+            TrainConfig(**payload.get("train", {})),
+        )
+
+
+def _coerce(raw: str, annotation: Any, key: str) -> Any:
+    hint = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    if raw.lower() in ("none", "null") and type(None) in hint:
+        return None
+    target = next(t for t in hint if t is not type(None))
+    if target is bool:
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"{key}: expected true/false, got {raw!r}")
+        return raw.lower() in ("true", "1")
+    try:
+        return target(raw)
+    except ValueError:
+        raise ValueError(f"{key}: expected {target.__name__}, got {raw!r}") from None
+
+
+def apply_overrides(config: Config, overrides: Iterable[str]) -> Config:
+    """Returns ``config`` with ``section.field=value`` overrides applied (values typed by the field).
+
+    Example:
+        >>> apply_overrides(Config(), ["train.epochs=3", "model.tower=sasrec"]).train.epochs
+        3
+    """
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section_name, _, field_name = key.strip().partition(".")
+        if not sep or not field_name:
+            raise ValueError(f"override {item!r} is not of the form section.field=value")
+        if section_name not in {f.name for f in dataclasses.fields(config)}:
+            raise ValueError(f"unknown config section {section_name!r} in {item!r}")
+        section = getattr(config, section_name)
+        hints = typing.get_type_hints(type(section))
+        if field_name not in hints:
+            raise ValueError(f"unknown field {key!r}; {section_name} has {sorted(hints)}")
+        value = _coerce(raw.strip(), hints[field_name], key)
+        config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{field_name: value})})
+    return config

@@ -1,0 +1,88 @@
+"""The two-tower Keras model: a user tower (which holds the shared item tower) and a task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from retrieval.config import ModelConfig
+from retrieval.losses import SampledSoftmaxTask
+from towers import ItemTower, UserTower, build_user_tower
+
+
+@keras.saving.register_keras_serializable(package="retrieval")
+class TwoTowerModel(keras.Model):
+    """User tower + item tower trained by a :class:`SampledSoftmaxTask`.
+
+    ``call({"items": [B, L]})`` returns the interests ``[B, K, d]``; ``fit`` takes
+    ``(inputs, target_ids [B])``. The task is attached for training and is not saved.
+    """
+
+    def __init__(self, user_tower: UserTower, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.user_tower = user_tower
+        self.task: SampledSoftmaxTask | None = None
+
+    @property
+    def item_tower(self) -> ItemTower:
+        return self.user_tower.item_tower
+
+    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+        return self.user_tower(inputs, training=training)
+
+    def compute_loss(
+        self,
+        x: Any = None,
+        y: Any = None,
+        y_pred: Any = None,
+        sample_weight: Any = None,
+        training: bool = True,
+    ) -> Any:
+        if self.task is None:
+            raise RuntimeError("attach a task (model.task = SampledSoftmaxTask(...)) before training")
+        loss = self.task(y_pred, y, self.item_tower)
+        if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
+            loss = loss + tf.add_n(self.losses)
+        return loss
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "user_tower": keras.saving.serialize_keras_object(self.user_tower)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> TwoTowerModel:
+        config = dict(config)
+        config["user_tower"] = keras.saving.deserialize_keras_object(config["user_tower"])
+        return cls(**config)
+
+
+def build_model(config: ModelConfig, num_embeddings: int) -> TwoTowerModel:
+    """Builds an untrained model for a catalogue of ``num_embeddings - 1`` items."""
+    extra: dict[str, Any] = {}
+    if config.num_interests is not None:
+        extra["num_interests"] = config.num_interests
+    if config.tower == "sasrec":
+        extra.update(num_blocks=config.num_blocks, num_heads=config.num_heads, dropout=config.dropout)
+    user_tower = build_user_tower(
+        config.tower, item_tower=ItemTower(num_embeddings, config.dim), max_len=config.max_len, **extra
+    )
+    model = TwoTowerModel(user_tower)
+    model.user_tower.build()
+    return model
+
+
+def export_user_tower(model: TwoTowerModel, path: Path) -> None:
+    """Writes a SavedModel with the serving endpoint ``user_vectors(items int32 [B, L]) -> [B, K, d]``.
+
+    The endpoint is a traced graph: serving needs neither the tower classes nor tracing per call.
+    """
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        name="user_vectors",
+        fn=lambda items: model({"items": items}, training=False),
+        input_signature=[tf.TensorSpec([None, None], tf.int32, name="items")],
+    )
+    archive.write_out(str(path), verbose=False)

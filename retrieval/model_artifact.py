@@ -1,0 +1,102 @@
+"""The trained-model artifact: what serving, evaluation and indexing read.
+
+Folder layout (``tools/train.py --out DIR``)::
+
+    DIR/manifest.json         kind "model", version, tower, dim, num_interests, max_len, checksums
+    DIR/config.json           the resolved training configuration
+    DIR/vocab.json            item vocabulary (external ids, titles when the data has them)
+    DIR/item_embeddings.npy   float32 [num_items + 1, d]; row i is dense item i, row 0 padding
+    DIR/user_tower/           SavedModel with endpoint ``user_vectors(items int32 [B, L]) -> [B, K, d]``
+    DIR/model.keras           the full Keras two-tower model (to fine-tune or inspect)
+    DIR/metrics.json          validation and test metrics
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from retrieval.artifacts import read_manifest
+from retrieval.vocab import ItemVocab
+
+KIND = "model"
+
+UserVectorsFn = Callable[[np.ndarray], np.ndarray]
+"""Left-padded dense item ids int32 ``[B, L]`` (``L <= max_len``, 0 = padding) -> float32 ``[B, K, d]``."""
+
+
+@dataclass(frozen=True)
+class ModelArtifact:
+    """A loaded model artifact.
+
+    Attributes:
+        path: the folder it was read from (``None`` when built in memory).
+        manifest: the folder's manifest (``version``, ``tower``, ``dim``, ``num_interests``, ``max_len``).
+        vocab: the item vocabulary.
+        item_embeddings: float32 ``[num_items + 1, d]``; row 0 (padding) is never retrieved.
+        user_vectors: the user tower, see :data:`UserVectorsFn`.
+    """
+
+    path: Path | None
+    manifest: dict[str, Any]
+    vocab: ItemVocab
+    item_embeddings: np.ndarray
+    user_vectors: UserVectorsFn
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["version"])
+
+    @property
+    def max_len(self) -> int:
+        return int(self.manifest["max_len"])
+
+    @property
+    def num_interests(self) -> int:
+        return int(self.manifest["num_interests"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.item_embeddings.shape[1])
+
+    def encode(self, histories: list[np.ndarray]) -> np.ndarray:
+        """Dense-id histories (oldest first) -> interests float32 ``[B, K, d]``.
+
+        Each history is cut to its last ``max_len`` items and left-padded with 0.
+        """
+        return self.user_vectors(pad_left(histories, self.max_len))
+
+
+def pad_left(histories: list[np.ndarray], max_len: int) -> np.ndarray:
+    """Keeps the last ``max_len`` ids of each history, left-padded with 0: int32 ``[B, max_len]``."""
+    out = np.zeros((len(histories), max_len), np.int32)
+    for row, h in zip(out, histories, strict=True):
+        tail = np.asarray(h)[-max_len:]
+        if len(tail):
+            row[max_len - len(tail) :] = tail
+    return out
+
+
+def load_model(path: Path, verify: bool = True) -> ModelArtifact:
+    """Loads a model artifact written by ``tools/train.py`` (checksums verified by default).
+
+    Raises:
+        retrieval.artifacts.ArtifactError: missing, incomplete or corrupted folder.
+    """
+    import tensorflow as tf
+
+    path = Path(path)
+    manifest = read_manifest(path, KIND, verify=verify)
+    vocab = ItemVocab.load(path / "vocab.json")
+    item_embeddings = np.load(path / "item_embeddings.npy", allow_pickle=False)
+    exported = tf.saved_model.load(str(path / "user_tower"))
+    endpoint = exported.user_vectors
+
+    def user_vectors(items: np.ndarray) -> np.ndarray:
+        return endpoint(tf.constant(items, tf.int32)).numpy()
+
+    return ModelArtifact(path, manifest, vocab, item_embeddings, user_vectors)

@@ -1,0 +1,139 @@
+"""Training: data -> leave-one-out split -> sampled-softmax training -> model artifact."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from retrieval.artifacts import write_artifact
+from retrieval.config import Config
+from retrieval.data import LeaveOneOut, build_sequences, leave_one_out, load_interactions, training_examples
+from retrieval.evaluate import evaluate_exact, popularity_top_k
+from retrieval.losses import CandidateSampler, SampledSoftmaxTask
+from retrieval.metrics import ranking_metrics
+from retrieval.model import TwoTowerModel, build_model, export_user_tower
+from retrieval.model_artifact import KIND, ModelArtifact
+from retrieval.vocab import ItemVocab
+
+log = logging.getLogger(__name__)
+
+
+def live_artifact(model: TwoTowerModel, vocab: ItemVocab, max_len: int) -> ModelArtifact:
+    """A :class:`ModelArtifact` view of a model in memory, for evaluation during training."""
+    predict = tf.function(lambda items: model({"items": items}, training=False), reduce_retracing=True)
+    table = np.array(model.item_tower.table)
+    manifest = {"version": "training", "max_len": max_len, "num_interests": model.user_tower.num_interests}
+    return ModelArtifact(None, manifest, vocab, table, lambda items: predict(tf.constant(items)).numpy())
+
+
+class FullRankingValidation(keras.callbacks.Callback):
+    """Adds full-ranking validation metrics (``val_ndcg@10`` …) to the epoch logs."""
+
+    def __init__(self, split: LeaveOneOut, vocab: ItemVocab, max_len: int, every: int = 1) -> None:
+        super().__init__()
+        self.split, self.vocab, self.max_len, self.every = split, vocab, max_len, every
+        self.history: list[dict[str, float]] = []
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if (epoch + 1) % self.every or not len(self.split.valid_targets):
+            return
+        assert isinstance(self.model, TwoTowerModel)
+        artifact = live_artifact(self.model, self.vocab, self.max_len)
+        metrics = evaluate_exact(artifact, self.split.valid_histories, self.split.valid_targets)
+        self.history.append({"epoch": epoch + 1, **metrics})
+        if logs is not None:
+            logs.update({f"val_{k}": v for k, v in metrics.items()})
+        print(f"  validation: ndcg@10 {metrics['ndcg@10']:.4f}  hr@10 {metrics['hr@10']:.4f}", flush=True)
+
+
+def item_counts(sequences: Sequence[np.ndarray], num_embeddings: int) -> np.ndarray:
+    """Occurrences of each dense id in ``sequences``, int64 ``[num_embeddings]``."""
+    flat = np.concatenate(sequences) if len(sequences) else np.zeros(0, np.int64)
+    return np.bincount(flat, minlength=num_embeddings)
+
+
+def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str = "auto") -> dict[str, Any]:
+    """Trains the configured towers and writes the model artifact to ``out``.
+
+    Returns:
+        the metrics written to ``out/metrics.json``: ``validation`` (per epoch and final),
+        ``test``, ``baseline_popularity_test`` and the training time.
+    """
+    if not config.data.path:
+        raise ValueError("config.data.path is empty: give the interactions to train on")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    keras.utils.set_random_seed(config.train.seed)
+    data = build_sequences(load_interactions(config.data.path, config.data.format))
+    split = leave_one_out(data)
+    vocab, max_len = data.vocab, config.model.max_len
+    x, y = training_examples(split.train, max_len)
+    if not len(y):
+        raise ValueError(f"{config.data.path}: no training examples (every user needs >= 2 training events)")
+    log.info("%d users, %d items, %d training examples", len(data.users), len(vocab), len(y))
+
+    model = build_model(config.model, vocab.num_embeddings)
+    counts = item_counts(split.train, vocab.num_embeddings)
+    t = config.train
+    sampler = CandidateSampler.from_counts(counts, t.sampler, t.sampler_alpha)
+    model.task = SampledSoftmaxTask(sampler, t.num_negatives, t.temperature, t.remove_accidental_hits)
+    # XLA has no kernel for the sampler and was slower on CPU (MEASURED.md): keep it off.
+    model.compile(optimizer=keras.optimizers.Adam(t.learning_rate), jit_compile=False)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices(({"items": x}, y))
+        .shuffle(len(y), seed=t.seed, reshuffle_each_iteration=True)
+        .batch(t.batch_size)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    validation = FullRankingValidation(split, vocab, max_len, t.eval_every)
+    started = time.perf_counter()
+    history = model.fit(dataset, epochs=t.epochs, callbacks=[validation], verbose=verbose)
+    seconds = time.perf_counter() - started
+
+    artifact = live_artifact(model, vocab, max_len)
+    k_max = 50
+    metrics = {
+        "validation": validation.history[-1] if validation.history else {},
+        "validation_per_epoch": validation.history,
+        "test": evaluate_exact(artifact, split.test_histories, split.test_targets),
+        "baseline_popularity_test": ranking_metrics(
+            popularity_top_k(counts, split.test_histories, k_max), split.test_targets
+        ),
+        "train_loss_per_epoch": [float(v) for v in history.history.get("loss", [])],
+        "train_seconds": round(seconds, 1),
+        "train_examples": len(y),
+    }
+    save_model(model, config, vocab, metrics, out, overwrite)
+    return metrics
+
+
+def save_model(
+    model: TwoTowerModel, config: Config, vocab: ItemVocab, metrics: dict[str, Any], out: Path, overwrite: bool
+) -> None:
+    """Writes the model artifact (layout in :mod:`retrieval.model_artifact`) atomically."""
+    table = np.array(model.item_tower.table, np.float32)
+    table[0] = 0.0  # padding is never an answer
+    meta = {
+        "tower": config.model.tower,
+        "dim": int(table.shape[1]),
+        "num_interests": int(model.user_tower.num_interests),
+        "max_len": config.model.max_len,
+        "num_items": len(vocab),
+        "data": config.data.path,
+    }
+    with write_artifact(out, KIND, meta, overwrite=overwrite) as tmp:
+        config.save(tmp / "config.json")
+        vocab.save(tmp / "vocab.json")
+        np.save(tmp / "item_embeddings.npy", table)
+        export_user_tower(model, tmp / "user_tower")
+        model.save(tmp / "model.keras")
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))

@@ -1,0 +1,76 @@
+"""Item vocabulary: external item ids (strings) <-> dense indices, 0 kept for padding."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PAD = 0
+
+
+@dataclass(frozen=True)
+class ItemVocab:
+    """Dense item indices ``1..len(vocab)`` for external ids; index 0 is padding.
+
+    Attributes:
+        ids: external ids; ``ids[i]`` has dense index ``i + 1``.
+        titles: optional human-readable titles aligned with ``ids``.
+    """
+
+    ids: tuple[str, ...]
+    titles: tuple[str, ...] | None = None
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index = {item: i + 1 for i, item in enumerate(self.ids)}
+        if len(index) != len(self.ids):
+            raise ValueError("ItemVocab ids must be unique")
+        if self.titles is not None and len(self.titles) != len(self.ids):
+            raise ValueError(f"{len(self.titles)} titles for {len(self.ids)} items")
+        object.__setattr__(self, "_index", index)
+
+    @classmethod
+    def from_ids(cls, ids: Iterable[str], titles: dict[str, str] | None = None) -> ItemVocab:
+        """Builds a vocabulary in the given order (duplicates keep their first place)."""
+        unique = tuple(dict.fromkeys(str(i) for i in ids))
+        aligned = None if titles is None else tuple(titles.get(i, i) for i in unique)
+        return cls(unique, aligned)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def num_embeddings(self) -> int:
+        """Rows an embedding table needs: every item plus the padding row."""
+        return len(self.ids) + 1
+
+    def __contains__(self, item_id: str) -> bool:
+        return item_id in self._index
+
+    def lookup(self, item_ids: Sequence[str]) -> np.ndarray:
+        """External ids -> int64 dense indices ``[n]``; unknown ids map to ``PAD`` (0)."""
+        return np.fromiter((self._index.get(i, PAD) for i in item_ids), np.int64, len(item_ids))
+
+    def external(self, indices: np.ndarray | Sequence[int]) -> list[str]:
+        """Dense indices (``>= 1``) -> external ids."""
+        return [self.ids[int(i) - 1] for i in indices]
+
+    def title(self, index: int) -> str:
+        """Title of dense index ``index`` (its external id when titles are unknown)."""
+        return (self.titles or self.ids)[index - 1]
+
+    def save(self, path: Path) -> None:
+        """Writes the vocabulary as JSON."""
+        payload = {"ids": list(self.ids), "titles": None if self.titles is None else list(self.titles)}
+        Path(path).write_text(json.dumps(payload, ensure_ascii=False))
+
+    @classmethod
+    def load(cls, path: Path) -> ItemVocab:
+        """Reads a vocabulary written by :meth:`save`."""
+        payload = json.loads(Path(path).read_text())
+        titles = payload.get("titles")
+        return cls(tuple(payload["ids"]), None if titles is None else tuple(titles))

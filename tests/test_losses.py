@@ -1,0 +1,103 @@
+"""The training task against numpy re-implementations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from retrieval.losses import CandidateSampler, SampledSoftmaxTask, sampled_softmax_loss, select_interest
+
+
+def numpy_sampled_softmax(q, pos, pos_ids, neg, neg_ids, pos_logq, neg_logq, temperature, remove_hits):
+    losses = []
+    for b in range(len(q)):
+        logits = [q[b] @ pos[b] / temperature - pos_logq[b]]
+        for j in range(len(neg)):
+            if remove_hits and neg_ids[j] == pos_ids[b]:
+                continue  # an accidental hit leaves this row's softmax
+            logits.append(q[b] @ neg[j] / temperature - neg_logq[j])
+        logits = np.array(logits, np.float64)
+        losses.append(np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[0])
+    return np.array(losses)
+
+
+@pytest.mark.parametrize("remove_hits", [True, False])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_sampled_softmax_matches_numpy(remove_hits: bool, temperature: float) -> None:
+    rng = np.random.default_rng(0)
+    q, pos = rng.normal(size=(5, 16)), rng.normal(size=(5, 16))
+    pos_ids = np.array([3, 7, 7, 1, 9])
+    neg_ids = np.array([7, 2, 3, 3, 8, 5])  # ids 7 and 3 collide with positives
+    neg = rng.normal(size=(6, 16))
+    pos_logq, neg_logq = np.log(rng.uniform(0.01, 0.2, 5)), np.log(rng.uniform(0.01, 0.2, 6))
+    got = sampled_softmax_loss(
+        *(tf.constant(a, tf.float32) for a in (q, pos)),
+        tf.constant(pos_ids),
+        tf.constant(neg, tf.float32),
+        tf.constant(neg_ids),
+        tf.constant(pos_logq, tf.float32),
+        tf.constant(neg_logq, tf.float32),
+        temperature,
+        remove_hits,
+    )
+    expected = numpy_sampled_softmax(q, pos, pos_ids, neg, neg_ids, pos_logq, neg_logq, temperature, remove_hits)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4)
+
+
+def test_select_interest_takes_the_argmax_interest() -> None:
+    rng = np.random.default_rng(1)
+    interests, target = rng.normal(size=(6, 4, 8)), rng.normal(size=(6, 8))
+    got = select_interest(tf.constant(interests, tf.float32), tf.constant(target, tf.float32)).numpy()
+    best = np.einsum("bkd,bd->bk", interests, target).argmax(axis=1)
+    np.testing.assert_allclose(got, interests[np.arange(6), best], rtol=1e-6)
+
+
+def test_select_interest_sends_gradient_only_to_the_chosen_interest() -> None:
+    interests = tf.Variable([[[1.0, 0.0], [0.0, 1.0]]])
+    target = tf.constant([[0.0, 2.0]])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(select_interest(interests, target))
+    grad = tape.gradient(loss, interests).numpy()
+    np.testing.assert_array_equal(grad, [[[0.0, 0.0], [1.0, 1.0]]])
+
+
+def test_sampler_follows_its_distribution_and_never_draws_padding() -> None:
+    tf.random.set_seed(0)
+    counts = np.array([0, 100, 10, 1, 0])
+    sampler = CandidateSampler.from_counts(counts, "popularity", alpha=1.0)
+    q = np.array([0, 101, 11, 2, 1]) / 115
+    np.testing.assert_allclose(np.exp(sampler.log_q.numpy()[1:]), q[1:], rtol=1e-5)
+    draws = sampler.sample(200_000).numpy()
+    assert draws.min() >= 1 and draws.max() <= 4
+    freq = np.bincount(draws, minlength=5) / len(draws)
+    np.testing.assert_allclose(freq[1:], q[1:], atol=0.004)
+
+
+def test_uniform_sampler_and_bad_arguments() -> None:
+    sampler = CandidateSampler.from_counts(np.array([0, 5, 0, 9]), "uniform")
+    np.testing.assert_allclose(np.exp(sampler.log_q.numpy()[1:]), 1 / 3, rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown sampler"):
+        CandidateSampler.from_counts(np.ones(3), "zipf")
+    with pytest.raises(ValueError, match="0 for padding"):
+        CandidateSampler(np.array([0.5, 0.5]))
+    with pytest.raises(ValueError, match="num_negatives"):
+        SampledSoftmaxTask(sampler, 0)
+
+
+def test_task_reduces_to_the_reference_with_fixed_negatives() -> None:
+    """The task picks the best interest, embeds, samples and applies the loss: check the wiring."""
+    rng = np.random.default_rng(2)
+    table = tf.constant(rng.normal(size=(6, 4)), tf.float32)
+    sampler = CandidateSampler.from_counts(np.array([0, 1, 1, 1, 1, 1]), "uniform")
+    task = SampledSoftmaxTask(sampler, num_negatives=3)
+    fixed = tf.constant([1, 2, 5])
+    task.sampler.sample = lambda n: fixed  # type: ignore[method-assign]
+    interests = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    targets = np.array([2, 4])
+    got = task(tf.constant(interests), tf.constant(targets), lambda ids: tf.gather(table, ids)).numpy()
+    t = table.numpy()
+    q = np.stack([interests[b, np.argmax(interests[b] @ t[targets[b]])] for b in range(2)])
+    logq = np.log(np.full(3, 0.2))
+    expected = numpy_sampled_softmax(q, t[targets], targets, t[[1, 2, 5]], [1, 2, 5], logq[:2], logq, 1.0, True)
+    assert got == pytest.approx(expected.mean(), rel=1e-5)

@@ -1,0 +1,94 @@
+"""The one interface every user tower implements."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import keras
+from keras import ops
+
+from towers.item import ItemTower
+
+
+class UserTower(keras.layers.Layer, abc.ABC):
+    """Behaviour sequence -> K interest vectors.
+
+    Inputs are left-padded: ``inputs["items"]`` is int ``[batch, L]`` with 0 for padding
+    and the most recent item in the last column. Padding never changes the output.
+
+    Args:
+        item_tower: the shared item-embedding tower; sequences are embedded with it.
+        max_len: the longest history the tower reads (positional tables are this long).
+        num_interests: K; single-interest towers fix it to 1.
+
+    Call:
+        inputs: ``{"items": int [B, L]}`` (``L <= max_len``) -> float32 ``[B, K, d]``.
+    """
+
+    def __init__(self, item_tower: ItemTower, max_len: int, num_interests: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if max_len < 1 or num_interests < 1:
+            raise ValueError(f"max_len and num_interests must be >= 1, got {max_len}, {num_interests}")
+        self.item_tower = item_tower
+        self.max_len = max_len
+        self.num_interests = num_interests
+        self.dim = item_tower.dim
+
+    @abc.abstractmethod
+    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+        """``{"items": [B, L]}`` -> ``[B, K, d]``."""
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        return (input_shape["items"][0], self.num_interests, self.dim)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "item_tower": keras.saving.serialize_keras_object(self.item_tower),
+            "max_len": self.max_len,
+            "num_interests": self.num_interests,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> UserTower:
+        config = dict(config)
+        config["item_tower"] = keras.saving.deserialize_keras_object(config["item_tower"])
+        return cls(**config)
+
+
+def sequence_mask(items: Any) -> Any:
+    """``[B, L]`` ids -> bool ``[B, L]``, True where there is an item (id != 0)."""
+    return ops.not_equal(items, 0)
+
+
+@keras.saving.register_keras_serializable(package="towers")
+class RecencyPositionEmbedding(keras.layers.Layer):
+    """Learned embedding of each event's distance from the most recent event.
+
+    Sequences are left-padded, so position ``L - 1`` is always the newest event and
+    indexing positions from the end makes the output independent of padding length.
+
+    Call:
+        x: ``[B, L, d]`` -> ``[B, L, d]`` (x plus the positional embedding).
+    """
+
+    def __init__(self, max_len: int, dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.max_len = max_len
+        self.dim = dim
+        self.table = keras.layers.Embedding(
+            max_len, dim, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02)
+        )
+
+    def build(self, input_shape: Any = None) -> None:
+        self.table.build((None,))
+        self.built = True
+
+    def call(self, x: Any) -> Any:
+        length = ops.shape(x)[1]
+        recency = ops.flip(ops.arange(length), axis=0)  # [L]: L-1, ..., 1, 0
+        return x + ops.expand_dims(self.table(recency), 0)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "max_len": self.max_len, "dim": self.dim}

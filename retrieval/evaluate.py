@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from index import FaissIndex
+from retrieval.data import build_sequences, leave_one_out, load_interactions
 from retrieval.metrics import DEFAULT_KS, ranking_metrics
 from retrieval.model_artifact import ModelArtifact
+from retrieval.search import search_interests
+from retrieval.vocab import PAD
 
 _USER_BATCH = 256
 
@@ -70,3 +75,42 @@ def evaluate_exact(
     """Full-ranking metrics with exact search; each user's history items are excluded."""
     interests = encode_histories(model, histories)
     return ranking_metrics(exact_top_k(interests, model.item_embeddings, histories, max(ks)), targets, ks)
+
+
+def evaluate_index(
+    model: ModelArtifact,
+    index: FaissIndex,
+    histories: Sequence[np.ndarray],
+    targets: np.ndarray,
+    ks: Sequence[int] = DEFAULT_KS,
+) -> dict[str, float]:
+    """Full-ranking metrics with the index's (possibly approximate) multi-interest search."""
+    interests = encode_histories(model, histories)
+    found = search_interests(index, interests, max(ks), exclude=[set(h.tolist()) for h in histories])
+    return ranking_metrics(found.ids, targets, ks)
+
+
+def evaluate_model_on_data(
+    model: ModelArtifact,
+    data_path: str | Path,
+    data_format: str | None = None,
+    split: str = "test",
+    index: FaissIndex | None = None,
+) -> dict[str, float]:
+    """Leave-one-out metrics of a trained model on a dataset (exact, or through ``index``).
+
+    The data is re-split as in training and its item ids are mapped through the model's
+    vocabulary: history items the model does not know are dropped, unknown targets count
+    as misses.
+    """
+    if split not in ("valid", "test"):
+        raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
+    data = build_sequences(load_interactions(data_path, data_format))
+    loo = leave_one_out(data)
+    to_model = np.concatenate([[PAD], model.vocab.lookup(list(data.vocab.ids))])  # data id -> model id
+    histories = [to_model[h] for h in (loo.test_histories if split == "test" else loo.valid_histories)]
+    histories = [h[h != PAD] for h in histories]
+    targets = to_model[loo.test_targets if split == "test" else loo.valid_targets]
+    if index is None:
+        return evaluate_exact(model, histories, targets)
+    return evaluate_index(model, index, histories, targets)

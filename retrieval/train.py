@@ -96,7 +96,8 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
     )
     validation = FullRankingValidation(split, vocab, max_len, t.eval_every)
     started = time.perf_counter()
-    history = model.fit(dataset, epochs=t.epochs, callbacks=[validation], verbose=verbose)
+    # The dataset shuffles itself (seeded); Keras' own shuffle flag does not apply to tf.data.
+    history = model.fit(dataset, epochs=t.epochs, callbacks=[validation], verbose=verbose, shuffle=False)
     seconds = time.perf_counter() - started
 
     artifact = live_artifact(model, vocab, max_len)

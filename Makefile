@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` and `make test` (each installs what it needs).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint proto clean
+
+$(STAMP): setup.py pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Train on MovieLens-100K, build the index, start the server, query it, stop it.
+demo: $(STAMP)
+	$(BIN)/python tools/demo.py $(DEMO_ARGS)
+
+## Lint, type-check and run the whole test suite.
+test: $(STAMP) lint
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+## Regenerate the gRPC/protobuf code after editing proto/retrieval.proto.
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. proto/retrieval.proto
+
+clean:
+	rm -rf $(VENV) runs *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,520 @@
+"""Tests for retrieval.data: loaders, sequences, the leave-one-out split and training examples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from retrieval.data import (
+    DataError,
+    SequenceData,
+    build_sequences,
+    default_data_path,
+    leave_one_out,
+    load_interactions,
+    load_movielens,
+    load_s3rec,
+    load_table,
+    training_examples,
+    verify_movielens_100k,
+)
+from retrieval.vocab import PAD, ItemVocab
+
+
+def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode(encoding))
+    return path
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    return frame.to_dict("records")
+
+
+# --- tiny hand-written datasets -------------------------------------------------------------
+
+
+@pytest.fixture
+def ml100k(tmp_path: Path) -> Path:
+    folder = tmp_path / "ml-100k"
+    # Unsorted, with a blank line at the end like the official u.genre.
+    write(folder / "u.data", "1\t2\t4\t881250949\n1\t1\t5\t874965758\n2\t1\t3\t891717742\n\n")
+    write(folder / "u.genre", "unknown|0\nAction|1\nComedy|2\n\n")
+    write(
+        folder / "u.item",
+        "1|Toy Story (1995)|01-Jan-1995||http://x|0|0|1\n"
+        "2|Café au lait (1993)|01-Jan-1993||http://y|0|1|1\n"
+        "3|Unwatched (1990)|01-Jan-1990||http://z|1|0|0\n",
+        encoding="latin-1",
+    )
+    return folder
+
+
+@pytest.fixture
+def ml1m(tmp_path: Path) -> Path:
+    folder = tmp_path / "ml-1m"
+    write(
+        folder / "ratings.dat", "1::1193::5::978300760\r\n1::661::3::978302109\r\n2::1193::4::978298413\r\n"
+    )
+    write(
+        folder / "movies.dat",
+        "661::James and the Giant Peach (1996)::Animation|Children's|Musical\n"
+        "1193::One Flew Over the Cuckoo's Nest (1975)::Drama\n"
+        "2::Señor (1995)::\n",
+        encoding="latin-1",
+    )
+    return folder
+
+
+@pytest.fixture
+def s3rec(tmp_path: Path) -> Path:
+    path = write(tmp_path / "Toy.txt", "1 3 1 2\n2 2 4\n3 1 5 5\n")
+    attributes = {"1": [1, 2], "2": [2], "3": [3], "4": [], "5": [1], "9": [4]}
+    write(tmp_path / "Toy_item2attributes.json", json.dumps(attributes))
+    return path
+
+
+# --- loaders --------------------------------------------------------------------------------
+
+
+def test_load_movielens_100k(ml100k: Path) -> None:
+    data = load_movielens(ml100k)
+    assert records(data.events) == [
+        {"user": "1", "item": "2", "timestamp": 881250949, "rating": 4},
+        {"user": "1", "item": "1", "timestamp": 874965758, "rating": 5},
+        {"user": "2", "item": "1", "timestamp": 891717742, "rating": 3},
+    ]
+    assert data.events["timestamp"].dtype == np.int64
+    assert records(data.items) == [
+        {"item": "1", "title": "Toy Story (1995)", "attributes": ["Comedy"]},
+        {"item": "2", "title": "Café au lait (1993)", "attributes": ["Action", "Comedy"]},
+        {"item": "3", "title": "Unwatched (1990)", "attributes": ["unknown"]},
+    ]
+    assert data.source == str(ml100k)
+    # The ratings file itself is accepted too.
+    assert records(load_movielens(ml100k / "u.data").events) == records(data.events)
+
+
+def test_load_movielens_100k_without_u_genre_uses_the_official_genre_names(ml100k: Path) -> None:
+    (ml100k / "u.genre").unlink()
+    flags = ["0"] * 19
+    flags[1] = flags[18] = "1"  # Action, Western
+    write(ml100k / "u.item", "|".join(["1", "Toy Story (1995)", "", "", "http://x", *flags]) + "\n")
+    assert records(load_movielens(ml100k).items) == [
+        {"item": "1", "title": "Toy Story (1995)", "attributes": ["Action", "Western"]}
+    ]
+
+
+def test_load_movielens_without_item_file_lists_the_rated_items(ml100k: Path) -> None:
+    (ml100k / "u.item").unlink()
+    assert records(load_movielens(ml100k).items) == [{"item": "2"}, {"item": "1"}]
+
+
+def test_load_movielens_1m(ml1m: Path) -> None:
+    for path in (ml1m, ml1m / "ratings.dat"):
+        data = load_movielens(path)
+        assert records(data.events) == [
+            {"user": "1", "item": "1193", "timestamp": 978300760, "rating": 5},
+            {"user": "1", "item": "661", "timestamp": 978302109, "rating": 3},
+            {"user": "2", "item": "1193", "timestamp": 978298413, "rating": 4},
+        ]
+    assert records(data.items) == [
+        {
+            "item": "661",
+            "title": "James and the Giant Peach (1996)",
+            "attributes": ["Animation", "Children's", "Musical"],
+        },
+        {"item": "1193", "title": "One Flew Over the Cuckoo's Nest (1975)", "attributes": ["Drama"]},
+        {"item": "2", "title": "Señor (1995)", "attributes": []},
+    ]
+
+
+def test_load_s3rec_with_attributes_beside_it(s3rec: Path) -> None:
+    data = load_s3rec(s3rec)
+    assert data.events["user"].tolist() == ["1", "1", "1", "2", "2", "3", "3", "3"]
+    assert data.events["item"].tolist() == ["3", "1", "2", "2", "4", "1", "5", "5"]
+    assert data.events["timestamp"].tolist() == [0, 1, 2, 0, 1, 0, 1, 2]  # position in the line
+    assert data.events["timestamp"].dtype == np.int64
+    # Items seen in the sequences first, then those only in the json.
+    assert records(data.items) == [
+        {"item": "3", "attributes": ["3"]},
+        {"item": "1", "attributes": ["1", "2"]},
+        {"item": "2", "attributes": ["2"]},
+        {"item": "4", "attributes": []},
+        {"item": "5", "attributes": ["1"]},
+        {"item": "9", "attributes": ["4"]},
+    ]
+
+
+def test_load_s3rec_attributes_given_or_absent(s3rec: Path, tmp_path: Path) -> None:
+    other = write(tmp_path / "other.json", json.dumps({"3": [7, 7], "1": ["x"]}))
+    items = load_s3rec(s3rec, attributes=other).items
+    assert items["attributes"].tolist() == [["7", "7"], ["x"], None, None, None]
+    (tmp_path / "Toy_item2attributes.json").unlink()
+    assert records(load_s3rec(s3rec).items) == [{"item": i} for i in ["3", "1", "2", "4", "5"]]
+
+
+def test_load_table_csv(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "log.csv",
+        "user,item,timestamp,rating,title,device\n"
+        'u1,A,20,4.5,"Alpha, the first",phone\n'
+        "\n"
+        "u2,B,10,3,,web\n"
+        "u1,B,30,5,Beta,phone\n",
+    )
+    data = load_table(path)
+    assert records(data.events) == [
+        {"user": "u1", "item": "A", "timestamp": 20, "rating": 4.5, "device": "phone"},
+        {"user": "u2", "item": "B", "timestamp": 10, "rating": 3.0, "device": "web"},
+        {"user": "u1", "item": "B", "timestamp": 30, "rating": 5.0, "device": "phone"},
+    ]
+    assert data.events["timestamp"].dtype == np.int64
+    # The first non-empty title of each item.
+    assert records(data.items) == [{"item": "A", "title": "Alpha, the first"}, {"item": "B", "title": "Beta"}]
+
+
+def test_load_table_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "log.parquet"
+    frame = pd.DataFrame({"user": [7, 8], "item": [100, 200], "timestamp": [5, 6], "weight": [0.5, 1.0]})
+    frame.to_parquet(path)
+    data = load_table(path)
+    assert records(data.events) == [
+        {"user": "7", "item": "100", "timestamp": 5, "weight": 0.5},
+        {"user": "8", "item": "200", "timestamp": 6, "weight": 1.0},
+    ]
+    assert records(data.items) == [{"item": "100"}, {"item": "200"}]
+
+
+def test_load_interactions_detects_the_format(ml100k: Path, ml1m: Path, s3rec: Path, tmp_path: Path) -> None:
+    csv_path = write(tmp_path / "log.csv", "user,item,timestamp\nu,i,1\n")
+    assert load_interactions(ml100k).events.columns.tolist() == ["user", "item", "timestamp", "rating"]
+    assert load_interactions(ml1m / "ratings.dat").events["item"].tolist() == ["1193", "661", "1193"]
+    assert "attributes" in load_interactions(s3rec).items.columns
+    assert load_interactions(csv_path).events["user"].tolist() == ["u"]
+    # format= overrides the extension.
+    other = write(tmp_path / "seqs.dat", "1 5 6\n")
+    assert load_interactions(other, format="s3rec").events["item"].tolist() == ["5", "6"]
+
+
+def test_load_interactions_unknown_format(tmp_path: Path) -> None:
+    path = write(tmp_path / "log.json", "{}")
+    with pytest.raises(DataError, match=r"log\.json: cannot tell the data format"):
+        load_interactions(path)
+    with pytest.raises(DataError, match="unknown data format 'xml'"):
+        load_interactions(path, format="xml")
+    with pytest.raises(DataError, match=r"nothing: no such file or folder"):
+        load_interactions(tmp_path / "nothing")
+    with pytest.raises(DataError, match=r"no u\.data or ratings\.dat"):
+        load_movielens(tmp_path)
+
+
+# --- sequences ------------------------------------------------------------------------------
+
+
+def test_build_sequences_sorts_by_time_and_keeps_file_order_on_ties(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "log.csv",
+        "user,item,timestamp\nu1,a,30\nu2,b,10\nu1,c,10\nu2,a,20\nu1,b,10\nu3,c,5\n",
+    )
+    data = build_sequences(load_table(path))
+    # Sorted (stable): (u3,c,5) (u2,b,10) (u1,c,10) (u1,b,10) (u2,a,20) (u1,a,30) -> c=1, b=2, a=3.
+    assert data.vocab.ids == ("c", "b", "a")
+    assert data.users == ("u1", "u2", "u3")  # file order
+    assert [s.tolist() for s in data.sequences] == [[1, 2, 3], [2, 3], [1]]
+    assert all(s.dtype == np.int64 for s in data.sequences)
+    assert data.vocab.titles is None
+    assert data.item_attributes is None
+
+
+def test_build_sequences_ties_keep_file_order_in_long_sequences(tmp_path: Path) -> None:
+    # 80 events where an unstable sort reorders equal timestamps (numpy's default does, here).
+    times = [5, 3] * 40
+    rows = "".join(f"u,i{n},{t}\n" for n, t in enumerate(times))
+    data = build_sequences(load_table(write(tmp_path / "log.csv", "user,item,timestamp\n" + rows)))
+    expected = [f"i{n}" for n in range(1, 80, 2)] + [f"i{n}" for n in range(0, 80, 2)]
+    assert data.vocab.external(data.sequences[0]) == expected
+
+
+def test_build_sequences_carries_titles_and_attributes(ml100k: Path) -> None:
+    data = build_sequences(load_movielens(ml100k))
+    # Item 3 is listed in u.item but never rated: not in the vocabulary.
+    assert data.vocab.ids == ("1", "2")
+    assert data.vocab.lookup(["1", "2", "3"]).tolist() == [1, 2, PAD]
+    assert data.vocab.num_embeddings == 3  # padding row 0
+    assert data.vocab.titles == ("Toy Story (1995)", "Café au lait (1993)")
+    assert data.item_attributes == {1: ("Comedy",), 2: ("Action", "Comedy")}
+    assert data.users == ("1", "2")
+    assert [s.tolist() for s in data.sequences] == [[1, 2], [1]]
+
+
+def test_build_sequences_s3rec(s3rec: Path) -> None:
+    data = build_sequences(load_s3rec(s3rec))
+    # By position: first items 3, 2, 1, then 1, 4, 5, then 2, 5 -> '3'=1, '2'=2, '1'=3, '4'=4, '5'=5.
+    assert data.vocab.ids == ("3", "2", "1", "4", "5")
+    assert [s.tolist() for s in data.sequences] == [[1, 3, 2], [2, 4], [3, 5, 5]]
+    # Item 9 has attributes but no events.
+    assert data.item_attributes == {1: ("3",), 2: ("2",), 3: ("1", "2"), 4: (), 5: ("1",)}
+
+
+def test_build_sequences_titles_from_a_table(tmp_path: Path) -> None:
+    path = write(tmp_path / "log.csv", "user,item,timestamp,title\nu,a,1,Apple\nu,b,2,\n")
+    vocab = build_sequences(load_table(path)).vocab
+    assert vocab.titles == ("Apple", "b")  # no title: the id
+
+
+# --- leave-one-out split and training examples ----------------------------------------------
+
+
+def sequence_data(*sequences: list[int]) -> SequenceData:
+    vocab = ItemVocab.from_ids(str(i) for i in range(1, 7))
+    users = tuple(f"u{i}" for i in range(len(sequences)))
+    return SequenceData(vocab, users, tuple(np.array(s, np.int64) for s in sequences), None)
+
+
+def test_leave_one_out_hand_worked() -> None:
+    split = leave_one_out(sequence_data([1, 2, 3, 4, 5], [6, 1], [2, 4, 6], [3]))
+    assert [t.tolist() for t in split.train] == [[1, 2, 3], [6, 1], [2], [3]]
+    # Users 1 and 3 have < 3 items: no valid/test example.
+    assert split.valid_users.tolist() == [0, 2]
+    assert [h.tolist() for h in split.valid_histories] == [[1, 2, 3], [2]]
+    assert split.valid_targets.tolist() == [4, 4]
+    assert split.test_users.tolist() == [0, 2]
+    assert [h.tolist() for h in split.test_histories] == [[1, 2, 3, 4], [2, 4]]
+    assert split.test_targets.tolist() == [5, 6]
+
+
+def test_leave_one_out_without_evaluable_users() -> None:
+    split = leave_one_out(sequence_data([1, 2], [3]))
+    assert [t.tolist() for t in split.train] == [[1, 2], [3]]
+    assert split.valid_users.shape == split.test_users.shape == (0,)
+    assert split.valid_targets.shape == split.test_targets.shape == (0,)
+    assert split.valid_histories == split.test_histories == ()
+
+
+def test_training_examples_hand_worked() -> None:
+    train = [np.array([1, 2, 3, 4]), np.array([5, 6]), np.array([7])]
+    histories, targets = training_examples(train, max_len=4)
+    assert histories.dtype == targets.dtype == np.int32
+    np.testing.assert_array_equal(histories, [[0, 0, 0, 1], [0, 0, 1, 2], [0, 1, 2, 3], [0, 0, 0, 5]])
+    np.testing.assert_array_equal(targets, [2, 3, 4, 6])
+    # max_len 2 keeps the two most recent items, the latest in the last column.
+    histories, targets = training_examples(train, max_len=2)
+    np.testing.assert_array_equal(histories, [[0, 1], [1, 2], [2, 3], [0, 5]])
+    np.testing.assert_array_equal(targets, [2, 3, 4, 6])
+
+
+def test_training_examples_match_a_loop_oracle() -> None:
+    rng = np.random.default_rng(0)
+    train = [rng.integers(1, 30, size=n) for n in rng.integers(0, 12, size=20)]
+    histories, targets = training_examples(train, max_len=5)
+    expected_h, expected_t = [], []
+    for s in train:
+        for t in range(1, len(s)):
+            window = list(s[max(0, t - 5) : t])
+            expected_h.append([0] * (5 - len(window)) + window)
+            expected_t.append(s[t])
+    np.testing.assert_array_equal(histories, np.array(expected_h).reshape(-1, 5))
+    np.testing.assert_array_equal(targets, expected_t)
+
+
+def test_training_examples_empty() -> None:
+    histories, targets = training_examples([np.array([3])], max_len=3)
+    assert histories.shape == (0, 3) and targets.shape == (0,)
+    assert histories.dtype == targets.dtype == np.int32
+
+
+# --- errors: the file, the line and what is wrong -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("u.data", "1\t2\t4\t881250949\n1\t2\t4\n", r"u\.data, line 2: expected 4 fields .* found 3"),
+        ("u.data", "1\t2\t4\t1\n\n1\tx\t4\t2\n", r"u\.data, line 3: item 'x' is not an integer"),
+        ("u.data", "1\t2\t4\t1\n1\t3\t4\t1.5\n", r"u\.data, line 2: timestamp '1\.5' is not an integer"),
+        ("u.data", "1\t2\t4\t99999999999999999999\n", r"u\.data, line 1: timestamp .* is not an integer"),
+        ("u.data", "\n\n", r"u\.data: empty file"),
+        ("ratings.dat", "1::2::3::4\n1::2::3\n", r"ratings\.dat, line 2: expected 4 fields .* found 3"),
+        ("ratings.dat", "1::2::3::4\n7::2::three::4\n", r"ratings\.dat, line 2: rating 'three' is not"),
+    ],
+)
+def test_movielens_ratings_errors(tmp_path: Path, name: str, text: str, message: str) -> None:
+    write(tmp_path / name, text)
+    with pytest.raises(DataError, match=message):
+        load_movielens(tmp_path)
+
+
+def test_movielens_item_file_errors(ml100k: Path, ml1m: Path) -> None:
+    write(ml100k / "u.item", "1|Toy Story|x||url|0|0|1\n2|Two|x||url|0|2|1\n")
+    with pytest.raises(DataError, match=r"u\.item, line 2: genre flags must be 0 or 1"):
+        load_movielens(ml100k)
+    write(ml100k / "u.item", "1|Toy Story|x||url|0|0|1\n\n3|Three|x||url|0|1\n")
+    with pytest.raises(DataError, match=r"u\.item, line 3: expected 8 fields .* found 7"):
+        load_movielens(ml100k)
+    write(ml100k / "u.item", "one|Toy Story|x||url|0|0|1\n")
+    with pytest.raises(DataError, match=r"u\.item, line 1: movie id 'one' is not an integer"):
+        load_movielens(ml100k)
+    write(ml100k / "u.genre", "unknown|0\nAction|one\n")
+    with pytest.raises(DataError, match=r"u\.genre, line 2: genre index 'one' is not an integer"):
+        load_movielens(ml100k)
+    write(ml1m / "movies.dat", "1::Toy Story::Comedy\n2::Two\n")
+    with pytest.raises(DataError, match=r"movies\.dat, line 2: expected 3 fields .* found 2"):
+        load_movielens(ml1m)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1 2 3\n2\n", r"Toy\.txt, line 2: expected 'user item \[item \.\.\.\]', found one field"),
+        ("1 2 3\n2 4 5\n\n3 4 x5\n", r"Toy\.txt, line 4: item id 'x5' is not a number"),
+        ("1 2 3\nu2 4 5\n", r"Toy\.txt, line 2: user id 'u2' is not a number"),
+        ("1 2 3\n2 4\n1 5\n", r"Toy\.txt, line 3: user 1 already has a line \(line 1\)"),
+        ("\n \n", r"Toy\.txt: empty file"),
+    ],
+)
+def test_s3rec_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path / "Toy.txt", text)
+    with pytest.raises(DataError, match=message):
+        load_s3rec(path)
+
+
+def test_undecodable_text_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "Toy.txt"
+    path.write_bytes(b"1 2 3\n2 3 4\n3 \xff 5\n")
+    with pytest.raises(DataError, match=r"Toy\.txt, line 3: not UTF-8 text \(byte 0xff at offset 14\)"):
+        load_s3rec(path)
+    path = tmp_path / "log.csv"
+    path.write_bytes(b"user,item,timestamp\nu,\xe9t\xe9,1\n")
+    with pytest.raises(DataError, match=r"log\.csv, line 2: not UTF-8 text"):
+        load_table(path)
+
+
+def test_attribute_file_errors(s3rec: Path, tmp_path: Path) -> None:
+    bad = write(tmp_path / "bad.json", '{"1": [1],\n "2": [2\n}')
+    with pytest.raises(DataError, match=r"bad\.json, line 3: invalid JSON"):
+        load_s3rec(s3rec, attributes=bad)
+    write(bad, "[1, 2]")
+    with pytest.raises(DataError, match=r"bad\.json: expected a JSON object"):
+        load_s3rec(s3rec, attributes=bad)
+    write(bad, '{"1": 5}')
+    with pytest.raises(DataError, match=r"bad\.json: item '1': attributes must be a list of ids"):
+        load_s3rec(s3rec, attributes=bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("user,item\nu,i\n", r"log\.csv, line 1: missing column\(s\) timestamp; found: user, item"),
+        ("", r"log\.csv: empty file"),
+        ("user,item,timestamp\n", r"log\.csv: empty file \(no rows\)"),
+        ("user,item,timestamp\nu,i,1\nu,i,2,3\n", r"log\.csv, line 3: expected 3 fields .* found 4"),
+        ("user,item,timestamp\nu,i,1\n,i,2\n", r"log\.csv, line 3: empty user id"),
+        ("user,item,timestamp\nu, ,1\n", r"log\.csv, line 2: empty item id"),
+        # A quoted title over two lines and a blank line: the bad row starts on line 5.
+        (
+            'user,item,timestamp,title\nu,a,1,"Multi\nline"\n\nu,b,soon,B\n',
+            r"log\.csv, line 5: timestamp 'soon' is not an integer",
+        ),
+        ("user,item,timestamp\nu,a,1.5\n", r"log\.csv, line 2: timestamp '1\.5' is not an integer"),
+    ],
+)
+def test_csv_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path / "log.csv", text)
+    with pytest.raises(DataError, match=message):
+        load_table(path)
+
+
+def test_parquet_errors(tmp_path: Path) -> None:
+    path = tmp_path / "log.parquet"
+    pd.DataFrame({"user": ["u"], "item": ["i"]}).to_parquet(path)
+    with pytest.raises(DataError, match=r"log\.parquet: missing column\(s\) timestamp"):
+        load_table(path)
+    pd.DataFrame({"user": ["u", "v"], "item": ["i", "j"], "timestamp": [1.0, 2.5]}).to_parquet(path)
+    with pytest.raises(DataError, match=r"log\.parquet, row 2: timestamp '2\.5' is not an integer"):
+        load_table(path)
+    pd.DataFrame({"user": ["u", None], "item": ["i", "j"], "timestamp": [1, 2]}).to_parquet(path)
+    with pytest.raises(DataError, match=r"log\.parquet, row 2: empty user id"):
+        load_table(path)
+    path.write_bytes(b"not parquet")
+    with pytest.raises(DataError, match=r"log\.parquet: not a readable Parquet file"):
+        load_table(path)
+
+
+def test_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"Toy\.txt: no such file"):
+        load_s3rec(tmp_path / "Toy.txt")
+    with pytest.raises(DataError, match=r"log\.csv: no such file"):
+        load_table(tmp_path / "log.csv")
+    with pytest.raises(DataError, match=r"log\.parquet: no such file"):
+        load_table(tmp_path / "log.parquet")
+    with pytest.raises(DataError, match=r"ml-100k: no such file or folder"):
+        load_movielens(tmp_path / "ml-100k")
+    write(tmp_path / "Toy.txt", "1 2\n")
+    with pytest.raises(DataError, match=r"missing\.json: no such file"):
+        load_s3rec(tmp_path / "Toy.txt", attributes=tmp_path / "missing.json")
+
+
+def test_verify_movielens_100k_rejects_other_files(tmp_path: Path) -> None:
+    write(tmp_path / "u.item", "1|Toy Story|x||url|0\n")
+    write(tmp_path / "u.user", "1|24|M|technician|85711\n")
+    with pytest.raises(DataError, match=r"u\.item: SHA-256 [0-9a-f]{64} differs from the official 5538"):
+        verify_movielens_100k(tmp_path)
+    (tmp_path / "u.item").unlink()
+    with pytest.raises(DataError, match=r"u\.item: missing"):
+        verify_movielens_100k(tmp_path)
+
+
+# --- the real datasets in ../shared/data ----------------------------------------------------
+
+
+def test_movielens_100k_real(shared_data: Path) -> None:
+    data = load_interactions(shared_data / "ml-100k")
+    sequences = build_sequences(data)
+    assert len(data.events) == 100_000
+    assert len(sequences.users) == 943
+    assert len(sequences.vocab) == 1682
+    assert sum(len(s) for s in sequences.sequences) == 100_000
+    assert sequences.item_attributes is not None and len(sequences.item_attributes) == 1682
+    assert sequences.vocab.title(int(sequences.vocab.lookup(["1"])[0])) == "Toy Story (1995)"
+    split = leave_one_out(sequences)
+    assert len(split.test_targets) == 943  # every ML-100K user has >= 20 ratings
+
+
+def test_movielens_100k_real_is_chronological(shared_data: Path) -> None:
+    data = load_interactions(shared_data / "ml-100k")
+    sequences = build_sequences(data)
+    when = {(u, i): t for u, i, t in data.events[["user", "item", "timestamp"]].itertuples(index=False)}
+    user = sequences.users[0]
+    times = [when[(user, item)] for item in sequences.vocab.external(sequences.sequences[0])]
+    assert times == sorted(times) and len(times) > 100
+
+
+def test_beauty_real(shared_data: Path) -> None:
+    data = load_interactions(shared_data / "amazon-beauty" / "Beauty.txt")
+    sequences = build_sequences(data)
+    assert len(data.events) == 198_502
+    assert len(sequences.users) == 22_363
+    assert len(sequences.vocab) == 12_101
+    assert sequences.item_attributes is not None
+    assert set(sequences.item_attributes) == set(range(1, 12_102))  # every item
+    assert all(sequences.item_attributes.values())
+    assert min(len(s) for s in sequences.sequences) >= 5
+
+
+def test_verify_movielens_100k_real(shared_data: Path, tmp_path: Path) -> None:
+    verify_movielens_100k(shared_data / "ml-100k")
+    for name in ("u.item", "u.user"):
+        (tmp_path / name).write_bytes((shared_data / "ml-100k" / name).read_bytes())
+    lines = (shared_data / "ml-100k" / "u.data").read_bytes().splitlines(keepends=True)
+    (tmp_path / "u.data").write_bytes(b"".join(lines[:-1]))
+    with pytest.raises(DataError, match=r"u\.data: 99999 lines, the official file has 100000"):
+        verify_movielens_100k(tmp_path)
+
+
+def test_default_data_path(shared_data: Path) -> None:
+    assert default_data_path() == (shared_data / "ml-100k").resolve()

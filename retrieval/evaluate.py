@@ -24,14 +24,20 @@ def encode_histories(model: ModelArtifact, histories: Sequence[np.ndarray], batc
 
 
 def _top_k_rows(scores: np.ndarray, exclude: Sequence[np.ndarray], k: int) -> np.ndarray:
-    """Masks padding (column 0) and each row's excluded ids, then returns the top-k ids per row."""
+    """Masks padding (column 0) and each row's excluded ids, then returns the top-k ids per row.
+
+    Slots that no retrievable item fills hold -1.
+    """
     scores[:, 0] = -np.inf
     for row, ids in zip(scores, exclude, strict=True):
         row[ids] = -np.inf
-    k = min(k, scores.shape[1] - 1)
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, axis=1)
+    n = min(k, scores.shape[1] - 1)
+    part = np.argpartition(-scores, n - 1, axis=1)[:, :n]
+    part_scores = np.take_along_axis(scores, part, axis=1)
+    order = np.argsort(-part_scores, axis=1, kind="stable")
+    top = np.take_along_axis(part, order, axis=1)
+    top[np.take_along_axis(part_scores, order, axis=1) == -np.inf] = -1  # excluded, not retrievable
+    return np.pad(top, ((0, 0), (0, k - n)), constant_values=-1)  # a catalogue smaller than k
 
 
 def exact_top_k(

@@ -93,10 +93,11 @@ def load_model(path: Path, verify: bool = True) -> ModelArtifact:
     manifest = read_manifest(path, KIND, verify=verify)
     vocab = ItemVocab.load(path / "vocab.json")
     item_embeddings = np.load(path / "item_embeddings.npy", allow_pickle=False)
+    # The closure holds the loaded object itself: its endpoint alone does not keep the
+    # variables alive, and TensorFlow frees them once the object is collected.
     exported = tf.saved_model.load(str(path / "user_tower"))
-    endpoint = exported.user_vectors
 
     def user_vectors(items: np.ndarray) -> np.ndarray:
-        return endpoint(tf.constant(items, tf.int32)).numpy()
+        return exported.user_vectors(tf.constant(items, tf.int32)).numpy()
 
     return ModelArtifact(path, manifest, vocab, item_embeddings, user_vectors)

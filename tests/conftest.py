@@ -16,3 +16,38 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared data folder ../shared/data not found: {path}")
     return path
+
+
+def run_tool(name: str, *args: str) -> int:
+    """Runs ``tools/<name>.py``'s ``main(argv)`` in this process (tools are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", REPO_ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return int(module.main(list(args)))
+
+
+@pytest.fixture(scope="session")
+def synthetic_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A seeded ``user,item,timestamp`` log with structure a model can learn.
+
+    60 users over 40 items in 4 clusters of 10: each user mostly moves within one or two
+    clusters, in order, so the next item is predictable from the history.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    rows = ["user,item,timestamp"]
+    for user in range(60):
+        clusters = rng.choice(4, size=2, replace=False)
+        t = 1_000_000 + user
+        for step in range(int(rng.integers(8, 16))):
+            cluster = clusters[0] if rng.random() < 0.7 else clusters[1]
+            item = cluster * 10 + (step % 10)
+            rows.append(f"u{user},i{item},{t}")
+            t += int(rng.integers(60, 600))
+    path = tmp_path_factory.mktemp("synthetic") / "log.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path

@@ -1,0 +1,311 @@
+"""The retriever, index artifact and gRPC server against brute force, on a real server bound to port 0."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from index import FaissIndex
+from retrieval.artifacts import ArtifactError, write_artifact
+from retrieval.client import RetrievalClient
+from retrieval.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    RetrievalError,
+    Unavailable,
+)
+from retrieval.index_artifact import build_index_from_model, load_index, save_index
+from retrieval.model_artifact import ModelArtifact
+from retrieval.retriever import MAX_HISTORY, MAX_K, Retrieved, Retriever
+from retrieval.server import SERVICE_NAME, create_server, serve_forever, status_for
+from retrieval.vocab import ItemVocab
+
+REPO = Path(__file__).resolve().parents[1]
+DIM, NUM_ITEMS, K, MAX_LEN = 16, 40, 3, 8
+ITEMS = [f"item{i:02d}" for i in range(NUM_ITEMS)]  # dense id of ITEMS[i] is i + 1
+
+
+def make_model(version: str = "model-v1") -> ModelArtifact:
+    """In-memory model: K fixed random projections of the mean embedding of the last MAX_LEN items."""
+    rng = np.random.default_rng(0)
+    embeddings = rng.normal(size=(NUM_ITEMS + 1, DIM)).astype(np.float32)
+    embeddings[0] = 0
+    projections = (rng.normal(size=(K, DIM, DIM)) / np.sqrt(DIM)).astype(np.float32)
+
+    def user_vectors(items: np.ndarray) -> np.ndarray:  # int32 [B, L] -> float32 [B, K, d]
+        real = (items > 0)[..., None]
+        mean = (embeddings[items] * real).sum(axis=1) / np.maximum(real.sum(axis=1), 1)
+        return np.einsum("bd,kde->bke", mean, projections).astype(np.float32)
+
+    vocab = ItemVocab.from_ids(ITEMS, titles={item: f"Title of {item}" for item in ITEMS})
+    manifest = {"kind": "model", "version": version, "max_len": MAX_LEN, "num_interests": K, "dim": DIM}
+    return ModelArtifact(None, manifest, vocab, embeddings, user_vectors)
+
+
+def brute_force(model: ModelArtifact, history: list[str], k: int) -> list[tuple[str, float, int]]:
+    """Oracle: interests from the last MAX_LEN known items, max over interests, history excluded."""
+    known = [ITEMS.index(h) + 1 for h in history if h in ITEMS]
+    interests = model.user_vectors(np.array([known[-MAX_LEN:]], np.int32))[0]  # [K, d]
+    scores = interests @ model.item_embeddings.T  # [K, n + 1]
+    ranked = sorted(
+        (
+            (ITEMS[j - 1], float(scores[:, j].max()), int(scores[:, j].argmax()))
+            for j in range(1, NUM_ITEMS + 1)
+            if j not in known
+        ),
+        key=lambda t: -t[1],
+    )
+    return ranked[:k]
+
+
+def assert_same(got: list[tuple[str, float, int]], expected: list[tuple[str, float, int]]) -> None:
+    assert [(i, n) for i, _, n in got] == [(i, n) for i, _, n in expected]
+    np.testing.assert_allclose([s for _, s, _ in got], [s for _, s, _ in expected], rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def model() -> ModelArtifact:
+    return make_model()
+
+
+@pytest.fixture(scope="module")
+def retriever(model: ModelArtifact) -> Retriever:
+    return Retriever(model, build_index_from_model(model, "Flat"))
+
+
+@pytest.fixture(scope="module")
+def address(retriever: Retriever) -> Iterator[str]:
+    server, port = create_server(retriever, port=0)
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+@pytest.fixture(scope="module")
+def client(address: str) -> Iterator[RetrievalClient]:
+    with RetrievalClient(address) as client:
+        client.wait_until_serving(timeout=10)
+        yield client
+
+
+@pytest.fixture(scope="module")
+def index_dir(model: ModelArtifact, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("artifacts") / "index"
+    save_index(build_index_from_model(model, "Flat"), out, model)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("history", "k"),
+    [
+        (["item03"], 5),
+        (["item01", "item07", "item01", "item22"], 10),  # a repeated item
+        (ITEMS[:12], 4),  # longer than MAX_LEN: the tower reads the last 8, all 12 are excluded
+        (["item05", "item09"], MAX_K),  # fewer than k items exist once the history is excluded
+    ],
+)
+def test_retrieve_equals_brute_force(
+    client: RetrievalClient, model: ModelArtifact, history: list[str], k: int
+) -> None:
+    result = client.retrieve(history, k)
+    expected = brute_force(model, history, k)
+    assert_same(result.items, expected)
+    assert not {item for item, _, _ in result.items} & set(history)
+    assert result.model_version == "model-v1" and result.unknown_items == 0
+
+
+def test_retriever_without_grpc_gives_the_same_answer(client: RetrievalClient, retriever: Retriever) -> None:
+    over_grpc, direct = client.retrieve(["item02", "item30"], 6), retriever.retrieve(["item02", "item30"], 6)
+    assert_same(over_grpc.items, direct.items)
+    assert isinstance(direct, Retrieved) and direct.model_version == over_grpc.model_version
+
+
+def test_unknown_ids_are_skipped_and_counted(client: RetrievalClient) -> None:
+    result = client.retrieve(["nope", "item03", "gone"], 5)
+    assert result.unknown_items == 2
+    assert_same(result.items, client.retrieve(["item03"], 5).items)
+
+
+def test_health_is_serving(client: RetrievalClient) -> None:
+    assert client.health() == "SERVING"
+
+
+def test_reflection_lists_the_services(address: str) -> None:
+    with grpc.insecure_channel(address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        (response,) = list(stub.ServerReflectionInfo(iter([request]), timeout=5))
+    names = {service.name for service in response.list_services_response.service}
+    assert {SERVICE_NAME, "retrieval.v1.RetrievalService", "grpc.health.v1.Health"} <= names
+
+
+@pytest.mark.parametrize(
+    ("history", "k", "message"),
+    [
+        ([], 5, "history is empty"),
+        (["item01"], 0, f"k must be between 1 and {MAX_K}, got 0"),
+        (["item01"], MAX_K + 1, f"k must be between 1 and {MAX_K}, got {MAX_K + 1}"),
+        (["nope", "gone"], 5, "none of the 2 history ids is in the model's vocabulary"),
+        (["item01"] * (MAX_HISTORY + 1), 5, f"at most {MAX_HISTORY} are accepted"),
+    ],
+)
+def test_bad_request_is_invalid_argument_and_server_keeps_serving(
+    client: RetrievalClient, history: list[str], k: int, message: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as error:
+        client.retrieve(history, k)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (error.value.details() or "")
+    assert len(client.retrieve(["item01"], 3).items) == 3
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (InvalidArgument("bad k"), grpc.StatusCode.INVALID_ARGUMENT),
+        (NotFound("no such thing"), grpc.StatusCode.NOT_FOUND),
+        (ResourceExhausted("too busy"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (Unavailable("loading"), grpc.StatusCode.UNAVAILABLE),
+        (DeadlineExceeded("too late"), grpc.StatusCode.DEADLINE_EXCEEDED),
+    ],
+)
+def test_status_for_domain_errors(error: RetrievalError, code: grpc.StatusCode) -> None:
+    assert status_for(error) == (code, str(error))
+
+
+def test_status_for_anything_else_is_internal_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    try:
+        raise KeyError("secret internals")
+    except KeyError as e:
+        with caplog.at_level(logging.ERROR, logger="retrieval.server"):
+            code, details = status_for(e)
+    assert code == grpc.StatusCode.INTERNAL and "secret" not in details
+    assert caplog.records[-1].exc_info is not None  # the traceback is in the log
+
+
+class BrokenRetriever(Retriever):
+    def retrieve(self, history: Sequence[str], k: int) -> Retrieved:
+        raise RuntimeError("bug")
+
+
+def test_unexpected_error_is_internal_and_server_survives(retriever: Retriever) -> None:
+    server, port = create_server(BrokenRetriever(retriever.model, retriever.index), port=0)
+    try:
+        with RetrievalClient(f"127.0.0.1:{port}") as client:
+            for _ in range(2):
+                with pytest.raises(grpc.RpcError) as error:
+                    client.retrieve(["item01"], 3)
+                assert error.value.code() == grpc.StatusCode.INTERNAL
+            assert client.health() == "SERVING"
+    finally:
+        server.stop(None)
+
+
+def test_index_artifact_round_trip(index_dir: Path, retriever: Retriever) -> None:
+    index, manifest = load_index(index_dir, expected_model_version="model-v1")
+    assert {
+        k: manifest[k] for k in ("kind", "model_version", "factory", "search_params", "dim", "count")
+    } == {
+        "kind": "index",
+        "model_version": "model-v1",
+        "factory": "Flat",
+        "search_params": "",
+        "dim": DIM,
+        "count": NUM_ITEMS,
+    }
+    assert manifest["metric"] == "inner_product"
+    queries = retriever.model.item_embeddings[1:6]
+    for a, b in zip(index.search(queries, 7), retriever.index.search(queries, 7), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # Dense ids 1..n, never the padding row 0.
+    _, ids = index.search(retriever.model.item_embeddings[1:], NUM_ITEMS)
+    assert set(ids.ravel().tolist()) == set(range(1, NUM_ITEMS + 1))
+
+
+def test_load_index_refuses_another_model_version(index_dir: Path) -> None:
+    with pytest.raises(ArtifactError, match="built from model 'model-v1', not from model 'model-v2'"):
+        load_index(index_dir, expected_model_version="model-v2")
+
+
+def test_load_index_detects_corruption(index_dir: Path, tmp_path: Path, model: ModelArtifact) -> None:
+    copy = tmp_path / "index"
+    save_index(build_index_from_model(model), copy, "model-v1")
+    data = bytearray((copy / "index.faiss").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "index.faiss").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="corrupted"):
+        load_index(copy)
+
+
+def test_from_dirs_refuses_a_mismatch_before_loading_the_model(index_dir: Path, tmp_path: Path) -> None:
+    # Only a manifest: the mismatch must be caught before the (absent) SavedModel is read.
+    with write_artifact(tmp_path / "model", "model", {"version": "model-v2"}):
+        pass
+    with pytest.raises(ArtifactError, match="not from model 'model-v2'"):
+        Retriever.from_dirs(tmp_path / "model", index_dir)
+
+
+def test_retriever_refuses_an_index_of_another_model(retriever: Retriever) -> None:
+    with pytest.raises(ArtifactError, match="cannot serve model 'model-v1'"):
+        Retriever(retriever.model, retriever.index, index_model_version="model-v0")
+    narrow = FaissIndex.build(np.arange(1, 4), np.zeros((3, DIM // 2), np.float32))
+    with pytest.raises(ArtifactError, match=f"index has dimension {DIM // 2}, model {DIM}"):
+        Retriever(retriever.model, narrow)
+
+
+def test_query_tool_prints_json_with_titles(
+    address: str, client: RetrievalClient, model: ModelArtifact, tmp_path: Path
+) -> None:
+    with write_artifact(tmp_path / "model", "model", {"version": "model-v1"}) as tmp:
+        model.vocab.save(tmp / "vocab.json")
+    command = [sys.executable, str(REPO / "tools" / "query.py"), "--address", address]
+    command += ["--history", "item04", "nope", "--k", "3", "--json", "--titles", str(tmp_path / "model")]
+    out = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    expected = client.retrieve(["item04", "nope"], 3)
+    assert out["model_version"] == "model-v1" and out["unknown_items"] == 1
+    assert [(i["item_id"], i["interest"], i["title"]) for i in out["items"]] == [
+        (item, interest, f"Title of {item}") for item, _, interest in expected.items
+    ]
+
+
+def test_serve_forever_stops_gracefully_on_sigterm(retriever: Retriever) -> None:
+    with socket.socket() as probe:  # a free port: serve_forever binds a fixed one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    default = signal.getsignal(signal.SIGTERM)
+    answers: list[Retrieved] = []
+
+    def call_then_terminate() -> None:
+        try:
+            with RetrievalClient(f"127.0.0.1:{port}") as client:
+                client.wait_until_serving(timeout=10)
+                answers.append(client.retrieve(["item01"], 2))
+        finally:
+            # Signal only once serve_forever's handler is in place: the default one ends pytest.
+            deadline = time.monotonic() + 10
+            while signal.getsignal(signal.SIGTERM) is default and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if signal.getsignal(signal.SIGTERM) is not default:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    caller = threading.Thread(target=call_then_terminate)
+    caller.start()
+    serve_forever(retriever, port=port, grace=0.5)  # returns once stopped
+    caller.join(timeout=10)
+    assert len(answers) == 1 and len(answers[0].items) == 2
+    assert signal.getsignal(signal.SIGTERM) is default  # handlers restored

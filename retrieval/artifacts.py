@@ -64,9 +64,10 @@ def write_artifact(out: Path, kind: str, meta: dict[str, Any], overwrite: bool =
     try:
         yield tmp
         checksums = _checksums(tmp)
-        version = meta.get("version") or hashlib.sha256(
-            json.dumps(checksums, sort_keys=True).encode()
-        ).hexdigest()[:16]
+        version = (
+            meta.get("version")
+            or hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).hexdigest()[:16]
+        )
         manifest = {
             "kind": kind,
             "format_version": FORMAT_VERSION,

@@ -108,5 +108,7 @@ def apply_overrides(config: Config, overrides: Iterable[str]) -> Config:
         if field_name not in hints:
             raise ValueError(f"unknown field {key!r}; {section_name} has {sorted(hints)}")
         value = _coerce(raw.strip(), hints[field_name], key)
-        config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{field_name: value})})
+        config = dataclasses.replace(
+            config, **{section_name: dataclasses.replace(section, **{field_name: value})}
+        )
     return config

@@ -17,7 +17,9 @@ from retrieval.vocab import PAD
 _USER_BATCH = 256
 
 
-def encode_histories(model: ModelArtifact, histories: Sequence[np.ndarray], batch_size: int = 1024) -> np.ndarray:
+def encode_histories(
+    model: ModelArtifact, histories: Sequence[np.ndarray], batch_size: int = 1024
+) -> np.ndarray:
     """Interests for every history, float32 ``[U, K, d]``, in batches."""
     parts = [model.encode(list(histories[i : i + batch_size])) for i in range(0, len(histories), batch_size)]
     return np.concatenate(parts) if parts else np.zeros((0, model.num_interests, model.dim), np.float32)

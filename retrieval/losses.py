@@ -79,7 +79,9 @@ class CandidateSampler:
         self.cdf = tf.constant(np.cumsum(p), tf.float64)  # [V]
 
     @classmethod
-    def from_counts(cls, counts: np.ndarray, kind: str = "popularity", alpha: float = 0.75) -> CandidateSampler:
+    def from_counts(
+        cls, counts: np.ndarray, kind: str = "popularity", alpha: float = 0.75
+    ) -> CandidateSampler:
         """``popularity``: q ∝ (count + 1)^alpha (every item can be drawn); ``uniform``: q = 1/n."""
         if kind not in SAMPLERS:
             raise ValueError(f"unknown sampler {kind!r}; choose one of {SAMPLERS}")

@@ -118,7 +118,12 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
 
 
 def save_model(
-    model: TwoTowerModel, config: Config, vocab: ItemVocab, metrics: dict[str, Any], out: Path, overwrite: bool
+    model: TwoTowerModel,
+    config: Config,
+    vocab: ItemVocab,
+    metrics: dict[str, Any],
+    out: Path,
+    overwrite: bool,
 ) -> None:
     """Writes the model artifact (layout in :mod:`retrieval.model_artifact`) atomically."""
     table = np.array(model.item_tower.table, np.float32)

@@ -9,7 +9,13 @@ from retrieval.config import Config, apply_overrides
 
 def test_overrides_are_typed() -> None:
     c = apply_overrides(
-        Config(), ["train.epochs=3", "train.learning_rate=0.01", "model.num_interests=none", "train.remove_accidental_hits=false"]
+        Config(),
+        [
+            "train.epochs=3",
+            "train.learning_rate=0.01",
+            "model.num_interests=none",
+            "train.remove_accidental_hits=false",
+        ],
     )
     assert (c.train.epochs, c.train.learning_rate, c.model.num_interests) == (3, 0.01, None)
     assert c.train.remove_accidental_hits is False

@@ -30,7 +30,8 @@ def trained(request, synthetic_csv, tmp_path_factory):
     code = run_tool(
         "train",
         "--data", str(synthetic_csv), "--model", request.param, "--out", str(model_dir),
-        "--epochs", "3", "--dim", "16", "--max-len", "12", "--batch-size", "64", "--negatives", "20", "--quiet",
+        "--epochs", "3", "--dim", "16", "--max-len", "12", "--batch-size", "64", "--negatives", "20",
+        "--quiet",
     )  # fmt: skip
     assert code == 0
     assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
@@ -80,7 +81,9 @@ def test_served_results_equal_brute_force(trained, synthetic_csv) -> None:
                 history = data.vocab.external(seq)
                 got = client.retrieve(history, k=15)
                 dense = model.vocab.lookup(history)
-                expected = exact_top_k(encode_histories(model, [dense]), model.item_embeddings, [dense], 15)[0]
+                expected = exact_top_k(encode_histories(model, [dense]), model.item_embeddings, [dense], 15)[
+                    0
+                ]
                 assert [item for item, _, _ in got.items] == model.vocab.external(expected)
                 assert not set(history) & {item for item, _, _ in got.items}
                 assert got.model_version == model.version
@@ -95,7 +98,12 @@ def test_evaluate_through_flat_index_equals_exact(trained, synthetic_csv, capsys
     _, model_dir, index_dir = trained
     assert run_tool("evaluate", "--model", str(model_dir), "--data", str(synthetic_csv)) == 0
     exact = json.loads(capsys.readouterr().out)
-    assert run_tool("evaluate", "--model", str(model_dir), "--data", str(synthetic_csv), "--index", str(index_dir)) == 0
+    assert (
+        run_tool(
+            "evaluate", "--model", str(model_dir), "--data", str(synthetic_csv), "--index", str(index_dir)
+        )
+        == 0
+    )
     through_index = json.loads(capsys.readouterr().out)
     assert through_index["search"] == "Flat" and exact["search"] == "exact"
     for key in ("hr@10", "ndcg@10", "recall@50"):

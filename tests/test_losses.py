@@ -41,7 +41,9 @@ def test_sampled_softmax_matches_numpy(remove_hits: bool, temperature: float) ->
         temperature,
         remove_hits,
     )
-    expected = numpy_sampled_softmax(q, pos, pos_ids, neg, neg_ids, pos_logq, neg_logq, temperature, remove_hits)
+    expected = numpy_sampled_softmax(
+        q, pos, pos_ids, neg, neg_ids, pos_logq, neg_logq, temperature, remove_hits
+    )
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4)
 
 
@@ -99,5 +101,7 @@ def test_task_reduces_to_the_reference_with_fixed_negatives() -> None:
     t = table.numpy()
     q = np.stack([interests[b, np.argmax(interests[b] @ t[targets[b]])] for b in range(2)])
     logq = np.log(np.full(3, 0.2))
-    expected = numpy_sampled_softmax(q, t[targets], targets, t[[1, 2, 5]], [1, 2, 5], logq[:2], logq, 1.0, True)
+    expected = numpy_sampled_softmax(
+        q, t[targets], targets, t[[1, 2, 5]], [1, 2, 5], logq[:2], logq, 1.0, True
+    )
     assert got == pytest.approx(expected.mean(), rel=1e-5)

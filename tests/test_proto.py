@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from grpc_tools import protoc
 
 from proto import retrieval_pb2
 
@@ -15,10 +16,15 @@ GENERATED = ["retrieval_pb2.py", "retrieval_pb2.pyi", "retrieval_pb2_grpc.py"]
 
 @pytest.mark.parametrize("name", GENERATED)
 def test_generated_code_is_not_stale(tmp_path: Path, name: str) -> None:
-    # The same command as proto/__init__.py documents, writing into tmp_path instead.
-    args = ["protoc", f"-I{REPO}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}"]
-    args += [f"--grpc_python_out={tmp_path}", str(REPO / "proto" / "retrieval.proto")]
-    assert protoc.main(args) == 0
+    # The same command as proto/__init__.py documents, writing into tmp_path instead. It runs in
+    # a subprocess: protoc's C++ runtime crashes a process that has already loaded TensorFlow.
+    args = [sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO}", f"--python_out={tmp_path}"]
+    args += [
+        f"--pyi_out={tmp_path}",
+        f"--grpc_python_out={tmp_path}",
+        str(REPO / "proto" / "retrieval.proto"),
+    ]
+    subprocess.run(args, check=True, cwd=REPO)
     fresh, checked_in = tmp_path / "proto" / name, REPO / "proto" / name
     assert fresh.read_bytes() == checked_in.read_bytes(), (
         f"proto/{name} is stale: regenerate it (see proto/__init__.py)"

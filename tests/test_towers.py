@@ -46,7 +46,9 @@ def test_padding_does_not_change_the_output(name: str) -> None:
     tower = make_tower(name)
     x = histories(np.random.default_rng(1), length=6)
     wider = np.concatenate([np.zeros((len(x), MAX_LEN - 6), np.int32), x], axis=1)
-    np.testing.assert_allclose(np.asarray(tower({"items": x})), np.asarray(tower({"items": wider})), atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(tower({"items": x})), np.asarray(tower({"items": wider})), atol=1e-5
+    )
     # The padding row's embedding must not leak in either: change it and compare.
     before = np.asarray(tower({"items": x}))
     table = tower.item_tower.table

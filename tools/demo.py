@@ -71,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"    {vocab.title(vocab.lookup([item])[0])}")
                 print(f"  Recommended (model {result.model_version}):")
                 for item_id, score, interest in result.items:
-                    print(f"    {score:7.3f}  [interest {interest}]  {vocab.title(vocab.lookup([item_id])[0])}")
+                    print(
+                        f"    {score:7.3f}  [interest {interest}]  {vocab.title(vocab.lookup([item_id])[0])}"
+                    )
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(timeout=30)

@@ -1,6 +1,7 @@
 """Full-ranking evaluation of a trained model on a dataset, printed as JSON.
 
-    python tools/evaluate.py --model runs/ml100k-sa --data ../shared/data/ml-100k [--index runs/ml100k-sa-index]
+    python tools/evaluate.py --model runs/ml100k-sa --data ../shared/data/ml-100k \\
+        [--index runs/ml100k-sa-index]
 
 Exact (brute-force) search by default; through the FAISS index when --index is given.
 """

@@ -1,6 +1,6 @@
 """Train a two-tower retriever and write its model artifact.
 
-    python tools/train.py --data ../shared/data/ml-100k --model sa --epochs 20 --out runs/ml100k-sa
+python tools/train.py --data ../shared/data/ml-100k --model sa --epochs 20 --out runs/ml100k-sa
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from towers import tower_names
 def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     m, t = ModelConfig(), TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="interactions: ML-100K/1M folder, S3-Rec .txt, CSV or Parquet")
+    p.add_argument(
+        "--data", required=True, help="interactions: ML-100K/1M folder, S3-Rec .txt, CSV or Parquet"
+    )
     p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
     p.add_argument("--out", required=True, help="model artifact folder to create")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -30,7 +32,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--max-len", type=int, default=m.max_len, help="history length read (default %(default)s)")
     p.add_argument("--epochs", type=int, default=t.epochs, help="default %(default)s")
     p.add_argument("--batch-size", type=int, default=t.batch_size, help="default %(default)s")
-    p.add_argument("--lr", type=float, default=t.learning_rate, help="Adam learning rate (default %(default)s)")
+    p.add_argument(
+        "--lr", type=float, default=t.learning_rate, help="Adam learning rate (default %(default)s)"
+    )
     p.add_argument("--negatives", type=int, default=t.num_negatives, help="sampled negatives per batch")
     p.add_argument("--seed", type=int, default=t.seed, help="default %(default)s")
     p.add_argument(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import keras
@@ -10,7 +11,7 @@ _TOWERS: dict[str, type] = {}
 T = TypeVar("T", bound=type)
 
 
-def register_tower(name: str):  # type: ignore[no-untyped-def]
+def register_tower(name: str) -> Callable[[T], T]:
     """Class decorator: registers a user tower under ``name`` and for Keras serialization."""
 
     def wrap(cls: T) -> T:

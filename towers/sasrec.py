@@ -37,7 +37,9 @@ class SASRecTower(UserTower):
         **kwargs: Any,
     ) -> None:
         if num_interests != 1:
-            raise ValueError(f"sasrec is a single-interest tower: num_interests must be 1, got {num_interests}")
+            raise ValueError(
+                f"sasrec is a single-interest tower: num_interests must be 1, got {num_interests}"
+            )
         super().__init__(item_tower, max_len, 1, **kwargs)
         self.num_blocks, self.num_heads, self.dropout_rate = num_blocks, num_heads, dropout
         self.positions = RecencyPositionEmbedding(max_len, self.dim)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -56,21 +56,25 @@ def exact_top_k(
     Returns:
         int64 ``[U, k]``: items by their best score over the K interests, best first.
     """
-    out = []
-    for start in range(0, len(interests), _USER_BATCH):
-        batch = interests[start : start + _USER_BATCH]
-        scores = np.einsum("ukd,vd->ukv", batch, item_embeddings).max(axis=1)  # [b, V]
-        out.append(_top_k_rows(scores, exclude[start : start + _USER_BATCH], k))
-    return np.concatenate(out).astype(np.int64) if out else np.zeros((0, k), np.int64)
+    return _batched_top_k(
+        lambda rows: np.einsum("ukd,vd->ukv", interests[rows], item_embeddings).max(axis=1), exclude, k
+    )
 
 
 def popularity_top_k(counts: np.ndarray, exclude: Sequence[np.ndarray], k: int) -> np.ndarray:
     """The most-popular baseline: items by training count, each user's history excluded."""
-    out = []
-    for start in range(0, len(exclude), _USER_BATCH):
-        rows = exclude[start : start + _USER_BATCH]
-        scores = np.tile(np.asarray(counts, np.float64), (len(rows), 1))
-        out.append(_top_k_rows(scores, rows, k))
+    counts = np.asarray(counts, np.float64)
+    return _batched_top_k(lambda rows: np.tile(counts, (len(exclude[rows]), 1)), exclude, k)
+
+
+def _batched_top_k(
+    scores_for: Callable[[slice], np.ndarray], exclude: Sequence[np.ndarray], k: int
+) -> np.ndarray:
+    """Top-k ids for every user, computing the ``[b, V]`` scores of ``_USER_BATCH`` users at a time."""
+    out = [
+        _top_k_rows(scores_for(rows), exclude[rows], k)
+        for rows in (slice(i, i + _USER_BATCH) for i in range(0, len(exclude), _USER_BATCH))
+    ]
     return np.concatenate(out).astype(np.int64) if out else np.zeros((0, k), np.int64)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import tensorflow as tf
 from retrieval.config import ModelConfig
 from retrieval.losses import SampledSoftmaxTask
 from towers import ItemTower, UserTower, build_user_tower
+from towers.registry import tower_class
 
 
 @keras.saving.register_keras_serializable(package="retrieval")
@@ -59,14 +62,21 @@ class TwoTowerModel(keras.Model):
 
 
 def build_model(config: ModelConfig, num_embeddings: int) -> TwoTowerModel:
-    """Builds an untrained model for a catalogue of ``num_embeddings - 1`` items."""
-    extra: dict[str, Any] = {}
-    if config.num_interests is not None:
-        extra["num_interests"] = config.num_interests
-    if config.tower == "sasrec":
-        extra.update(num_blocks=config.num_blocks, num_heads=config.num_heads, dropout=config.dropout)
+    """Builds an untrained model for a catalogue of ``num_embeddings - 1`` items.
+
+    Every :class:`ModelConfig` field that the chosen tower's constructor accepts is passed to
+    it (``None`` = the tower's default), so a new tower option needs only a config field.
+    """
+    accepted = inspect.signature(tower_class(config.tower)).parameters
+    options = {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if f.name in accepted
+        and f.name not in ("item_tower", "max_len")
+        and getattr(config, f.name) is not None
+    }
     user_tower = build_user_tower(
-        config.tower, item_tower=ItemTower(num_embeddings, config.dim), max_len=config.max_len, **extra
+        config.tower, item_tower=ItemTower(num_embeddings, config.dim), max_len=config.max_len, **options
     )
     model = TwoTowerModel(user_tower)
     model.user_tower.build()

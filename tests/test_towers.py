@@ -117,3 +117,16 @@ def test_keras_file_round_trip(name: str, tmp_path) -> None:
     np.testing.assert_allclose(np.asarray(loaded({"items": x})), expected, atol=1e-6)
     # The item tower stays shared with the user tower after loading.
     assert loaded.item_tower is loaded.user_tower.item_tower
+
+
+def test_build_model_passes_the_config_fields_each_tower_accepts() -> None:
+    from retrieval.config import ModelConfig
+    from retrieval.model import build_model
+
+    sasrec = build_model(ModelConfig(tower="sasrec", dim=8, num_blocks=3, num_heads=2, dropout=0.0), 20)
+    assert (len(sasrec.user_tower.blocks), sasrec.user_tower.num_heads) == (3, 2)
+    sa = build_model(ModelConfig(tower="sa", dim=8, num_interests=2, num_blocks=3), 20)  # num_blocks unused
+    assert sa.user_tower.num_interests == 2
+    assert build_model(ModelConfig(tower="sa", dim=8), 20).user_tower.num_interests == 4  # tower default
+    with pytest.raises(ValueError, match="single-interest"):
+        build_model(ModelConfig(tower="sasrec", dim=8, num_interests=4), 20)

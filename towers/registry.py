@@ -29,8 +29,13 @@ def tower_names() -> list[str]:
     return sorted(_TOWERS)
 
 
-def build_user_tower(name: str, **kwargs: Any) -> Any:
-    """Instantiates the user tower registered as ``name`` with its constructor arguments."""
+def tower_class(name: str) -> type:
+    """The user-tower class registered as ``name``."""
     if name not in _TOWERS:
         raise ValueError(f"unknown user tower {name!r}; choose one of {tower_names()}")
-    return _TOWERS[name](**kwargs)
+    return _TOWERS[name]
+
+
+def build_user_tower(name: str, **kwargs: Any) -> Any:
+    """Instantiates the user tower registered as ``name`` with its constructor arguments."""
+    return tower_class(name)(**kwargs)

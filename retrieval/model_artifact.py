@@ -5,6 +5,7 @@ Folder layout (``tools/train.py --out DIR``)::
     DIR/manifest.json         kind "model", version, tower, dim, num_interests, max_len, checksums
     DIR/config.json           the resolved training configuration
     DIR/vocab.json            item vocabulary (external ids, titles when the data has them)
+    DIR/item_attributes.json  external id -> attributes (genres, categories), when the data has them
     DIR/item_embeddings.npy   float32 [num_items + 1, d]; row i is dense item i, row 0 padding
     DIR/user_tower/           SavedModel with endpoint ``user_vectors(items int32 [B, L]) -> [B, K, d]``
     DIR/model.keras           the full Keras two-tower model (to fine-tune or inspect)

@@ -118,7 +118,10 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
         "train_seconds": round(seconds, 1),
         "train_examples": len(y),
     }
-    save_model(model, config, vocab, metrics, out, overwrite)
+    attributes = None
+    if data.item_attributes:
+        attributes = {vocab.ids[i - 1]: list(a) for i, a in sorted(data.item_attributes.items())}
+    save_model(model, config, vocab, metrics, out, overwrite, attributes)
     return metrics
 
 
@@ -129,8 +132,12 @@ def save_model(
     metrics: dict[str, Any],
     out: Path,
     overwrite: bool,
+    attributes: dict[str, list[str]] | None = None,
 ) -> None:
-    """Writes the model artifact (layout in :mod:`retrieval.model_artifact`) atomically."""
+    """Writes the model artifact (layout in :mod:`retrieval.model_artifact`) atomically.
+
+    ``attributes`` (external item id -> attribute values, e.g. genres) is saved when given.
+    """
     table = np.array(model.item_tower.table, np.float32)
     table[0] = 0.0  # padding is never an answer
     meta = {
@@ -144,6 +151,8 @@ def save_model(
     with write_artifact(out, KIND, meta, overwrite=overwrite) as tmp:
         config.save(tmp / "config.json")
         vocab.save(tmp / "vocab.json")
+        if attributes:
+            (tmp / "item_attributes.json").write_text(json.dumps(attributes, ensure_ascii=False))
         np.save(tmp / "item_embeddings.npy", table)
         export_user_tower(model, tmp / "user_tower")
         model.save(tmp / "model.keras")

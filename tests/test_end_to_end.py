@@ -111,3 +111,17 @@ def test_evaluate_through_flat_index_equals_exact(trained, synthetic_csv, capsys
     # The same numbers training reported for its test split.
     trained_test = json.loads((model_dir / "metrics.json").read_text())["test"]
     assert exact["ndcg@10"] == pytest.approx(trained_test["ndcg@10"], abs=1e-6)
+
+
+def test_item_attributes_and_titles_travel_into_the_artifact(tmp_path) -> None:
+    lines = [f"{u} " + " ".join(str(1 + (u + i) % 9) for i in range(6)) for u in range(1, 13)]
+    (tmp_path / "Toy.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "Toy_item2attributes.json").write_text(json.dumps({str(i): [i % 3, 7] for i in range(1, 10)}))
+    out = tmp_path / "model"
+    args = ["--data", str(tmp_path / "Toy.txt"), "--out", str(out), "--epochs", "1", "--dim", "8"]
+    assert run_tool("train", *args, "--negatives", "4", "--quiet") == 0
+    attributes = json.loads((out / "item_attributes.json").read_text())
+    assert attributes["4"] == ["1", "7"] and len(attributes) == 9
+    assert "item_attributes.json" in json.loads((out / "manifest.json").read_text())["files"]
+    # Refuses to overwrite without --overwrite, and says so.
+    assert run_tool("train", *args, "--quiet") == 2

@@ -38,9 +38,13 @@ class TrainConfig:
     """Optimisation and the sampled-softmax task.
 
     ``sampler`` is ``"popularity"`` (q ∝ count^``sampler_alpha`` over training events) or
-    ``"uniform"``; logits are log-Q corrected for either.
+    ``"uniform"``; logits are log-Q corrected for either. ``objective`` is one of
+    ``retrieval.examples.OBJECTIVES`` (None = the tower's default: ``all_positions`` for
+    sasrec, ``cloze`` for bert4rec, ``last`` otherwise); ``mask_ratio`` is the cloze task's.
     """
 
+    objective: str | None = None
+    mask_ratio: float = 0.2
     epochs: int = 20
     batch_size: int = 256
     learning_rate: float = 1e-3

@@ -30,7 +30,6 @@ import numpy as np
 import pandas as pd
 
 from retrieval.artifacts import sha256_file
-from retrieval.model_artifact import pad_left
 from retrieval.vocab import ItemVocab
 
 FORMATS = ("movielens", "s3rec", "table")
@@ -340,19 +339,6 @@ def leave_one_out(data: SequenceData) -> LeaveOneOut:
         test_targets=np.array([s[-1] for s in held_out], np.int64),
         test_users=np.array(evaluated, np.int64),
     )
-
-
-def training_examples(train: Sequence[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every prefix -> next item, for each sequence ``s`` and ``t`` in ``1..len(s)-1``.
-
-    Returns:
-        histories: int32 ``[N, max_len]``, ``s[max(0, t - max_len):t]`` left-padded with 0 (the
-            most recent item in the last column).
-        targets: int32 ``[N]``, ``s[t]``.
-    """
-    histories = pad_left([s[:t] for s in train for t in range(1, len(s))], max_len)
-    targets = np.concatenate([np.zeros(0, np.int32), *(np.asarray(s[1:], np.int32) for s in train)])
-    return histories, targets
 
 
 def default_data_path() -> Path | None:

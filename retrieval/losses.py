@@ -120,11 +120,23 @@ class SampledSoftmaxTask:
         self.temperature = temperature
         self.remove_accidental_hits = remove_accidental_hits
 
-    def __call__(self, interests: Any, target_ids: Any, embed: Any) -> Any:
-        """Mean loss for interests ``[B, K, d]`` and targets ``[B]``; ``embed`` maps ids to ``[.., d]``."""
+    def __call__(self, outputs: Any, target_ids: Any, embed: Any) -> Any:
+        """Mean loss over the batch's targets; ``embed`` maps ids to ``[.., d]``.
+
+        Args:
+            outputs: interests ``[B, K, d]`` with targets ``[B]`` (one target per row, an
+                interest selected per row), or per-position outputs ``[B, L, d]`` with
+                targets ``[B, L]`` (0 = no target at that position; objectives
+                ``all_positions`` and ``cloze``).
+        """
         target_ids = tf.cast(target_ids, tf.int32)
-        positive = embed(target_ids)  # [B, d]
-        query = select_interest(interests, positive)  # [B, d]
+        if target_ids.shape.rank == 2:
+            at = tf.where(target_ids > 0)  # [M, 2] (row, position) of every real target
+            query, target_ids = tf.gather_nd(outputs, at), tf.gather_nd(target_ids, at)  # [M, d], [M]
+            positive = embed(target_ids)
+        else:
+            positive = embed(target_ids)  # [B, d]
+            query = select_interest(outputs, positive)  # [B, d]
         negative_ids = self.sampler.sample(self.num_negatives)  # [N]
         loss = sampled_softmax_loss(
             query,

@@ -28,13 +28,26 @@ class TwoTowerModel(keras.Model):
         super().__init__(**kwargs)
         self.user_tower = user_tower
         self.task: SampledSoftmaxTask | None = None
+        self.objective = user_tower.objectives[0]
 
     @property
     def item_tower(self) -> ItemTower:
         return self.user_tower.item_tower
 
+    def set_objective(self, objective: str | None) -> None:
+        """Chooses the training objective (None = the tower's default)."""
+        objective = objective or self.user_tower.objectives[0]
+        if objective not in self.user_tower.objectives:
+            raise ValueError(
+                f"tower {type(self.user_tower).__name__} trains with {self.user_tower.objectives}, "
+                f"not {objective!r}"
+            )
+        self.objective = objective
+
     def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
-        return self.user_tower(inputs, training=training)
+        if training and self.objective != "last":
+            return self.user_tower.sequence_output(inputs, training=True)  # [B, L, d]
+        return self.user_tower(inputs, training=training)  # [B, K, d]
 
     def compute_loss(
         self,

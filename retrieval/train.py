@@ -15,8 +15,9 @@ import tensorflow as tf
 
 from retrieval.artifacts import write_artifact
 from retrieval.config import Config
-from retrieval.data import LeaveOneOut, build_sequences, leave_one_out, load_interactions, training_examples
+from retrieval.data import LeaveOneOut, build_sequences, leave_one_out, load_interactions
 from retrieval.evaluate import evaluate_exact, popularity_top_k
+from retrieval.examples import make_examples, mask_items
 from retrieval.losses import CandidateSampler, SampledSoftmaxTask
 from retrieval.metrics import ranking_metrics
 from retrieval.model import TwoTowerModel, build_model, export_user_tower
@@ -81,24 +82,30 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
     data = build_sequences(load_interactions(config.data.path, config.data.format))
     split = leave_one_out(data)
     vocab, max_len = data.vocab, config.model.max_len
-    x, y = training_examples(split.train, max_len)
+    t = config.train
+    model = build_model(config.model, vocab.num_embeddings)
+    model.set_objective(t.objective)
+    x, y = make_examples(model.objective, {"items": split.train}, max_len)
     if not len(y):
         raise ValueError(f"{config.data.path}: no training examples (every user needs >= 2 training events)")
-    log.info("%d users, %d items, %d training examples", len(data.users), len(vocab), len(y))
+    log.info(
+        "%d users, %d items, %d training examples (objective %s)",
+        len(data.users), len(vocab), len(y), model.objective,
+    )  # fmt: skip
 
-    model = build_model(config.model, vocab.num_embeddings)
     counts = item_counts(split.train, vocab.num_embeddings)
-    t = config.train
     sampler = CandidateSampler.from_counts(counts, t.sampler, t.sampler_alpha)
     model.task = SampledSoftmaxTask(sampler, t.num_negatives, t.temperature, t.remove_accidental_hits)
     # XLA has no kernel for the sampler and was slower on CPU (MEASURED.md): keep it off.
     model.compile(optimizer=keras.optimizers.Adam(t.learning_rate), jit_compile=False)
-    dataset = (
-        tf.data.Dataset.from_tensor_slices(({"items": x}, y))
-        .shuffle(len(y), seed=t.seed, reshuffle_each_iteration=True)
-        .batch(t.batch_size)
-        .prefetch(tf.data.AUTOTUNE)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+        len(y), seed=t.seed, reshuffle_each_iteration=True
     )
+    dataset = dataset.batch(t.batch_size)
+    if model.objective == "cloze":  # fresh masks every epoch
+        mask_id = model.user_tower.mask_id
+        dataset = dataset.map(lambda x, y: mask_items(x, y, mask_id, t.mask_ratio), tf.data.AUTOTUNE)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
     validation = FullRankingValidation(split, vocab, max_len, t.eval_every)
     started = time.perf_counter()
     # The dataset shuffles itself (seeded); Keras' own shuffle flag does not apply to tf.data.
@@ -117,6 +124,7 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
         "train_loss_per_epoch": [float(v) for v in history.history.get("loss", [])],
         "train_seconds": round(seconds, 1),
         "train_examples": len(y),
+        "objective": model.objective,
     }
     attributes = None
     if data.item_attributes:

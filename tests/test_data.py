@@ -19,7 +19,6 @@ from retrieval.data import (
     load_movielens,
     load_s3rec,
     load_table,
-    training_examples,
     verify_movielens_100k,
 )
 from retrieval.vocab import PAD, ItemVocab
@@ -294,38 +293,6 @@ def test_leave_one_out_without_evaluable_users() -> None:
     assert split.valid_users.shape == split.test_users.shape == (0,)
     assert split.valid_targets.shape == split.test_targets.shape == (0,)
     assert split.valid_histories == split.test_histories == ()
-
-
-def test_training_examples_hand_worked() -> None:
-    train = [np.array([1, 2, 3, 4]), np.array([5, 6]), np.array([7])]
-    histories, targets = training_examples(train, max_len=4)
-    assert histories.dtype == targets.dtype == np.int32
-    np.testing.assert_array_equal(histories, [[0, 0, 0, 1], [0, 0, 1, 2], [0, 1, 2, 3], [0, 0, 0, 5]])
-    np.testing.assert_array_equal(targets, [2, 3, 4, 6])
-    # max_len 2 keeps the two most recent items, the latest in the last column.
-    histories, targets = training_examples(train, max_len=2)
-    np.testing.assert_array_equal(histories, [[0, 1], [1, 2], [2, 3], [0, 5]])
-    np.testing.assert_array_equal(targets, [2, 3, 4, 6])
-
-
-def test_training_examples_match_a_loop_oracle() -> None:
-    rng = np.random.default_rng(0)
-    train = [rng.integers(1, 30, size=n) for n in rng.integers(0, 12, size=20)]
-    histories, targets = training_examples(train, max_len=5)
-    expected_h, expected_t = [], []
-    for s in train:
-        for t in range(1, len(s)):
-            window = list(s[max(0, t - 5) : t])
-            expected_h.append([0] * (5 - len(window)) + window)
-            expected_t.append(s[t])
-    np.testing.assert_array_equal(histories, np.array(expected_h).reshape(-1, 5))
-    np.testing.assert_array_equal(targets, expected_t)
-
-
-def test_training_examples_empty() -> None:
-    histories, targets = training_examples([np.array([3])], max_len=3)
-    assert histories.shape == (0, 3) and targets.shape == (0,)
-    assert histories.dtype == targets.dtype == np.int32
 
 
 # --- errors: the file, the line and what is wrong -------------------------------------------

@@ -105,3 +105,23 @@ def test_task_reduces_to_the_reference_with_fixed_negatives() -> None:
         q, t[targets], targets, t[[1, 2, 5]], [1, 2, 5], logq[:2], logq, 1.0, True
     )
     assert got == pytest.approx(expected.mean(), rel=1e-5)
+
+
+def test_positional_targets_average_over_real_positions_only() -> None:
+    """Per-position outputs [B, L, d] with targets [B, L] (0 = none): one softmax per real target."""
+    rng = np.random.default_rng(3)
+    table = tf.constant(rng.normal(size=(6, 4)), tf.float32)
+    sampler = CandidateSampler.from_counts(np.array([0, 1, 1, 1, 1, 1]), "uniform")
+    task = SampledSoftmaxTask(sampler, num_negatives=2)
+    task.sampler.sample = lambda n: tf.constant([3, 5])  # type: ignore[method-assign]
+    outputs = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    targets = np.array([[0, 2, 4], [0, 0, 1]])
+    got = task(tf.constant(outputs), tf.constant(targets), lambda ids: tf.gather(table, ids)).numpy()
+    t = table.numpy()
+    rows, cols = np.nonzero(targets)
+    q, ids = outputs[rows, cols], targets[rows, cols]
+    logq = np.log(np.full(2, 0.2))
+    expected = numpy_sampled_softmax(
+        q, t[ids], ids, t[[3, 5]], [3, 5], np.log(np.full(3, 0.2)), logq, 1.0, True
+    )
+    assert got == pytest.approx(expected.mean(), rel=1e-5)

@@ -26,6 +26,10 @@ class UserTower(keras.layers.Layer, abc.ABC):
         inputs: ``{"items": int [B, L]}`` (``L <= max_len``) -> float32 ``[B, K, d]``.
     """
 
+    objectives: tuple[str, ...] = ("last",)
+    """Training objectives the tower supports (``retrieval.examples.OBJECTIVES``), default first.
+    Any other than ``last`` needs :meth:`sequence_output` (``[B, L]`` -> ``[B, L, d]``)."""
+
     def __init__(self, item_tower: ItemTower, max_len: int, num_interests: int = 1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if max_len < 1 or num_interests < 1:
@@ -38,6 +42,15 @@ class UserTower(keras.layers.Layer, abc.ABC):
     @abc.abstractmethod
     def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
         """``{"items": [B, L]}`` -> ``[B, K, d]``."""
+
+    def attention_maps(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Named attention-like weights over the history, for inspection (not used in training).
+
+        Returns:
+            name -> float32 ``[B, rows, L]`` (rows = interests or heads, columns = the input's
+            positions, padding included); ``{}`` for a tower without such weights.
+        """
+        return {}
 
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
         return (input_shape["items"][0], self.num_interests, self.dim)

@@ -26,6 +26,8 @@ class SASRecTower(UserTower):
         dropout: dropout on embeddings, attention and feed-forward outputs.
     """
 
+    objectives = ("all_positions", "last")
+
     def __init__(
         self,
         item_tower: ItemTower,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15proto/retrieval.proto\x12\x0cretrieval.v1\"-\n\x0fRetrieveRequest\x12\x0f\n\x07history\x18\x01 \x03(\t\x12\t\n\x01k\x18\x02 \x01(\r\">\n\nScoredItem\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x10\n\x08interest\x18\x03 \x01(\r\"i\n\x10RetrieveResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.retrieval.v1.ScoredItem\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x15\n\runknown_items\x18\x03 \x01(\r2]\n\x10RetrievalService\x12I\n\x08Retrieve\x12\x1d.retrieval.v1.RetrieveRequest\x1a\x1e.retrieval.v1.RetrieveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15proto/retrieval.proto\x12\x0cretrieval.v1\"R\n\x0fRetrieveRequest\x12\x0f\n\x07history\x18\x01 \x03(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12#\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x13.retrieval.v1.Event\";\n\x05\x45vent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\">\n\nScoredItem\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x10\n\x08interest\x18\x03 \x01(\r\"i\n\x10RetrieveResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.retrieval.v1.ScoredItem\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x15\n\runknown_items\x18\x03 \x01(\r2]\n\x10RetrievalService\x12I\n\x08Retrieve\x12\x1d.retrieval.v1.RetrieveRequest\x1a\x1e.retrieval.v1.RetrieveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.retrieval_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RETRIEVEREQUEST']._serialized_start=39
-  _globals['_RETRIEVEREQUEST']._serialized_end=84
-  _globals['_SCOREDITEM']._serialized_start=86
-  _globals['_SCOREDITEM']._serialized_end=148
-  _globals['_RETRIEVERESPONSE']._serialized_start=150
-  _globals['_RETRIEVERESPONSE']._serialized_end=255
-  _globals['_RETRIEVALSERVICE']._serialized_start=257
-  _globals['_RETRIEVALSERVICE']._serialized_end=350
+  _globals['_RETRIEVEREQUEST']._serialized_end=121
+  _globals['_EVENT']._serialized_start=123
+  _globals['_EVENT']._serialized_end=182
+  _globals['_SCOREDITEM']._serialized_start=184
+  _globals['_SCOREDITEM']._serialized_end=246
+  _globals['_RETRIEVERESPONSE']._serialized_start=248
+  _globals['_RETRIEVERESPONSE']._serialized_end=353
+  _globals['_RETRIEVALSERVICE']._serialized_start=355
+  _globals['_RETRIEVALSERVICE']._serialized_end=448
 # @@protoc_insertion_point(module_scope)

@@ -7,12 +7,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("history", "k")
+    __slots__ = ("history", "k", "events")
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     history: _containers.RepeatedScalarFieldContainer[str]
     k: int
-    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("item_id", "timestamp", "action")
+    ITEM_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    item_id: str
+    timestamp: int
+    action: str
+    def __init__(self, item_id: _Optional[str] = ..., timestamp: _Optional[int] = ..., action: _Optional[str] = ...) -> None: ...
 
 class ScoredItem(_message.Message):
     __slots__ = ("item_id", "score", "interest")

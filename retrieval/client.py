@@ -32,11 +32,34 @@ class RetrievalClient:
         self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
-    def retrieve(self, history: Sequence[str], k: int = 10) -> Retrieved:
-        """Top-``k`` items for a history of external ids (oldest first)."""
-        response = self._stub.Retrieve(
-            retrieval_pb2.RetrieveRequest(history=history, k=k), timeout=self.timeout
-        )
+    def retrieve(
+        self,
+        history: Sequence[str],
+        k: int = 10,
+        timestamps: Sequence[int] | None = None,
+        actions: Sequence[str] | None = None,
+    ) -> Retrieved:
+        """Top-``k`` items for a history of external ids (oldest first).
+
+        With ``timestamps`` and/or ``actions`` (one per history event) the history is sent as
+        events carrying that side information.
+        """
+        for name, values in (("timestamps", timestamps), ("actions", actions)):
+            if values is not None and len(values) != len(history):
+                raise ValueError(f"{len(values)} {name} for a history of {len(history)} events")
+        if timestamps is None and actions is None:
+            request = retrieval_pb2.RetrieveRequest(history=history, k=k)
+        else:
+            events = [
+                retrieval_pb2.Event(
+                    item_id=item,
+                    timestamp=0 if timestamps is None else int(timestamps[i]),
+                    action="" if actions is None else str(actions[i]),
+                )
+                for i, item in enumerate(history)
+            ]
+            request = retrieval_pb2.RetrieveRequest(events=events, k=k)
+        response = self._stub.Retrieve(request, timeout=self.timeout)
         return Retrieved(
             items=[(item.item_id, item.score, item.interest) for item in response.items],
             unknown_items=response.unknown_items,

@@ -31,6 +31,11 @@ class ModelConfig:
     num_blocks: int = 2
     num_heads: int = 1
     dropout: float = 0.2
+    routing_iterations: int = 3  # dr, mind
+    dynamic_interests: bool | None = None  # dr, mind: MIND's K'_u per user (None = tower default)
+    attention_penalty: float = 0.0  # sa: weight of Lin et al.'s ‖A Aᵀ − I‖²_F (0 = off)
+    fusion: str = "none"  # sasrec, bert4rec: none | sum | concat | gated | nova (towers.side)
+    side_features: str = ""  # comma list of attributes, action, gap_prev (retrieval.features)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class TrainConfig:
     sampler_alpha: float = 0.75
     temperature: float = 1.0
     remove_accidental_hits: bool = True
+    interest_selection: str = "hard"  # how K interests meet the target: "hard" | "label_aware"
+    label_aware_power: float = 1.0  # MIND's p, for interest_selection="label_aware"
     seed: int = 42
     eval_every: int = 1
 

@@ -22,7 +22,7 @@ import tempfile
 import urllib.request
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +65,14 @@ class Interactions:
         items: one row per known item: ``item`` (str), optionally ``title`` (str) and
             ``attributes`` (list of str, e.g. genres or categories; ``None`` when unknown).
         source: the path the data was read from.
+        has_time: False when ``timestamp`` is only the order of events (S3-Rec files), so
+            no time features can be derived from it.
     """
 
     events: pd.DataFrame
     items: pd.DataFrame
     source: str
+    has_time: bool = True
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,17 @@ class SequenceData:
         sequences: per user, int64 ``[len]`` dense item ids, oldest first.
         item_attributes: dense item id -> attributes, for items whose attributes are known;
             ``None`` when the data has no attributes.
+        event_columns: ``timestamp`` and every side column of the events (e.g. ``rating``),
+            per user, aligned with :attr:`sequences`.
+        has_time: whether ``timestamp`` is real time (see :class:`Interactions`).
     """
 
     vocab: ItemVocab
     users: tuple[str, ...]
     sequences: tuple[np.ndarray, ...]
     item_attributes: dict[int, tuple[str, ...]] | None
+    event_columns: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict)
+    has_time: bool = True
 
 
 @dataclass(frozen=True)
@@ -230,11 +238,11 @@ def load_s3rec(path: Path | str, attributes: Path | str | None = None) -> Intera
     if attributes is None and (path.parent / f"{path.stem}_item2attributes.json").is_file():
         attributes = path.parent / f"{path.stem}_item2attributes.json"
     if attributes is None:
-        return Interactions(events, pd.DataFrame({"item": seen}), str(path))
+        return Interactions(events, pd.DataFrame({"item": seen}), str(path), has_time=False)
     item_attributes = _read_item_attributes(Path(attributes))
     known = list(dict.fromkeys([*seen, *item_attributes]))
     frame = pd.DataFrame({"item": known, "attributes": [item_attributes.get(i) for i in known]})
-    return Interactions(events, frame, str(path))
+    return Interactions(events, frame, str(path), has_time=False)
 
 
 def load_table(path: Path | str) -> Interactions:
@@ -312,9 +320,18 @@ def build_sequences(data: Interactions) -> SequenceData:
     vocab = ItemVocab.from_ids(ids, titles)
     user_codes, users = pd.factorize(events["user"])  # users in file order
     user_codes = user_codes[order]
-    grouped = dense[np.argsort(user_codes, kind="stable")]
+    by_user = np.argsort(user_codes, kind="stable")
     ends = np.cumsum(np.bincount(user_codes, minlength=len(users))).tolist()
-    sequences = tuple(grouped[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True))
+    spans = list(zip([0, *ends[:-1]], ends, strict=True))
+
+    def per_user_sorted(values: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Values already in chronological order -> per-user slices of one grouped array."""
+        grouped = values[by_user]
+        return tuple(grouped[start:end] for start, end in spans)
+
+    sequences = per_user_sorted(dense)
+    columns = [c for c in events.columns if c not in ("user", "item")]
+    event_columns = {c: per_user_sorted(events[c].to_numpy()[order]) for c in columns}
     item_attributes = None
     if "attributes" in data.items.columns:
         index = vocab.lookup(data.items["item"].astype(str).tolist())
@@ -323,7 +340,9 @@ def build_sequences(data: Interactions) -> SequenceData:
             for i, a in zip(index, data.items["attributes"], strict=True)
             if i != 0 and a is not None
         }
-    return SequenceData(vocab, tuple(map(str, users.tolist())), sequences, item_attributes)
+    return SequenceData(
+        vocab, tuple(map(str, users.tolist())), sequences, item_attributes, event_columns, data.has_time
+    )
 
 
 def leave_one_out(data: SequenceData) -> LeaveOneOut:

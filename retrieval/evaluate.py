@@ -9,8 +9,9 @@ import numpy as np
 
 from index import FaissIndex
 from retrieval.data import build_sequences, leave_one_out, load_interactions
+from retrieval.features import user_event_features
 from retrieval.metrics import DEFAULT_KS, ranking_metrics
-from retrieval.model_artifact import ModelArtifact
+from retrieval.model_artifact import Features, ModelArtifact
 from retrieval.search import search_interests
 from retrieval.vocab import PAD
 
@@ -18,10 +19,20 @@ _USER_BATCH = 256
 
 
 def encode_histories(
-    model: ModelArtifact, histories: Sequence[np.ndarray], batch_size: int = 1024
+    model: ModelArtifact,
+    histories: Sequence[np.ndarray],
+    features: Features | None = None,
+    batch_size: int = 1024,
 ) -> np.ndarray:
-    """Interests for every history, float32 ``[U, K, d]``, in batches."""
-    parts = [model.encode(list(histories[i : i + batch_size])) for i in range(0, len(histories), batch_size)]
+    """Interests for every history, float32 ``[U, K, d]``, in batches (``features`` as in
+    :meth:`ModelArtifact.encode`)."""
+    parts = [
+        model.encode(
+            histories[i : i + batch_size],
+            None if features is None else {k: v[i : i + batch_size] for k, v in features.items()},
+        )
+        for i in range(0, len(histories), batch_size)
+    ]
     return np.concatenate(parts) if parts else np.zeros((0, model.num_interests, model.dim), np.float32)
 
 
@@ -54,11 +65,17 @@ def exact_top_k(
         k: list length.
 
     Returns:
-        int64 ``[U, k]``: items by their best score over the K interests, best first.
+        int64 ``[U, k]``: items by their best score over the K interests, best first. All-zero
+        (masked) interests are skipped, as the search does.
     """
-    return _batched_top_k(
-        lambda rows: np.einsum("ukd,vd->ukv", interests[rows], item_embeddings).max(axis=1), exclude, k
-    )
+
+    def scores(rows: slice) -> np.ndarray:
+        per_interest = np.einsum("ukd,vd->ukv", interests[rows], item_embeddings)  # [u, K, V]
+        masked = ~np.any(interests[rows] != 0, axis=2)  # [u, K]
+        per_interest[masked] = -np.inf
+        return per_interest.max(axis=1)
+
+    return _batched_top_k(scores, exclude, k)
 
 
 def popularity_top_k(counts: np.ndarray, exclude: Sequence[np.ndarray], k: int) -> np.ndarray:
@@ -83,9 +100,10 @@ def evaluate_exact(
     histories: Sequence[np.ndarray],
     targets: np.ndarray,
     ks: Sequence[int] = DEFAULT_KS,
+    features: Features | None = None,
 ) -> dict[str, float]:
     """Full-ranking metrics with exact search; each user's history items are excluded."""
-    interests = encode_histories(model, histories)
+    interests = encode_histories(model, histories, features)
     return ranking_metrics(exact_top_k(interests, model.item_embeddings, histories, max(ks)), targets, ks)
 
 
@@ -95,9 +113,10 @@ def evaluate_index(
     histories: Sequence[np.ndarray],
     targets: np.ndarray,
     ks: Sequence[int] = DEFAULT_KS,
+    features: Features | None = None,
 ) -> dict[str, float]:
     """Full-ranking metrics with the index's (possibly approximate) multi-interest search."""
-    interests = encode_histories(model, histories)
+    interests = encode_histories(model, histories, features)
     found = search_interests(index, interests, max(ks), exclude=[set(h.tolist()) for h in histories])
     return ranking_metrics(found.ids, targets, ks)
 
@@ -119,10 +138,18 @@ def evaluate_model_on_data(
         raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
     data = build_sequences(load_interactions(data_path, data_format))
     loo = leave_one_out(data)
+    test = split == "test"
     to_model = np.concatenate([[PAD], model.vocab.lookup(list(data.vocab.ids))])  # data id -> model id
-    histories = [to_model[h] for h in (loo.test_histories if split == "test" else loo.valid_histories)]
-    histories = [h[h != PAD] for h in histories]
-    targets = to_model[loo.test_targets if split == "test" else loo.valid_targets]
+    users = loo.test_users if test else loo.valid_users
+    raw = [to_model[h] for h in (loo.test_histories if test else loo.valid_histories)]
+    known = [h != PAD for h in raw]
+    histories = [h[k] for h, k in zip(raw, known, strict=True)]
+    per_user = user_event_features(data, model.side)  # encoded with the model's vocabularies
+    features = {
+        name: [values[u][: len(k)][k] for u, k in zip(users, known, strict=True)]
+        for name, values in per_user.items()
+    }
+    targets = to_model[loo.test_targets if test else loo.valid_targets]
     if index is None:
-        return evaluate_exact(model, histories, targets)
-    return evaluate_index(model, index, histories, targets)
+        return evaluate_exact(model, histories, targets, features=features)
+    return evaluate_index(model, index, histories, targets, features=features)

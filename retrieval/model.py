@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from retrieval.config import ModelConfig
+from retrieval.features import SideVocab
 from retrieval.losses import SampledSoftmaxTask
 from towers import ItemTower, UserTower, build_user_tower
 from towers.registry import tower_class
@@ -74,38 +76,64 @@ class TwoTowerModel(keras.Model):
         return cls(**config)
 
 
-def build_model(config: ModelConfig, num_embeddings: int) -> TwoTowerModel:
+def build_model(
+    config: ModelConfig,
+    num_embeddings: int,
+    side: SideVocab | None = None,
+    attributes: np.ndarray | None = None,
+) -> TwoTowerModel:
     """Builds an untrained model for a catalogue of ``num_embeddings - 1`` items.
 
     Every :class:`ModelConfig` field that the chosen tower's constructor accepts is passed to
     it (``None`` = the tower's default), so a new tower option needs only a config field.
+
+    Args:
+        side: the side features to use (their vocabularies), if any.
+        attributes: the item -> attribute-ids table ``[num_embeddings, A]`` when ``side``
+            includes ``attributes``.
     """
-    accepted = inspect.signature(tower_class(config.tower)).parameters
+    cls = tower_class(config.tower)
+    accepted = inspect.signature(cls).parameters
+    skip = ("item_tower", "max_len", "side_features")
     options = {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(config)
-        if f.name in accepted
-        and f.name not in ("item_tower", "max_len")
-        and getattr(config, f.name) is not None
+        if f.name in accepted and f.name not in skip and getattr(config, f.name) is not None
     }
-    user_tower = build_user_tower(
-        config.tower, item_tower=ItemTower(num_embeddings, config.dim), max_len=config.max_len, **options
+    side = side or SideVocab()
+    if (side.features or config.fusion != "none") and "fusion" not in accepted:
+        raise ValueError(f"tower {config.tower!r} does not take side information (fusion, side features)")
+    if side.event_features:
+        options["side_features"] = side.vocab_sizes()
+    use_attributes = "attributes" in side.features
+    item_tower = ItemTower(
+        num_embeddings,
+        config.dim,
+        num_attributes=len(side.attributes) if use_attributes else 0,
+        max_attributes=side.max_attributes if use_attributes else 0,
     )
-    model = TwoTowerModel(user_tower)
+    model = TwoTowerModel(
+        build_user_tower(config.tower, item_tower=item_tower, max_len=config.max_len, **options)
+    )
     model.user_tower.build()
+    if use_attributes:
+        if attributes is None:
+            raise ValueError("side features include attributes but no item -> attributes table was given")
+        item_tower.set_item_attributes(attributes)
     return model
 
 
-def export_user_tower(model: TwoTowerModel, path: Path) -> None:
-    """Writes a SavedModel with the serving endpoint ``user_vectors(items int32 [B, L]) -> [B, K, d]``.
+def export_user_tower(model: TwoTowerModel, path: Path, inputs: tuple[str, ...] = ("items",)) -> None:
+    """Writes a SavedModel with the serving endpoint ``user_vectors({name: int32 [B, L]}) -> [B, K, d]``.
 
-    The endpoint is a traced graph: serving needs neither the tower classes nor tracing per call.
+    ``inputs`` names the tower's inputs (``items`` plus any per-event side features). The
+    endpoint is a traced graph: serving needs neither the tower classes nor tracing per call.
     """
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(
         name="user_vectors",
-        fn=lambda items: model({"items": items}, training=False),
-        input_signature=[tf.TensorSpec([None, None], tf.int32, name="items")],
+        fn=lambda features: model(features, training=False),
+        input_signature=[{name: tf.TensorSpec([None, None], tf.int32, name=name) for name in inputs}],
     )
     archive.write_out(str(path), verbose=False)

@@ -6,28 +6,34 @@ Folder layout (``tools/train.py --out DIR``)::
     DIR/config.json           the resolved training configuration
     DIR/vocab.json            item vocabulary (external ids, titles when the data has them)
     DIR/item_attributes.json  external id -> attributes (genres, categories), when the data has them
+    DIR/side_vocab.json       side features the tower reads and their vocabularies, when it reads any
     DIR/item_embeddings.npy   float32 [num_items + 1, d]; row i is dense item i, row 0 padding
-    DIR/user_tower/           SavedModel with endpoint ``user_vectors(items int32 [B, L]) -> [B, K, d]``
+    DIR/user_tower/           SavedModel, endpoint ``user_vectors({"items": [B, L], ...}) -> [B, K, d]``
     DIR/model.keras           the full Keras two-tower model (to fine-tune or inspect)
     DIR/metrics.json          validation and test metrics
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from retrieval.artifacts import read_manifest
+from retrieval.features import SideVocab
 from retrieval.vocab import ItemVocab
 
 KIND = "model"
+SIDE_FILE = "side_vocab.json"
+Features = Mapping[str, Sequence[np.ndarray]]
+"""Side feature name -> per user, int values aligned with the history."""
 
-UserVectorsFn = Callable[[np.ndarray], np.ndarray]
-"""Left-padded dense item ids int32 ``[B, L]`` (``L <= max_len``, 0 = padding) -> float32 ``[B, K, d]``."""
+UserVectorsFn = Callable[[dict[str, np.ndarray]], np.ndarray]
+"""``{"items": int32 [B, L], <side feature>: int32 [B, L], ...}``, left-padded (``L <= max_len``,
+0 = padding) -> float32 ``[B, K, d]``."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class ModelArtifact:
         vocab: the item vocabulary.
         item_embeddings: float32 ``[num_items + 1, d]``; row 0 (padding) is never retrieved.
         user_vectors: the user tower, see :data:`UserVectorsFn`.
+        side: the side features the tower reads (none by default).
     """
 
     path: Path | None
@@ -47,6 +54,7 @@ class ModelArtifact:
     vocab: ItemVocab
     item_embeddings: np.ndarray
     user_vectors: UserVectorsFn
+    side: SideVocab = field(default_factory=SideVocab)
 
     @property
     def version(self) -> str:
@@ -64,15 +72,26 @@ class ModelArtifact:
     def dim(self) -> int:
         return int(self.item_embeddings.shape[1])
 
-    def encode(self, histories: list[np.ndarray]) -> np.ndarray:
+    def encode(self, histories: Sequence[np.ndarray], features: Features | None = None) -> np.ndarray:
         """Dense-id histories (oldest first) -> interests float32 ``[B, K, d]``.
 
-        Each history is cut to its last ``max_len`` items and left-padded with 0.
+        Args:
+            histories: per user, dense item ids.
+            features: per side feature the tower reads, per user an int array aligned with
+                the history (see ``retrieval.features.encode_events``); missing = unknown (0).
+
+        Each history is cut to its last ``max_len`` events and left-padded with 0.
         """
-        return self.user_vectors(pad_left(histories, self.max_len))
+        inputs = {"items": pad_left(histories, self.max_len)}
+        for name in self.side.event_features:
+            given = (features or {}).get(name)
+            inputs[name] = (
+                pad_left(given, self.max_len) if given is not None else np.zeros_like(inputs["items"])
+            )
+        return self.user_vectors(inputs)
 
 
-def pad_left(histories: list[np.ndarray], max_len: int) -> np.ndarray:
+def pad_left(histories: Sequence[np.ndarray], max_len: int) -> np.ndarray:
     """Keeps the last ``max_len`` ids of each history, left-padded with 0: int32 ``[B, max_len]``."""
     out = np.zeros((len(histories), max_len), np.int32)
     for row, h in zip(out, histories, strict=True):
@@ -98,7 +117,8 @@ def load_model(path: Path, verify: bool = True) -> ModelArtifact:
     # variables alive, and TensorFlow frees them once the object is collected.
     exported = tf.saved_model.load(str(path / "user_tower"))
 
-    def user_vectors(items: np.ndarray) -> np.ndarray:
-        return exported.user_vectors(tf.constant(items, tf.int32)).numpy()
+    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return exported.user_vectors({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
 
-    return ModelArtifact(path, manifest, vocab, item_embeddings, user_vectors)
+    side = SideVocab.load(path / SIDE_FILE) if (path / SIDE_FILE).is_file() else SideVocab()
+    return ModelArtifact(path, manifest, vocab, item_embeddings, user_vectors, side)

@@ -11,6 +11,7 @@ import numpy as np
 from index import FaissIndex
 from retrieval.artifacts import ArtifactError, read_manifest
 from retrieval.errors import InvalidArgument
+from retrieval.features import encode_events
 from retrieval.index_artifact import load_index
 from retrieval.model_artifact import KIND as MODEL_KIND
 from retrieval.model_artifact import ModelArtifact, load_model
@@ -92,16 +93,24 @@ class Retriever:
     def model_version(self) -> str:
         return self.model.version
 
-    def retrieve(self, history: Sequence[str], k: int) -> Retrieved:
+    def retrieve(
+        self,
+        history: Sequence[str],
+        k: int,
+        timestamps: Sequence[int] | None = None,
+        actions: Sequence[str] | None = None,
+    ) -> Retrieved:
         """Top-``k`` items for one user.
 
         Args:
             history: external item ids, oldest first (unknown ids are skipped and counted).
             k: number of items wanted, ``1..MAX_K``.
+            timestamps, actions: per history event, for models trained with side features
+                (``gap_prev``, ``action``); ignored by models without them.
 
         Raises:
             InvalidArgument: ``k`` out of range, history empty, longer than ``MAX_HISTORY`` or
-                without any known id.
+                without any known id, side information not aligned with the history.
         """
         if not 1 <= k <= MAX_K:
             raise InvalidArgument(f"k must be between 1 and {MAX_K}, got {k}")
@@ -109,12 +118,22 @@ class Retriever:
             raise InvalidArgument("history is empty: send at least one item id")
         if len(history) > MAX_HISTORY:
             raise InvalidArgument(f"history has {len(history)} ids, at most {MAX_HISTORY} are accepted")
+        for name, values in (("timestamps", timestamps), ("actions", actions)):
+            if values is not None and len(values) != len(history):
+                raise InvalidArgument(f"{len(values)} {name} for a history of {len(history)} events")
         dense = self.model.vocab.lookup(history)
-        known = dense[dense != PAD]
+        is_known = dense != PAD
+        known = dense[is_known]
         if not len(known):
             raise InvalidArgument(f"none of the {len(history)} history ids is in the model's vocabulary")
+        # Side features come from the whole timeline (a gap is to the previous event, known or
+        # not), then follow their items, exactly as in training and evaluation.
+        events = encode_events(self.model.side, timestamps, actions)
+        features = {
+            name: [values[is_known]] for name, values in events.items() if len(values) == len(history)
+        }
 
-        interests = self.model.encode([known])  # [1, K, d], one user-tower call
+        interests = self.model.encode([known], features)  # [1, K, d], one user-tower call
         result = search_interests(self.index, interests, k, exclude=[np.unique(known)])
         found = result.ids[0] >= 0
         items = list(

@@ -63,7 +63,18 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: retrieval_pb2.RetrieveRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.RetrieveResponse:
         try:
-            result = self._retriever.retrieve(request.history, request.k)
+            if request.events and request.history:
+                raise InvalidArgument("send the history either as history or as events, not both")
+            if request.events:
+                events = request.events
+                result = self._retriever.retrieve(
+                    [e.item_id for e in events],
+                    request.k,
+                    [e.timestamp for e in events],
+                    [e.action for e in events],
+                )
+            else:
+                result = self._retriever.retrieve(request.history, request.k)
         except Exception as error:  # every error must become a status, none a crash
             context.abort(*status_for(error))
         return retrieval_pb2.RetrieveResponse(

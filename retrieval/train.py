@@ -18,21 +18,45 @@ from retrieval.config import Config
 from retrieval.data import LeaveOneOut, build_sequences, leave_one_out, load_interactions
 from retrieval.evaluate import evaluate_exact, popularity_top_k
 from retrieval.examples import make_examples, mask_items
+from retrieval.features import (
+    SideVocab,
+    attribute_table,
+    build_side_vocab,
+    parse_side_features,
+    user_event_features,
+)
 from retrieval.losses import CandidateSampler, SampledSoftmaxTask
 from retrieval.metrics import ranking_metrics
 from retrieval.model import TwoTowerModel, build_model, export_user_tower
-from retrieval.model_artifact import KIND, ModelArtifact
+from retrieval.model_artifact import KIND, SIDE_FILE, Features, ModelArtifact
 from retrieval.vocab import ItemVocab
 
 log = logging.getLogger(__name__)
 
 
-def live_artifact(model: TwoTowerModel, vocab: ItemVocab, max_len: int) -> ModelArtifact:
+def live_artifact(model: TwoTowerModel, vocab: ItemVocab, max_len: int, side: SideVocab) -> ModelArtifact:
     """A :class:`ModelArtifact` view of a model in memory, for evaluation during training."""
-    predict = tf.function(lambda items: model({"items": items}, training=False), reduce_retracing=True)
-    table = np.array(model.item_tower.table)
+    predict = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
+    table = np.array(model.item_tower.all_items())
     manifest = {"version": "training", "max_len": max_len, "num_interests": model.user_tower.num_interests}
-    return ModelArtifact(None, manifest, vocab, table, lambda items: predict(tf.constant(items)).numpy())
+
+    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return predict({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
+
+    return ModelArtifact(None, manifest, vocab, table, user_vectors, side)
+
+
+def history_features(
+    features: dict[str, tuple[np.ndarray, ...]],
+    users: Sequence[int] | np.ndarray,
+    histories: Sequence[np.ndarray],
+) -> dict[str, list[np.ndarray]]:
+    """Each history's side inputs: user ``u``'s features cut to the history's length (histories
+    are prefixes of the users' sequences)."""
+    return {
+        name: [per_user[u][: len(h)] for u, h in zip(users, histories, strict=True)]
+        for name, per_user in features.items()
+    }
 
 
 class FullRankingValidation(keras.callbacks.Callback):
@@ -44,17 +68,27 @@ class FullRankingValidation(keras.callbacks.Callback):
 
     SHOWN = ("ndcg@10", "hr@10", "recall@50")
 
-    def __init__(self, split: LeaveOneOut, vocab: ItemVocab, max_len: int, every: int = 1) -> None:
+    def __init__(
+        self,
+        split: LeaveOneOut,
+        vocab: ItemVocab,
+        max_len: int,
+        side: SideVocab,
+        features: Features | None,
+        every: int = 1,
+    ) -> None:
         super().__init__()
         self.split, self.vocab, self.max_len, self.every = split, vocab, max_len, every
+        self.side, self.features = side, features
         self.history: list[dict[str, float]] = []
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if (epoch + 1) % self.every or not len(self.split.valid_targets):
             return
         assert isinstance(self.model, TwoTowerModel)
-        artifact = live_artifact(self.model, self.vocab, self.max_len)
-        metrics = evaluate_exact(artifact, self.split.valid_histories, self.split.valid_targets)
+        artifact = live_artifact(self.model, self.vocab, self.max_len, self.side)
+        split = self.split
+        metrics = evaluate_exact(artifact, split.valid_histories, split.valid_targets, features=self.features)
         self.history.append({"epoch": epoch + 1, **metrics})
         if logs is not None:  # shown on the progress bar; every metric goes to metrics.json
             logs.update({f"val_{k}": metrics[k] for k in self.SHOWN})
@@ -83,9 +117,14 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
     split = leave_one_out(data)
     vocab, max_len = data.vocab, config.model.max_len
     t = config.train
-    model = build_model(config.model, vocab.num_embeddings)
+    side = build_side_vocab(data, parse_side_features(config.model.side_features))
+    features = user_event_features(data, side)  # {name: per-user arrays}, aligned with the sequences
+    attributes = attribute_table(side, data.item_attributes or {}, vocab.num_embeddings)
+    model = build_model(config.model, vocab.num_embeddings, side, attributes)
     model.set_objective(t.objective)
-    x, y = make_examples(model.objective, {"items": split.train}, max_len)
+    everyone = range(len(data.users))
+    train_events = {"items": split.train, **history_features(features, everyone, split.train)}
+    x, y = make_examples(model.objective, train_events, max_len)
     if not len(y):
         raise ValueError(f"{config.data.path}: no training examples (every user needs >= 2 training events)")
     log.info(
@@ -95,7 +134,14 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
 
     counts = item_counts(split.train, vocab.num_embeddings)
     sampler = CandidateSampler.from_counts(counts, t.sampler, t.sampler_alpha)
-    model.task = SampledSoftmaxTask(sampler, t.num_negatives, t.temperature, t.remove_accidental_hits)
+    model.task = SampledSoftmaxTask(
+        sampler,
+        t.num_negatives,
+        t.temperature,
+        t.remove_accidental_hits,
+        interest_selection=t.interest_selection,
+        label_aware_power=t.label_aware_power,
+    )
     # XLA has no kernel for the sampler and was slower on CPU (MEASURED.md): keep it off.
     model.compile(optimizer=keras.optimizers.Adam(t.learning_rate), jit_compile=False)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
@@ -106,18 +152,20 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
         mask_id = model.user_tower.mask_id
         dataset = dataset.map(lambda x, y: mask_items(x, y, mask_id, t.mask_ratio), tf.data.AUTOTUNE)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    validation = FullRankingValidation(split, vocab, max_len, t.eval_every)
+    valid_features = history_features(features, split.valid_users, split.valid_histories)
+    validation = FullRankingValidation(split, vocab, max_len, side, valid_features, t.eval_every)
     started = time.perf_counter()
     # The dataset shuffles itself (seeded); Keras' own shuffle flag does not apply to tf.data.
     history = model.fit(dataset, epochs=t.epochs, callbacks=[validation], verbose=verbose, shuffle=False)
     seconds = time.perf_counter() - started
 
-    artifact = live_artifact(model, vocab, max_len)
+    artifact = live_artifact(model, vocab, max_len, side)
+    test_features = history_features(features, split.test_users, split.test_histories)
     k_max = 50
     metrics = {
         "validation": validation.history[-1] if validation.history else {},
         "validation_per_epoch": validation.history,
-        "test": evaluate_exact(artifact, split.test_histories, split.test_targets),
+        "test": evaluate_exact(artifact, split.test_histories, split.test_targets, features=test_features),
         "baseline_popularity_test": ranking_metrics(
             popularity_top_k(counts, split.test_histories, k_max), split.test_targets
         ),
@@ -126,10 +174,10 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
         "train_examples": len(y),
         "objective": model.objective,
     }
-    attributes = None
+    item_attributes = None
     if data.item_attributes:
-        attributes = {vocab.ids[i - 1]: list(a) for i, a in sorted(data.item_attributes.items())}
-    save_model(model, config, vocab, metrics, out, overwrite, attributes)
+        item_attributes = {vocab.ids[i - 1]: list(a) for i, a in sorted(data.item_attributes.items())}
+    save_model(model, config, vocab, side, metrics, out, overwrite, item_attributes)
     return metrics
 
 
@@ -137,6 +185,7 @@ def save_model(
     model: TwoTowerModel,
     config: Config,
     vocab: ItemVocab,
+    side: SideVocab,
     metrics: dict[str, Any],
     out: Path,
     overwrite: bool,
@@ -146,7 +195,7 @@ def save_model(
 
     ``attributes`` (external item id -> attribute values, e.g. genres) is saved when given.
     """
-    table = np.array(model.item_tower.table, np.float32)
+    table = np.array(model.item_tower.all_items(), np.float32)
     table[0] = 0.0  # padding is never an answer
     meta = {
         "tower": config.model.tower,
@@ -155,13 +204,18 @@ def save_model(
         "max_len": config.model.max_len,
         "num_items": len(vocab),
         "data": config.data.path,
+        "inputs": ["items", *side.event_features],
+        "side_features": list(side.features),
+        "fusion": config.model.fusion,
     }
     with write_artifact(out, KIND, meta, overwrite=overwrite) as tmp:
         config.save(tmp / "config.json")
         vocab.save(tmp / "vocab.json")
         if attributes:
             (tmp / "item_attributes.json").write_text(json.dumps(attributes, ensure_ascii=False))
+        if side.features:
+            side.save(tmp / SIDE_FILE)
         np.save(tmp / "item_embeddings.npy", table)
-        export_user_tower(model, tmp / "user_tower")
+        export_user_tower(model, tmp / "user_tower", ("items", *side.event_features))
         model.save(tmp / "model.keras")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from proto import retrieval_pb2
 from retrieval.client import RetrievalClient
 from retrieval.data import build_sequences, load_interactions
 from retrieval.evaluate import encode_histories, exact_top_k
@@ -20,7 +21,13 @@ from retrieval.retriever import Retriever
 from retrieval.server import create_server
 from tests.conftest import run_tool
 
-TOWERS = ["sa", "sasrec"]
+TOWERS = ["sa", "sasrec", "youtubednn", "dr", "mind", "din"]
+# Extra training options per tower: mind trains with its own interest selection (the
+# TrainConfig fields reach the task), sa with its attention penalty (add_loss reaches fit).
+EXTRA_ARGS = {
+    "mind": ["--set", "train.interest_selection=label_aware", "--set", "train.label_aware_power=2"],
+    "sa": ["--set", "model.attention_penalty=0.01"],
+}
 
 
 @pytest.fixture(scope="module", params=TOWERS)
@@ -31,7 +38,7 @@ def trained(request, synthetic_csv, tmp_path_factory):
         "train",
         "--data", str(synthetic_csv), "--model", request.param, "--out", str(model_dir),
         "--epochs", "3", "--dim", "16", "--max-len", "12", "--batch-size", "64", "--negatives", "20",
-        "--quiet",
+        "--quiet", *EXTRA_ARGS.get(request.param, []),
     )  # fmt: skip
     assert code == 0
     assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
@@ -64,7 +71,7 @@ def test_exported_tower_matches_the_keras_model(trained) -> None:
     keras_model = keras.saving.load_model(model_dir / "model.keras")
     histories = np.array([[0, 0, 3, 4, 5], [1, 2, 3, 4, 5]], np.int32)
     np.testing.assert_allclose(
-        artifact.user_vectors(histories), np.asarray(keras_model({"items": histories})), atol=1e-5
+        artifact.user_vectors({"items": histories}), np.asarray(keras_model({"items": histories})), atol=1e-5
     )
 
 
@@ -125,3 +132,67 @@ def test_item_attributes_and_titles_travel_into_the_artifact(tmp_path) -> None:
     assert "item_attributes.json" in json.loads((out / "manifest.json").read_text())["files"]
     # Refuses to overwrite without --overwrite, and says so.
     assert run_tool("train", *args, "--quiet") == 2
+
+
+@pytest.fixture(scope="module")
+def side_info_model(synthetic_csv, tmp_path_factory):
+    """A SASRec with NOVA fusion of actions and time gaps, trained through the tools."""
+    out = tmp_path_factory.mktemp("e2e-nova")
+    rng = np.random.default_rng(3)
+    lines = synthetic_csv.read_text().splitlines()
+    rows = [lines[0] + ",action"] + [f"{line},{rng.choice(['view', 'buy'])}" for line in lines[1:]]
+    data = out / "log.csv"
+    data.write_text("\n".join(rows) + "\n")
+    model_dir, index_dir = out / "model", out / "index"
+    args = ["--data", str(data), "--model", "sasrec", "--out", str(model_dir), "--epochs", "2", "--dim", "16"]
+    args += ["--max-len", "12", "--negatives", "20", "--quiet"]
+    args += ["--set", "model.fusion=nova", "--set", "model.side_features=action,gap_prev"]
+    assert run_tool("train", *args) == 0
+    assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
+    return data, model_dir, index_dir
+
+
+def test_side_information_travels_from_request_events_to_the_tower(side_info_model) -> None:
+    from retrieval.features import encode_events
+
+    data_path, model_dir, index_dir = side_info_model
+    model = load_model(model_dir)
+    assert model.side.event_features == ("action", "gap_prev")
+    assert json.loads((model_dir / "manifest.json").read_text())["inputs"] == ["items", "action", "gap_prev"]
+    data = build_sequences(load_interactions(data_path))
+    server, port = create_server(Retriever.from_dirs(model_dir, index_dir), port=0)
+    try:
+        with RetrievalClient(f"127.0.0.1:{port}") as client:
+            for u in range(5):
+                history = data.vocab.external(data.sequences[u])
+                times = data.event_columns["timestamp"][u].tolist()
+                actions = [str(a) for a in data.event_columns["action"][u]]
+                got = client.retrieve(history, 10, timestamps=times, actions=actions)
+                dense = model.vocab.lookup(history)
+                features = {
+                    name: [v] for name, v in encode_events(model.side, np.array(times), actions).items()
+                }
+                interests = model.encode([dense], features)
+                expected = exact_top_k(interests, model.item_embeddings, [dense], 10)[0]
+                assert [item for item, _, _ in got.items] == model.vocab.external(expected)
+                # The side information matters: other actions give other interests.
+                flipped = ["buy" if a == "view" else "view" for a in actions]
+                other = {name: [v] for name, v in encode_events(model.side, np.array(times), flipped).items()}
+                assert not np.allclose(model.encode([dense], other), interests)
+            with pytest.raises(grpc.RpcError) as both:
+                client._stub.Retrieve(
+                    retrieval_pb2.RetrieveRequest(
+                        history=["i1"], events=[retrieval_pb2.Event(item_id="i1")], k=3
+                    )
+                )
+            assert both.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        server.stop(None)
+
+
+def test_evaluate_tool_reproduces_training_metrics_with_side_features(side_info_model, capsys) -> None:
+    data_path, model_dir, _ = side_info_model
+    assert run_tool("evaluate", "--model", str(model_dir), "--data", str(data_path)) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    trained_test = json.loads((model_dir / "metrics.json").read_text())["test"]
+    assert evaluated["ndcg@50"] == pytest.approx(trained_test["ndcg@50"], abs=1e-6)

@@ -48,7 +48,8 @@ def make_model(version: str = "model-v1") -> ModelArtifact:
     embeddings[0] = 0
     projections = (rng.normal(size=(K, DIM, DIM)) / np.sqrt(DIM)).astype(np.float32)
 
-    def user_vectors(items: np.ndarray) -> np.ndarray:  # int32 [B, L] -> float32 [B, K, d]
+    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:  # int32 [B, L] -> float32 [B, K, d]
+        items = inputs["items"]
         real = (items > 0)[..., None]
         mean = (embeddings[items] * real).sum(axis=1) / np.maximum(real.sum(axis=1), 1)
         return np.einsum("bd,kde->bke", mean, projections).astype(np.float32)
@@ -61,7 +62,7 @@ def make_model(version: str = "model-v1") -> ModelArtifact:
 def brute_force(model: ModelArtifact, history: list[str], k: int) -> list[tuple[str, float, int]]:
     """Oracle: interests from the last MAX_LEN known items, max over interests, history excluded."""
     known = [ITEMS.index(h) + 1 for h in history if h in ITEMS]
-    interests = model.user_vectors(np.array([known[-MAX_LEN:]], np.int32))[0]  # [K, d]
+    interests = model.user_vectors({"items": np.array([known[-MAX_LEN:]], np.int32)})[0]  # [K, d]
     scores = interests @ model.item_embeddings.T  # [K, n + 1]
     ranked = sorted(
         (

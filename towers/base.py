@@ -99,9 +99,12 @@ class RecencyPositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, x: Any) -> Any:
-        length = ops.shape(x)[1]
+        return x + ops.expand_dims(self.embeddings(ops.shape(x)[1]), 0)
+
+    def embeddings(self, length: Any) -> Any:
+        """The embeddings of positions ``0..length-1`` ``[length, d]`` (the last is the newest)."""
         recency = ops.flip(ops.arange(length), axis=0)  # [L]: L-1, ..., 1, 0
-        return x + ops.expand_dims(self.table(recency), 0)
+        return self.table(recency)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "max_len": self.max_len, "dim": self.dim}

@@ -5,43 +5,102 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
+from keras import ops
 
 
 @keras.saving.register_keras_serializable(package="towers")
 class ItemTower(keras.layers.Layer):
-    """An item-embedding table; row 0 is padding.
+    """An item-id embedding table (row 0 is padding), optionally plus the item's attributes.
 
-    User towers embed their input sequences with the same table, so that history
-    items and retrieved items live in one space.
+    User towers embed their input sequences with the same table, so that history items and
+    retrieved items live in one space. With attributes (categories, brand, genres), an item's
+    vector is its id embedding plus the mean of its attributes' embeddings, so that items with
+    few interactions borrow strength from their attributes.
 
     Args:
         num_embeddings: number of items + 1 (the padding row).
         dim: embedding size ``d``.
+        num_attributes: size of the attribute vocabulary (ids ``1..num_attributes``; 0 = none).
+        max_attributes: attributes kept per item (columns of the item -> attributes table).
 
     Call:
         ids: int ``[...]`` -> float32 ``[..., d]``.
     """
 
-    def __init__(self, num_embeddings: int, dim: int, **kwargs: Any) -> None:
+    def __init__(
+        self, num_embeddings: int, dim: int, num_attributes: int = 0, max_attributes: int = 0, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
-        self.num_embeddings = num_embeddings
-        self.dim = dim
-        # Small init as in SASRec/ComiRec; large initial norms slow early training.
-        self.embedding = keras.layers.Embedding(
-            num_embeddings, dim, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02)
+        if (num_attributes > 0) != (max_attributes > 0):
+            raise ValueError("num_attributes and max_attributes must both be 0 or both be positive")
+        self.num_embeddings, self.dim = num_embeddings, dim
+        self.num_attributes, self.max_attributes = num_attributes, max_attributes
+        init = keras.initializers.TruncatedNormal(stddev=0.02)  # small, as in SASRec/ComiRec
+        self.embedding = keras.layers.Embedding(num_embeddings, dim, embeddings_initializer=init)
+        self.attribute_embedding = (
+            keras.layers.Embedding(num_attributes + 1, dim, embeddings_initializer=init)
+            if num_attributes
+            else None
         )
 
     def build(self, input_shape: Any = None) -> None:
+        if self.built:  # shared by the user tower, which builds it too
+            return
         self.embedding.build((None,))
+        if self.attribute_embedding is not None:
+            self.attribute_embedding.build((None,))
+            # The item -> attributes table is data, not a parameter: saved with the weights so
+            # that a loaded tower needs nothing else, never trained.
+            self.item_attributes = self.add_weight(
+                shape=(self.num_embeddings, self.max_attributes),
+                dtype="int32",
+                initializer="zeros",
+                trainable=False,
+                name="item_attributes",
+            )
         self.built = True
 
-    def call(self, ids: Any) -> Any:
+    def set_item_attributes(self, table: np.ndarray) -> None:
+        """Sets the item -> attribute-ids table, int ``[num_embeddings, max_attributes]`` (0 = none)."""
+        if table.shape != (self.num_embeddings, self.max_attributes):
+            raise ValueError(
+                f"attribute table has shape {table.shape}, expected {self.item_attributes.shape}"
+            )
+        self.item_attributes.assign(table.astype(np.int32))
+
+    def id_embedding(self, ids: Any) -> Any:
+        """The items' id embeddings alone ``[..., d]``."""
         return self.embedding(ids)
+
+    def attributes(self, ids: Any) -> Any:
+        """Mean embedding of each item's attributes ``[..., d]`` (zeros without attributes)."""
+        if self.attribute_embedding is None:
+            return ops.zeros_like(self.embedding(ids))
+        attribute_ids = ops.take(self.item_attributes, ids, axis=0)  # [..., A]
+        present = ops.expand_dims(ops.cast(attribute_ids > 0, "float32"), -1)  # [..., A, 1]
+        total = ops.sum(self.attribute_embedding(attribute_ids) * present, axis=-2)
+        return total / ops.maximum(ops.sum(present, axis=-2), 1.0)
+
+    def call(self, ids: Any) -> Any:
+        if self.attribute_embedding is None:
+            return self.embedding(ids)
+        return self.embedding(ids) + self.attributes(ids)
 
     @property
     def table(self) -> Any:
-        """The full table ``[num_embeddings, d]``, row 0 = padding."""
+        """The id-embedding table ``[num_embeddings, d]``, row 0 = padding."""
         return self.embedding.embeddings
 
+    def all_items(self) -> Any:
+        """Vectors of every row ``[num_embeddings, d]`` (row 0 = padding), what the index holds."""
+        return self(ops.arange(self.num_embeddings))
+
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "num_embeddings": self.num_embeddings, "dim": self.dim}
+        return {
+            **super().get_config(),
+            "num_embeddings": self.num_embeddings,
+            "dim": self.dim,
+            "num_attributes": self.num_attributes,
+            "max_attributes": self.max_attributes,
+        }

@@ -1,19 +1,29 @@
-"""Pre-LN transformer block shared by the sequence towers."""
+"""Transformer sequence towers (SASRec, BERT4Rec): pre-LN blocks and side-information fusion."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import keras
+from keras import ops
+
+from towers.base import RecencyPositionEmbedding, UserTower, sequence_mask
+from towers.item import ItemTower
+from towers.side import FUSIONS, INVASIVE, InvasiveFusion, SideEmbedding
 
 
 @keras.saving.register_keras_serializable(package="towers")
 class TransformerBlock(keras.layers.Layer):
-    """``x + MHA(LN(x))`` then ``x + FFN(LN(x))`` (pre-layer-norm, as in SASRec's later versions).
+    """``x + MHA(LN(x))`` then ``x + FFN(LN(x))`` (pre-layer-norm).
+
+    With ``side`` (NOVA), queries and keys are computed from ``LN(x) + side`` and values
+    from ``LN(x)`` alone, so the attention output is a combination of item-only values
+    whose weights the side information chooses.
 
     Call:
         x: ``[B, L, d]``; attention_mask: bool ``[B, L, L]``, True where query i may attend
-        to key j -> ``[B, L, d]``.
+        to key j; side: optional ``[B, L, d]`` -> ``[B, L, d]`` (and the attention weights
+        ``[B, heads, L, L]`` with ``return_attention=True``).
     """
 
     def __init__(self, dim: int, num_heads: int, dropout: float = 0.0, **kwargs: Any) -> None:
@@ -31,17 +41,28 @@ class TransformerBlock(keras.layers.Layer):
     def build(self, input_shape: Any) -> None:
         self.norm1.build(input_shape)
         self.norm2.build(input_shape)
-        self.attention.build(input_shape, input_shape)
+        self.attention.build(input_shape, input_shape, input_shape)
         self.ffn_in.build(input_shape)
         self.ffn_out.build(input_shape)
         self.built = True
 
-    def call(self, x: Any, attention_mask: Any, training: bool = False) -> Any:
+    def call(
+        self,
+        x: Any,
+        attention_mask: Any,
+        side: Any = None,
+        training: bool = False,
+        return_attention: bool = False,
+    ) -> Any:
         h = self.norm1(x)
-        h = self.attention(h, h, attention_mask=attention_mask, training=training)
+        qk = h if side is None else h + side
+        h, scores = self.attention(
+            qk, h, qk, attention_mask=attention_mask, return_attention_scores=True, training=training
+        )
         x = x + self.dropout(h, training=training)
         h = self.ffn_out(self.dropout(self.ffn_in(self.norm2(x)), training=training))
-        return x + self.dropout(h, training=training)
+        x = x + self.dropout(h, training=training)
+        return (x, scores) if return_attention else x
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -49,4 +70,128 @@ class TransformerBlock(keras.layers.Layer):
             "dim": self.dim,
             "num_heads": self.num_heads,
             "dropout": self.dropout_rate,
+        }
+
+
+class TransformerTower(UserTower):
+    """Embedding, positions, side-information fusion and a stack of blocks; subclasses choose
+    the attention direction (``causal``) and how the user vector is read out.
+
+    Args:
+        item_tower: shared item tower.
+        max_len: longest input read.
+        num_interests: must be 1 (accepted so that every tower takes the same arguments).
+        num_blocks, num_heads, dropout: the stack.
+        fusion: one of ``towers.side.FUSIONS``.
+        side_features: per-event feature name -> vocabulary size (``towers.side.EVENT_FEATURES``);
+            the item tower's attributes join the side information whenever it has them.
+    """
+
+    causal: bool = True
+
+    def __init__(
+        self,
+        item_tower: ItemTower,
+        max_len: int,
+        num_interests: int = 1,
+        num_blocks: int = 2,
+        num_heads: int = 1,
+        dropout: float = 0.2,
+        fusion: str = "none",
+        side_features: dict[str, int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if num_interests != 1:
+            raise ValueError(
+                f"{type(self).__name__} is a single-interest tower: num_interests must be 1, got {num_interests}"
+            )
+        if fusion not in FUSIONS:
+            raise ValueError(f"unknown fusion {fusion!r}; choose one of {FUSIONS}")
+        side_features = dict(side_features or {})
+        has_side = bool(side_features) or item_tower.num_attributes > 0
+        if has_side != (fusion != "none"):
+            raise ValueError(
+                "side information needs a fusion mode other than 'none', and a fusion mode needs side "
+                f"information (fusion {fusion!r}, side features {sorted(side_features)}, "
+                f"item attributes {item_tower.num_attributes})"
+            )
+        super().__init__(item_tower, max_len, 1, **kwargs)
+        self.num_blocks, self.num_heads, self.dropout_rate = num_blocks, num_heads, dropout
+        self.fusion, self.side_features = fusion, side_features
+        self.positions = RecencyPositionEmbedding(max_len, self.dim)
+        self.input_dropout = keras.layers.Dropout(dropout)
+        self.blocks = [TransformerBlock(self.dim, num_heads, dropout) for _ in range(num_blocks)]
+        self.final_norm = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.side = SideEmbedding(self.dim, side_features) if fusion != "none" else None
+        self.fuse = InvasiveFusion(fusion, self.dim) if fusion in INVASIVE else None
+
+    def build(self, input_shape: Any = None) -> None:
+        self.item_tower.build()
+        self.positions.build()
+        for block in self.blocks:
+            block.build((None, None, self.dim))
+        self.final_norm.build((None, None, self.dim))
+        if self.side is not None:
+            self.side.build()
+        if self.fuse is not None:
+            self.fuse.build()
+        self.built = True
+
+    def embed_items(self, items: Any) -> Any:
+        """Item representations ``[B, L, d]``: id embeddings alone when side information is fused
+        separately, the item tower's full vectors otherwise."""
+        return self.item_tower.id_embedding(items) if self.fusion != "none" else self.item_tower(items)
+
+    def encode(self, inputs: dict[str, Any], training: bool = False) -> tuple[Any, list[Any]]:
+        """Outputs at every position ``[B, L, d]`` and each block's attention ``[B, heads, L, L]``."""
+        items = inputs["items"]
+        mask = sequence_mask(items)  # [B, L]
+        keep = ops.expand_dims(ops.cast(mask, "float32"), -1)  # [B, L, 1]
+        attention_mask = ops.expand_dims(mask, 1)  # [B, 1, L]: never attend to padding
+        if self.causal:
+            length = ops.shape(items)[1]
+            causal = ops.tril(ops.ones((length, length), dtype="bool"))  # key j <= query i
+            attention_mask = ops.logical_and(ops.expand_dims(causal, 0), attention_mask)
+        else:
+            attention_mask = ops.repeat(attention_mask, ops.shape(items)[1], axis=1)
+        x = self.embed_items(items) * (self.dim**0.5)
+        side = None
+        if self.side is not None:
+            # Ids past the item table (BERT4Rec's mask token) have no attributes.
+            known = ops.where(items < self.item_tower.num_embeddings, items, 0)
+            side = self.side(inputs) + self.item_tower.attributes(known)
+        if self.fusion == "nova":  # positions are side information too; values stay pure items
+            side = side + ops.expand_dims(self.positions.embeddings(ops.shape(items)[1]), 0)
+        else:
+            x = self.positions(x)
+            if self.fuse is not None:
+                x, side = self.fuse(x, side), None
+        x = self.input_dropout(x, training=training) * keep
+        side = None if side is None else side * keep
+        attention = []
+        for block in self.blocks:
+            x, scores = block(x, attention_mask, side=side, training=training, return_attention=True)
+            x = x * keep
+            attention.append(scores)
+        return self.final_norm(x), attention
+
+    def sequence_output(self, inputs: dict[str, Any], training: bool = False) -> Any:
+        """Output at every position ``[B, L, d]``."""
+        return self.encode(inputs, training=training)[0]
+
+    def attention_maps(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Per block, each head's attention from the newest position ``[B, heads, L]``."""
+        _, attention = self.encode(inputs)
+        return {f"block{i}": a[:, :, -1, :] for i, a in enumerate(attention)}
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.pop("num_interests")
+        return {
+            **config,
+            "num_blocks": self.num_blocks,
+            "num_heads": self.num_heads,
+            "dropout": self.dropout_rate,
+            "fusion": self.fusion,
+            "side_features": self.side_features,
         }

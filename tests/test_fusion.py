@@ -1,0 +1,140 @@
+"""Side information: NOVA's non-invasive attention, the invasive baselines, item attributes."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from towers import ItemTower, build_user_tower
+from towers.side import FUSIONS, InvasiveFusion, SideEmbedding
+from towers.transformer import TransformerBlock
+
+DIM, HEADS, L = 16, 2, 5
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_nova_attention_mixes_item_only_values_with_side_chosen_weights() -> None:
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    block = TransformerBlock(DIM, HEADS)
+    x = rng.normal(size=(2, L, DIM)).astype(np.float32)
+    side = rng.normal(size=(2, L, DIM)).astype(np.float32)
+    mask = np.ones((2, L, L), bool)
+    y, scores = block(x, mask, side=side, return_attention=True)
+
+    # Reference: queries and keys from LN(x) + side, values from LN(x) alone.
+    mha = block.attention
+    wq, bq = (np.asarray(w) for w in mha._query_dense.weights)
+    wk, bk = (np.asarray(w) for w in mha._key_dense.weights)
+    wv, bv = (np.asarray(w) for w in mha._value_dense.weights)
+    wo, bo = (np.asarray(w) for w in mha._output_dense.weights)
+    h = np.asarray(block.norm1(x))
+    q = np.einsum("bld,dhk->bhlk", h + side, wq) + bq[None, :, None, :]
+    k = np.einsum("bld,dhk->bhlk", h + side, wk) + bk[None, :, None, :]
+    v = np.einsum("bld,dhk->bhlk", h, wv) + bv[None, :, None, :]
+    a = softmax(np.einsum("bhqk,bhsk->bhqs", q, k) / np.sqrt(DIM // HEADS))
+    np.testing.assert_allclose(np.asarray(scores), a, atol=1e-5)
+    attended = np.einsum("bhqs,bhsk->bqhk", a, v)
+    after_attention = x + np.einsum("bqhk,hkd->bqd", attended, wo) + bo
+    ffn = np.asarray(block.ffn_out(block.ffn_in(block.norm2(after_attention))))
+    np.testing.assert_allclose(np.asarray(y), after_attention + ffn, atol=1e-4)
+
+    # Other side features: other attention weights, but the values are the same item-only vectors.
+    _, other_scores = block(x, mask, side=side[::-1], return_attention=True)
+    assert np.abs(np.asarray(other_scores) - a).max() > 1e-3
+
+
+def test_invasive_fusion_matches_its_formulas() -> None:
+    rng = np.random.default_rng(1)
+    h, s = rng.normal(size=(2, L, DIM)).astype(np.float32), rng.normal(size=(2, L, DIM)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(InvasiveFusion("sum", DIM)(h, s)), h + s, atol=1e-6)
+    gated = InvasiveFusion("gated", DIM)
+    out = np.asarray(gated(h, s))
+    w, b = (np.asarray(v) for v in gated.dense.weights)
+    g = 1 / (1 + np.exp(-(np.concatenate([h, s], -1) @ w + b)))
+    np.testing.assert_allclose(out, g * h + (1 - g) * s, atol=1e-5)
+    concat = InvasiveFusion("concat", DIM)
+    out = np.asarray(concat(h, s))
+    w, b = (np.asarray(v) for v in concat.dense.weights)
+    np.testing.assert_allclose(out, np.concatenate([h, s], -1) @ w + b, atol=1e-5)
+    with pytest.raises(ValueError, match="invasive fusion"):
+        InvasiveFusion("nova", DIM)
+
+
+def test_side_embedding_ignores_padding_and_unknown_values() -> None:
+    layer = SideEmbedding(DIM, {"action": 3, "gap_prev": 4})
+    inputs = {
+        "items": np.array([[0, 5, 6]]),
+        "action": np.array([[0, 0, 2]]),
+        "gap_prev": np.array([[0, 1, 3]]),
+    }
+    out = np.asarray(layer(inputs))
+    np.testing.assert_array_equal(out[0, 0], 0.0)
+    action, gap = (np.asarray(layer.tables[n].embeddings) for n in ("action", "gap_prev"))
+    np.testing.assert_allclose(out[0, 1], gap[1], atol=1e-6)
+    np.testing.assert_allclose(out[0, 2], action[2] + gap[3], atol=1e-6)
+    with pytest.raises(ValueError, match="unknown side features"):
+        SideEmbedding(DIM, {"weather": 3})
+
+
+def test_item_tower_adds_the_mean_of_its_attributes() -> None:
+    tower = ItemTower(6, DIM, num_attributes=4, max_attributes=3)
+    tower.build()
+    table = np.zeros((6, 3), np.int32)
+    table[2] = [1, 3, 0]
+    tower.set_item_attributes(table)
+    ids = np.array([2, 4])
+    out = np.asarray(tower(ids))
+    ids_only = np.asarray(tower.id_embedding(ids))
+    attributes = np.asarray(tower.attribute_embedding.embeddings)
+    np.testing.assert_allclose(out[0], ids_only[0] + (attributes[1] + attributes[3]) / 2, atol=1e-6)
+    np.testing.assert_allclose(out[1], ids_only[1], atol=1e-6)  # no attributes: id embedding alone
+    with pytest.raises(ValueError, match="attribute table has shape"):
+        tower.set_item_attributes(np.zeros((6, 2), np.int32))
+
+
+def side_tower(name: str, fusion: str):
+    keras.utils.set_random_seed(0)
+    item_tower = ItemTower(30, DIM, num_attributes=4, max_attributes=2)
+    item_tower.build()
+    item_tower.set_item_attributes(np.random.default_rng(0).integers(0, 5, (30, 2)))
+    return build_user_tower(
+        name, item_tower=item_tower, max_len=10, fusion=fusion, side_features={"action": 3}
+    )
+
+
+def inputs_for(rng: np.random.Generator, length: int = 6) -> dict[str, np.ndarray]:
+    items = np.array([[0, 0, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]], np.int32)[:, -length:]
+    return {"items": items, "action": (rng.integers(1, 4, items.shape) * (items > 0)).astype(np.int32)}
+
+
+@pytest.mark.parametrize("name", ["sasrec", "bert4rec"])
+@pytest.mark.parametrize("fusion", [f for f in FUSIONS if f != "none"])
+def test_fusion_towers_pad_invariantly_and_round_trip(name: str, fusion: str) -> None:
+    tower = side_tower(name, fusion)
+    x = inputs_for(np.random.default_rng(2))
+    out = np.asarray(tower(x))
+    wider = {k: np.pad(v, ((0, 0), (4, 0))) for k, v in x.items()}
+    np.testing.assert_allclose(np.asarray(tower(wider)), out, atol=1e-5)
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(tower))
+    clone.set_weights(tower.get_weights())
+    np.testing.assert_allclose(np.asarray(clone(x)), out, atol=1e-6)
+    # Side information changes the output.
+    flipped = dict(x, action=np.where(x["items"] > 0, 4 - x["action"], 0).astype(np.int32))
+    assert np.abs(np.asarray(tower(flipped)) - out).max() > 1e-4
+
+
+def test_fusion_needs_side_information_and_vice_versa() -> None:
+    with pytest.raises(ValueError, match="side information needs a fusion mode"):
+        build_user_tower(
+            "sasrec", item_tower=ItemTower(10, DIM), max_len=5, fusion="none", side_features={"action": 2}
+        )
+    with pytest.raises(ValueError, match="a fusion mode needs side"):
+        build_user_tower("sasrec", item_tower=ItemTower(10, DIM), max_len=5, fusion="nova")
+    with pytest.raises(ValueError, match="unknown fusion"):
+        build_user_tower("sasrec", item_tower=ItemTower(10, DIM), max_len=5, fusion="blend")

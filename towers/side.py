@@ -1,0 +1,100 @@
+"""Side information per history event, and how it is fused into the sequence towers.
+
+Side features are categorical per event: ``action`` (e.g. the rating or the behaviour type),
+``gap_prev`` (bucketised time since the previous event), and the item's ``attributes`` (read
+from the item tower). Each is embedded in ``d`` dimensions and the embeddings are summed.
+
+Fusion modes (``FUSIONS``):
+    ``none``: no side information.
+    ``sum``, ``concat``, ``gated``: invasive, the side embedding is merged into the item
+        representation that then flows through every layer.
+    ``nova``: non-invasive (NOVA-BERT, Liu et al. 2021): the side embedding shapes each
+        attention layer's queries and keys only; values, and so the layer outputs, stay
+        combinations of pure item representations, and the side embedding reaches every
+        layer unchanged instead of being propagated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+from keras import ops
+
+FUSIONS = ("none", "sum", "concat", "gated", "nova")
+INVASIVE = ("sum", "concat", "gated")
+EVENT_FEATURES = ("action", "gap_prev")
+"""Per-event side inputs a request or a training example may carry (``inputs[name]``: int ``[B, L]``)."""
+
+
+@keras.saving.register_keras_serializable(package="towers")
+class SideEmbedding(keras.layers.Layer):
+    """Sum of the embeddings of each event's side features ``[B, L, d]``.
+
+    Args:
+        dim: ``d``.
+        vocab_sizes: per-event feature name (from ``EVENT_FEATURES``) -> number of values
+            (ids ``1..n``; 0 = padding or unknown, embedded as zeros).
+    """
+
+    def __init__(self, dim: int, vocab_sizes: dict[str, int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        unknown = set(vocab_sizes) - set(EVENT_FEATURES)
+        if unknown:
+            raise ValueError(f"unknown side features {sorted(unknown)}; known: {list(EVENT_FEATURES)}")
+        self.dim, self.vocab_sizes = dim, dict(sorted(vocab_sizes.items()))
+        init = keras.initializers.TruncatedNormal(stddev=0.02)
+        self.tables = {
+            name: keras.layers.Embedding(n + 1, dim, embeddings_initializer=init, name=f"{name}_embedding")
+            for name, n in self.vocab_sizes.items()
+        }
+
+    def build(self, input_shape: Any = None) -> None:
+        for table in self.tables.values():
+            table.build((None,))
+        self.built = True
+
+    def call(self, inputs: dict[str, Any]) -> Any:
+        items = inputs["items"]
+        total = ops.zeros((ops.shape(items)[0], ops.shape(items)[1], self.dim), "float32")
+        for name, table in self.tables.items():
+            present = ops.expand_dims(ops.cast(inputs[name] > 0, "float32"), -1)
+            total = total + table(inputs[name]) * present
+        return total
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "dim": self.dim, "vocab_sizes": self.vocab_sizes}
+
+
+@keras.saving.register_keras_serializable(package="towers")
+class InvasiveFusion(keras.layers.Layer):
+    """Merges side embeddings into item representations: ``sum``, ``concat`` (then a linear map
+    back to ``d``) or ``gated`` (``g ⊙ h + (1 - g) ⊙ s`` with ``g = σ(W [h, s])``).
+
+    Call:
+        h, side: ``[B, L, d]`` each -> ``[B, L, d]``.
+    """
+
+    def __init__(self, mode: str, dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if mode not in INVASIVE:
+            raise ValueError(f"invasive fusion is one of {INVASIVE}, got {mode!r}")
+        self.mode, self.dim = mode, dim
+        self.dense = None if mode == "sum" else keras.layers.Dense(dim)
+
+    def build(self, input_shape: Any = None) -> None:
+        if self.dense is not None:
+            self.dense.build((None, None, 2 * self.dim))
+        self.built = True
+
+    def call(self, h: Any, side: Any) -> Any:
+        if self.dense is None:
+            return h + side
+        joined = self.dense(ops.concatenate([h, side], axis=-1))
+        if self.mode == "concat":
+            return joined
+        gate = ops.sigmoid(joined)
+        return gate * h + (1.0 - gate) * side
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "mode": self.mode, "dim": self.dim}

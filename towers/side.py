@@ -98,3 +98,67 @@ class InvasiveFusion(keras.layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "mode": self.mode, "dim": self.dim}
+
+
+@keras.saving.register_keras_serializable(package="towers")
+class SideInformation(keras.layers.Layer):
+    """What a sequence tower does with side information, whatever its architecture.
+
+    Args:
+        fusion: one of :data:`FUSIONS`.
+        dim: ``d``.
+        side_features: per-event feature -> vocabulary size (:data:`EVENT_FEATURES`).
+        item_attributes: whether the item tower has attributes (they join the side embedding).
+
+    Raises:
+        ValueError: side information without a fusion mode, or a fusion mode without any.
+    """
+
+    def __init__(
+        self, fusion: str, dim: int, side_features: dict[str, int], item_attributes: bool, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        if fusion not in FUSIONS:
+            raise ValueError(f"unknown fusion {fusion!r}; choose one of {FUSIONS}")
+        if (bool(side_features) or item_attributes) != (fusion != "none"):
+            raise ValueError(
+                "side information needs a fusion mode other than 'none', and a fusion mode needs side "
+                f"information (fusion {fusion!r}, side features {sorted(side_features)}, "
+                f"item attributes {item_attributes})"
+            )
+        self.fusion, self.dim = fusion, dim
+        self.side_features, self.item_attributes = dict(side_features), item_attributes
+        self.embedding = SideEmbedding(dim, side_features) if fusion != "none" else None
+        self.merge = InvasiveFusion(fusion, dim) if fusion in INVASIVE else None
+
+    def build(self, input_shape: Any = None) -> None:
+        if self.embedding is not None:
+            self.embedding.build()
+        if self.merge is not None:
+            self.merge.build()
+        self.built = True
+
+    @property
+    def invasive(self) -> bool:
+        return self.merge is not None
+
+    def items(self, items: Any, item_tower: Any) -> Any:
+        """Item representations ``[B, L, d]``: id embeddings alone when side information is used
+        (it arrives through :meth:`side`), the item tower's full vectors otherwise."""
+        return item_tower.id_embedding(items) if self.fusion != "none" else item_tower(items)
+
+    def side(self, inputs: dict[str, Any], item_tower: Any) -> Any:
+        """The side embedding of every event ``[B, L, d]``: event features plus item attributes."""
+        assert self.embedding is not None, "no side information with fusion 'none'"
+        items = inputs["items"]
+        known = ops.where(items < item_tower.num_embeddings, items, 0)  # e.g. BERT4Rec's mask token
+        return self.embedding(inputs) + item_tower.attributes(known)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "fusion": self.fusion,
+            "dim": self.dim,
+            "side_features": self.side_features,
+            "item_attributes": self.item_attributes,
+        }

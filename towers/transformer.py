@@ -9,7 +9,7 @@ from keras import ops
 
 from towers.base import RecencyPositionEmbedding, UserTower, sequence_mask
 from towers.item import ItemTower
-from towers.side import FUSIONS, INVASIVE, InvasiveFusion, SideEmbedding
+from towers.side import SideInformation
 
 
 @keras.saving.register_keras_serializable(package="towers")
@@ -103,27 +103,17 @@ class TransformerTower(UserTower):
     ) -> None:
         if num_interests != 1:
             raise ValueError(
-                f"{type(self).__name__} is a single-interest tower: num_interests must be 1, got {num_interests}"
-            )
-        if fusion not in FUSIONS:
-            raise ValueError(f"unknown fusion {fusion!r}; choose one of {FUSIONS}")
-        side_features = dict(side_features or {})
-        has_side = bool(side_features) or item_tower.num_attributes > 0
-        if has_side != (fusion != "none"):
-            raise ValueError(
-                "side information needs a fusion mode other than 'none', and a fusion mode needs side "
-                f"information (fusion {fusion!r}, side features {sorted(side_features)}, "
-                f"item attributes {item_tower.num_attributes})"
+                f"{type(self).__name__} is a single-interest tower: num_interests must be 1, "
+                f"got {num_interests}"
             )
         super().__init__(item_tower, max_len, 1, **kwargs)
         self.num_blocks, self.num_heads, self.dropout_rate = num_blocks, num_heads, dropout
-        self.fusion, self.side_features = fusion, side_features
+        self.fusion, self.side_features = fusion, dict(side_features or {})
+        self.side_info = SideInformation(fusion, self.dim, self.side_features, item_tower.num_attributes > 0)
         self.positions = RecencyPositionEmbedding(max_len, self.dim)
         self.input_dropout = keras.layers.Dropout(dropout)
         self.blocks = [TransformerBlock(self.dim, num_heads, dropout) for _ in range(num_blocks)]
         self.final_norm = keras.layers.LayerNormalization(epsilon=1e-6)
-        self.side = SideEmbedding(self.dim, side_features) if fusion != "none" else None
-        self.fuse = InvasiveFusion(fusion, self.dim) if fusion in INVASIVE else None
 
     def build(self, input_shape: Any = None) -> None:
         self.item_tower.build()
@@ -131,16 +121,12 @@ class TransformerTower(UserTower):
         for block in self.blocks:
             block.build((None, None, self.dim))
         self.final_norm.build((None, None, self.dim))
-        if self.side is not None:
-            self.side.build()
-        if self.fuse is not None:
-            self.fuse.build()
+        self.side_info.build()
         self.built = True
 
     def embed_items(self, items: Any) -> Any:
-        """Item representations ``[B, L, d]``: id embeddings alone when side information is fused
-        separately, the item tower's full vectors otherwise."""
-        return self.item_tower.id_embedding(items) if self.fusion != "none" else self.item_tower(items)
+        """Item representations ``[B, L, d]`` (see :meth:`SideInformation.items`)."""
+        return self.side_info.items(items, self.item_tower)
 
     def encode(self, inputs: dict[str, Any], training: bool = False) -> tuple[Any, list[Any]]:
         """Outputs at every position ``[B, L, d]`` and each block's attention ``[B, heads, L, L]``."""
@@ -155,17 +141,13 @@ class TransformerTower(UserTower):
         else:
             attention_mask = ops.repeat(attention_mask, ops.shape(items)[1], axis=1)
         x = self.embed_items(items) * (self.dim**0.5)
-        side = None
-        if self.side is not None:
-            # Ids past the item table (BERT4Rec's mask token) have no attributes.
-            known = ops.where(items < self.item_tower.num_embeddings, items, 0)
-            side = self.side(inputs) + self.item_tower.attributes(known)
+        side = None if self.fusion == "none" else self.side_info.side(inputs, self.item_tower)
         if self.fusion == "nova":  # positions are side information too; values stay pure items
             side = side + ops.expand_dims(self.positions.embeddings(ops.shape(items)[1]), 0)
         else:
             x = self.positions(x)
-            if self.fuse is not None:
-                x, side = self.fuse(x, side), None
+            if self.side_info.invasive:
+                x, side = self.side_info.merge(x, side), None
         x = self.input_dropout(x, training=training) * keep
         side = None if side is None else side * keep
         attention = []

@@ -21,6 +21,7 @@ setup(
         "pandas>=2.2,<4",
         "pyarrow>=16",
         "tqdm>=4.66",
+        "matplotlib>=3.8",
         f"grpcio=={GRPC}",
         f"grpcio-tools=={GRPC}",
         f"grpcio-health-checking=={GRPC}",
@@ -37,5 +38,8 @@ setup(
             "types-protobuf",
             "grpc-stubs",
         ],
+        # The Milvus index backend (index.milvus_index); milvus-lite is the embedded server the
+        # tests and a single machine use, a cluster needs only pymilvus.
+        "milvus": ["pymilvus>=3.0,<4", "milvus-lite>=3.2,<4"],
     },
 )

@@ -11,10 +11,21 @@ import numpy as np
 import tensorflow as tf
 
 SAMPLERS = ("popularity", "uniform")
+INTEREST_SELECTIONS = ("hard", "label_aware")
+
+
+def _active_scores(interests: Any, target: Any) -> tuple[Any, Any]:
+    """``<v_k, e_t>`` ``[B, K]`` and which interests are real (not all-zero, i.e. not masked) ``[B, K]``."""
+    scores = tf.einsum("bkd,bd->bk", interests, target)
+    active = tf.reduce_any(tf.not_equal(interests, 0.0), axis=-1)
+    return scores, active
 
 
 def select_interest(interests: Any, target: Any) -> Any:
     """ComiRec's hard selection: the interest that scores highest against the target.
+
+    All-zero interests (masked by towers with a per-user number of interests) are never
+    selected unless the user has no other.
 
     Args:
         interests: ``[B, K, d]``.
@@ -24,9 +35,41 @@ def select_interest(interests: Any, target: Any) -> Any:
         ``[B, d]``: ``interests[b, argmax_k <interests[b, k], target[b]>]``. Gradients flow
         only into the selected interest.
     """
-    scores = tf.einsum("bkd,bd->bk", interests, target)  # [B, K]
+    scores, active = _active_scores(interests, target)  # [B, K]
+    scores = tf.where(active, scores, scores.dtype.min)
     best = tf.argmax(scores, axis=1, output_type=tf.int32)  # [B]
     return tf.gather(interests, best, axis=1, batch_dims=1)
+
+
+def label_aware_attention(interests: Any, target: Any, power: float = 1.0) -> Any:
+    """MIND's label-aware attention: ``Σ_k softmax_k(pow(<v_k, e_t>, p)) v_k``.
+
+    ``p = 0`` weighs every interest equally (the mean), ``p = 1`` is a softmax of the
+    inner products, and a larger ``p`` moves towards the hard selection of
+    :func:`select_interest`. ``pow`` is taken sign-preserving, ``sign(x)·|x|^p``: equal to the
+    paper's ``x^p`` for ``x >= 0`` and, unlike it, defined and increasing in ``x`` for negative
+    inner products and any real ``p`` (the paper's interests are ReLU outputs; ours need not be).
+    All-zero (masked) interests get zero weight. Keep ``|x|^p`` finite in float32: ``p`` of a
+    few units for inner products of order 1-10.
+
+    Args:
+        interests: ``[B, K, d]``.
+        target: target item embeddings ``[B, d]``.
+        power: ``p >= 0``.
+
+    Returns:
+        ``[B, d]``; gradients flow into every interest and through the attention weights.
+    """
+    if power < 0:
+        raise ValueError(f"label-aware attention power must be >= 0, got {power}")
+    scores, active = _active_scores(interests, target)  # [B, K]
+    if power == 0:
+        logits = tf.zeros_like(scores)
+    else:
+        # |x| floored so that the gradient of |x|^p stays finite at x = 0 for p < 1.
+        logits = tf.sign(scores) * tf.pow(tf.maximum(tf.abs(scores), 1e-12), power)
+    weights = tf.nn.softmax(tf.where(active, logits, logits.dtype.min), axis=1)  # [B, K]
+    return tf.einsum("bk,bkd->bd", weights, interests)
 
 
 def sampled_softmax_loss(
@@ -104,6 +147,9 @@ class SampledSoftmaxTask:
         num_negatives: negatives drawn per batch (shared by its rows).
         temperature: logits are divided by it.
         remove_accidental_hits: drop sampled negatives equal to the row's target.
+        interest_selection: how the K interests meet the target: ``"hard"``
+            (:func:`select_interest`, ComiRec) or ``"label_aware"`` (:func:`label_aware_attention`, MIND).
+        label_aware_power: MIND's ``p`` for ``"label_aware"``.
     """
 
     def __init__(
@@ -112,13 +158,29 @@ class SampledSoftmaxTask:
         num_negatives: int,
         temperature: float = 1.0,
         remove_accidental_hits: bool = True,
+        interest_selection: str = "hard",
+        label_aware_power: float = 1.0,
     ) -> None:
         if num_negatives < 1 or temperature <= 0:
             raise ValueError("num_negatives must be >= 1 and temperature > 0")
+        if interest_selection not in INTEREST_SELECTIONS:
+            raise ValueError(
+                f"unknown interest selection {interest_selection!r}; choose one of {INTEREST_SELECTIONS}"
+            )
+        if label_aware_power < 0:
+            raise ValueError(f"label_aware_power must be >= 0, got {label_aware_power}")
         self.sampler = sampler
         self.num_negatives = num_negatives
         self.temperature = temperature
         self.remove_accidental_hits = remove_accidental_hits
+        self.interest_selection = interest_selection
+        self.label_aware_power = label_aware_power
+
+    def select(self, interests: Any, target: Any) -> Any:
+        """The training query ``[B, d]`` from interests ``[B, K, d]`` and target embeddings ``[B, d]``."""
+        if self.interest_selection == "label_aware":
+            return label_aware_attention(interests, target, self.label_aware_power)
+        return select_interest(interests, target)
 
     def __call__(self, outputs: Any, target_ids: Any, embed: Any) -> Any:
         """Mean loss over the batch's targets; ``embed`` maps ids to ``[.., d]``.
@@ -136,7 +198,7 @@ class SampledSoftmaxTask:
             positive = embed(target_ids)
         else:
             positive = embed(target_ids)  # [B, d]
-            query = select_interest(outputs, positive)  # [B, d]
+            query = self.select(outputs, positive)  # [B, d]
         negative_ids = self.sampler.sample(self.num_negatives)  # [N]
         loss = sampled_softmax_loss(
             query,

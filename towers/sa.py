@@ -14,6 +14,22 @@ from towers.registry import register_tower
 _NEG = -1e9  # large finite negative: a fully padded row stays finite after softmax
 
 
+def attention_penalty_term(a: Any) -> Any:
+    """Lin et al. 2017's redundancy penalty ``‖A Aᵀ − I‖²_F``, averaged over the batch.
+
+    It pushes the K heads towards attending to different positions (each head to few of them).
+
+    Args:
+        a: attention ``[B, K, L]`` (rows sum to 1 over the unpadded positions).
+
+    Returns:
+        scalar: ``mean_b Σ_ij ((A_b A_bᵀ)_ij − δ_ij)²``.
+    """
+    gram = ops.matmul(a, ops.transpose(a, (0, 2, 1)))  # [B, K, K]
+    eye = ops.eye(ops.shape(a)[1], dtype=a.dtype)
+    return ops.mean(ops.sum(ops.square(gram - eye), axis=(1, 2)))
+
+
 @register_tower("sa")
 class SelfAttentiveTower(UserTower):
     """K attention heads over the history, each a weighted sum of item embeddings.
@@ -27,6 +43,8 @@ class SelfAttentiveTower(UserTower):
         max_len: longest history read.
         num_interests: K.
         attention_dim: width of ``W1``; ComiRec uses ``4 d``.
+        attention_penalty: weight of :func:`attention_penalty_term`, added to the training loss
+            with ``add_loss`` (only when ``training``); 0 = off, as in ComiRec.
     """
 
     def __init__(
@@ -35,10 +53,14 @@ class SelfAttentiveTower(UserTower):
         max_len: int,
         num_interests: int = 4,
         attention_dim: int | None = None,
+        attention_penalty: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(item_tower, max_len, num_interests, **kwargs)
+        if attention_penalty < 0:
+            raise ValueError(f"attention_penalty must be >= 0, got {attention_penalty}")
         self.attention_dim = attention_dim or 4 * self.dim
+        self.attention_penalty = attention_penalty
         self.positions = RecencyPositionEmbedding(max_len, self.dim)
         self.w1 = keras.layers.Dense(self.attention_dim, activation="tanh")
         self.w2 = keras.layers.Dense(num_interests, use_bias=False)
@@ -62,7 +84,18 @@ class SelfAttentiveTower(UserTower):
 
     def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
         a, h = self.attention(inputs)
+        if training and self.attention_penalty > 0:
+            # Collected by the model's `losses`, which TwoTowerModel.compute_loss adds to the task loss.
+            self.add_loss(self.attention_penalty * attention_penalty_term(a))
         return ops.matmul(a, h)  # [B, K, d]
 
+    def attention_maps(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """``{"interests": [B, K, L]}``: each interest's attention over the history."""
+        return {"interests": self.attention(inputs)[0]}
+
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "attention_dim": self.attention_dim}
+        return {
+            **super().get_config(),
+            "attention_dim": self.attention_dim,
+            "attention_penalty": self.attention_penalty,
+        }

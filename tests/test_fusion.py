@@ -113,7 +113,7 @@ def inputs_for(rng: np.random.Generator, length: int = 6) -> dict[str, np.ndarra
     return {"items": items, "action": (rng.integers(1, 4, items.shape) * (items > 0)).astype(np.int32)}
 
 
-@pytest.mark.parametrize("name", ["sasrec", "bert4rec"])
+@pytest.mark.parametrize("name", ["sasrec", "bert4rec", "sa"])
 @pytest.mark.parametrize("fusion", [f for f in FUSIONS if f != "none"])
 def test_fusion_towers_pad_invariantly_and_round_trip(name: str, fusion: str) -> None:
     tower = side_tower(name, fusion)
@@ -138,3 +138,17 @@ def test_fusion_needs_side_information_and_vice_versa() -> None:
         build_user_tower("sasrec", item_tower=ItemTower(10, DIM), max_len=5, fusion="nova")
     with pytest.raises(ValueError, match="unknown fusion"):
         build_user_tower("sasrec", item_tower=ItemTower(10, DIM), max_len=5, fusion="blend")
+
+
+def test_sa_with_nova_keeps_interests_in_the_span_of_item_embeddings() -> None:
+    """NOVA in ComiRec-SA: side information moves the attention, the interests stay A · H_items."""
+    tower = side_tower("sa", "nova")
+    x = inputs_for(np.random.default_rng(3))
+    interests = np.asarray(tower(x))
+    a, h = tower.attention(x)
+    np.testing.assert_allclose(
+        np.asarray(h), np.asarray(tower.item_tower.id_embedding(x["items"])), atol=1e-6
+    )
+    np.testing.assert_allclose(interests, np.asarray(a) @ np.asarray(h), atol=1e-5)
+    flipped = dict(x, action=np.where(x["items"] > 0, 4 - x["action"], 0).astype(np.int32))
+    assert np.abs(np.asarray(tower.attention(flipped)[0]) - np.asarray(a)).max() > 1e-4

@@ -10,6 +10,7 @@ from keras import ops
 from towers.base import RecencyPositionEmbedding, UserTower, sequence_mask
 from towers.item import ItemTower
 from towers.registry import register_tower
+from towers.side import SideInformation
 
 _NEG = -1e9  # large finite negative: a fully padded row stays finite after softmax
 
@@ -45,6 +46,9 @@ class SelfAttentiveTower(UserTower):
         attention_dim: width of ``W1``; ComiRec uses ``4 d``.
         attention_penalty: weight of :func:`attention_penalty_term`, added to the training loss
             with ``add_loss`` (only when ``training``); 0 = off, as in ComiRec.
+        fusion, side_features: side information (``towers.side``). With ``nova`` it joins
+            ``H + P`` in choosing the attention and the interests stay combinations of pure
+            item embeddings; the invasive modes merge it into ``H`` itself.
     """
 
     def __init__(
@@ -54,9 +58,13 @@ class SelfAttentiveTower(UserTower):
         num_interests: int = 4,
         attention_dim: int | None = None,
         attention_penalty: float = 0.0,
+        fusion: str = "none",
+        side_features: dict[str, int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(item_tower, max_len, num_interests, **kwargs)
+        self.fusion, self.side_features = fusion, dict(side_features or {})
+        self.side_info = SideInformation(fusion, self.dim, self.side_features, item_tower.num_attributes > 0)
         if attention_penalty < 0:
             raise ValueError(f"attention_penalty must be >= 0, got {attention_penalty}")
         self.attention_dim = attention_dim or 4 * self.dim
@@ -70,13 +78,20 @@ class SelfAttentiveTower(UserTower):
         self.positions.build()
         self.w1.build((None, None, self.dim))
         self.w2.build((None, None, self.attention_dim))
+        self.side_info.build()
         self.built = True
 
     def attention(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
         """Returns the interest attention ``A`` ``[B, K, L]`` and item embeddings ``H`` ``[B, L, d]``."""
         items = inputs["items"]
-        h = self.item_tower(items)  # [B, L, d]
-        logits = self.w2(self.w1(self.positions(h)))  # [B, L, K]
+        h = self.side_info.items(items, self.item_tower)  # [B, L, d], the values
+        keys = self.positions(h)
+        if self.fusion == "nova":
+            keys = keys + self.side_info.side(inputs, self.item_tower)
+        elif self.side_info.invasive:
+            h = self.side_info.merge(h, self.side_info.side(inputs, self.item_tower))
+            keys = self.positions(h)
+        logits = self.w2(self.w1(keys))  # [B, L, K]
         logits = ops.transpose(logits, (0, 2, 1))  # [B, K, L]
         mask = ops.expand_dims(sequence_mask(items), 1)  # [B, 1, L]
         logits = ops.where(mask, logits, _NEG)
@@ -98,4 +113,6 @@ class SelfAttentiveTower(UserTower):
             **super().get_config(),
             "attention_dim": self.attention_dim,
             "attention_penalty": self.attention_penalty,
+            "fusion": self.fusion,
+            "side_features": self.side_features,
         }

@@ -28,10 +28,14 @@ FUSION_TOWERS = ("sasrec",)
 
 
 def runs(towers: Sequence[str], fusions: Sequence[str], side_features: str) -> list[tuple[str, str]]:
-    """(tower, fusion) pairs: every tower without side information, then each fusion mode."""
-    plain = [(t, "none") for t in towers]
-    fused = [(t, f) for t in towers if t in FUSION_TOWERS for f in fusions if f != "none"]
-    return plain + (fused if side_features else [])
+    """(tower, fusion) pairs in the given tower order: each tower without side information,
+    followed by its fusion modes when it is one of :data:`FUSION_TOWERS`."""
+    pairs = []
+    for t in towers:
+        pairs.append((t, "none"))
+        if side_features and t in FUSION_TOWERS:
+            pairs += [(t, f) for f in fusions if f != "none"]
+    return pairs
 
 
 def run_one(config: Config, out: Path) -> dict[str, Any]:

@@ -28,7 +28,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--model", default=m.tower, choices=tower_names(), help="user tower (default %(default)s)")
     p.add_argument("--dim", type=int, default=m.dim, help="embedding size (default %(default)s)")
-    p.add_argument("--num-interests", type=int, help="K (default: the tower's; 1 for sasrec, bert4rec, youtubednn)")
+    p.add_argument(
+        "--num-interests", type=int, help="K (default: the tower's; 1 for sasrec, bert4rec, youtubednn)"
+    )
     p.add_argument("--max-len", type=int, default=m.max_len, help="history length read (default %(default)s)")
     p.add_argument("--epochs", type=int, default=t.epochs, help="default %(default)s")
     p.add_argument("--batch-size", type=int, default=t.batch_size, help="default %(default)s")

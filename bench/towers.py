@@ -1,6 +1,6 @@
 """Every user tower, and every fusion mode of the sequence towers, on one dataset: a results table.
 
-    python bench/towers.py --data ../shared/data/amazon-beauty/Beauty.txt --out runs/bench-towers
+    python -m bench.towers --data ../shared/data/amazon-beauty/Beauty.txt --out runs/bench-towers
 
 Leave-one-out, full ranking over all items with the user's history excluded (the protocol of
 ``tools/train.py``). Each run is a model artifact under ``--out``; runs whose artifact already
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     popularity = metrics["baseline_popularity_test"] if rows else {}
     lines = [
         f"Data: `{args.data}`, {args.epochs} epochs, {datetime.now(UTC):%Y-%m-%d}; command: "
-        f"`python bench/towers.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        f"`python -m bench.towers {' '.join(argv if argv is not None else sys.argv[1:])}`",
         "",
         "| tower | fusion | objective | HR@10 | NDCG@10 | HR@50 | NDCG@50 | train s |",
         "|---|---|---|---|---|---|---|---|",

@@ -95,30 +95,22 @@ def _batched_top_k(
     return np.concatenate(out).astype(np.int64) if out else np.zeros((0, k), np.int64)
 
 
-def evaluate_exact(
+def evaluate_ranking(
     model: ModelArtifact,
     histories: Sequence[np.ndarray],
     targets: np.ndarray,
     ks: Sequence[int] = DEFAULT_KS,
     features: Features | None = None,
+    index: FaissIndex | None = None,
 ) -> dict[str, float]:
-    """Full-ranking metrics with exact search; each user's history items are excluded."""
+    """Full-ranking metrics, each user's history items excluded: exact search (the oracle), or
+    the multi-interest search of ``index`` (possibly approximate) when one is given."""
     interests = encode_histories(model, histories, features)
-    return ranking_metrics(exact_top_k(interests, model.item_embeddings, histories, max(ks)), targets, ks)
-
-
-def evaluate_index(
-    model: ModelArtifact,
-    index: FaissIndex,
-    histories: Sequence[np.ndarray],
-    targets: np.ndarray,
-    ks: Sequence[int] = DEFAULT_KS,
-    features: Features | None = None,
-) -> dict[str, float]:
-    """Full-ranking metrics with the index's (possibly approximate) multi-interest search."""
-    interests = encode_histories(model, histories, features)
-    found = search_interests(index, interests, max(ks), exclude=[set(h.tolist()) for h in histories])
-    return ranking_metrics(found.ids, targets, ks)
+    if index is None:
+        top = exact_top_k(interests, model.item_embeddings, histories, max(ks))
+    else:
+        top = search_interests(index, interests, max(ks), exclude=[set(h.tolist()) for h in histories]).ids
+    return ranking_metrics(top, targets, ks)
 
 
 def evaluate_model_on_data(
@@ -150,6 +142,4 @@ def evaluate_model_on_data(
         for name, values in per_user.items()
     }
     targets = to_model[loo.test_targets if test else loo.valid_targets]
-    if index is None:
-        return evaluate_exact(model, histories, targets, features=features)
-    return evaluate_index(model, index, histories, targets, features=features)
+    return evaluate_ranking(model, histories, targets, features=features, index=index)

@@ -16,7 +16,7 @@ import tensorflow as tf
 from retrieval.artifacts import write_artifact
 from retrieval.config import Config
 from retrieval.data import LeaveOneOut, build_sequences, leave_one_out, load_interactions
-from retrieval.evaluate import evaluate_exact, popularity_top_k
+from retrieval.evaluate import evaluate_ranking, popularity_top_k
 from retrieval.examples import make_examples, mask_items
 from retrieval.features import (
     SideVocab,
@@ -88,7 +88,9 @@ class FullRankingValidation(keras.callbacks.Callback):
         assert isinstance(self.model, TwoTowerModel)
         artifact = live_artifact(self.model, self.vocab, self.max_len, self.side)
         split = self.split
-        metrics = evaluate_exact(artifact, split.valid_histories, split.valid_targets, features=self.features)
+        metrics = evaluate_ranking(
+            artifact, split.valid_histories, split.valid_targets, features=self.features
+        )
         self.history.append({"epoch": epoch + 1, **metrics})
         if logs is not None:  # shown on the progress bar; every metric goes to metrics.json
             logs.update({f"val_{k}": metrics[k] for k in self.SHOWN})
@@ -165,7 +167,7 @@ def train(config: Config, out: Path, overwrite: bool = False, verbose: int | str
     metrics = {
         "validation": validation.history[-1] if validation.history else {},
         "validation_per_epoch": validation.history,
-        "test": evaluate_exact(artifact, split.test_histories, split.test_targets, features=test_features),
+        "test": evaluate_ranking(artifact, split.test_histories, split.test_targets, features=test_features),
         "baseline_popularity_test": ranking_metrics(
             popularity_top_k(counts, split.test_histories, k_max), split.test_targets
         ),

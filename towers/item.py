@@ -45,7 +45,7 @@ class ItemTower(keras.layers.Layer):
         )
 
     def build(self, input_shape: Any = None) -> None:
-        if self.built:  # shared by the user tower, which builds it too
+        if getattr(self, "built", False):  # shared by the user tower, which builds it too
             return
         self.embedding.build((None,))
         if self.attribute_embedding is not None:

@@ -89,7 +89,7 @@ class SelfAttentiveTower(UserTower):
         if self.fusion == "nova":
             keys = keys + self.side_info.side(inputs, self.item_tower)
         elif self.side_info.invasive:
-            h = self.side_info.merge(h, self.side_info.side(inputs, self.item_tower))
+            h = self.side_info.fuse(h, self.side_info.side(inputs, self.item_tower))
             keys = self.positions(h)
         logits = self.w2(self.w1(keys))  # [B, L, K]
         logits = ops.transpose(logits, (0, 2, 1))  # [B, K, L]

@@ -142,6 +142,12 @@ class SideInformation(keras.layers.Layer):
     def invasive(self) -> bool:
         return self.merge is not None
 
+    def fuse(self, h: Any, side: Any) -> Any:
+        """Invasive fusion of item representations and side embeddings ``[B, L, d]``."""
+        if self.merge is None:
+            raise ValueError(f"fusion {self.fusion!r} does not merge side information into the items")
+        return self.merge(h, side)
+
     def items(self, items: Any, item_tower: Any) -> Any:
         """Item representations ``[B, L, d]``: id embeddings alone when side information is used
         (it arrives through :meth:`side`), the item tower's full vectors otherwise."""

@@ -147,7 +147,7 @@ class TransformerTower(UserTower):
         else:
             x = self.positions(x)
             if self.side_info.invasive:
-                x, side = self.side_info.merge(x, side), None
+                x, side = self.side_info.fuse(x, side), None
         x = self.input_dropout(x, training=training) * keep
         side = None if side is None else side * keep
         attention = []

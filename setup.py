@@ -27,6 +27,7 @@ setup(
         f"grpcio-health-checking=={GRPC}",
         f"grpcio-reflection=={GRPC}",
         "protobuf==7.36.2",
+        "prometheus-client>=0.20",
     ],
     extras_require={
         "dev": [
@@ -37,6 +38,7 @@ setup(
             "mypy==2.4.1",
             "types-protobuf",
             "grpc-stubs",
+            "cryptography>=42",  # self-signed certificates for the TLS tests
         ],
         # The Milvus index backend (index.milvus_index); milvus-lite is the embedded server the
         # tests and a single machine use, a cluster needs only pymilvus.

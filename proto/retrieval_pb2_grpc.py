@@ -39,6 +39,16 @@ class RetrievalServiceStub:
                 request_serializer=proto_dot_retrieval__pb2.RetrieveRequest.SerializeToString,
                 response_deserializer=proto_dot_retrieval__pb2.RetrieveResponse.FromString,
                 _registered_method=True)
+        self.BatchRetrieve = channel.unary_unary(
+                '/retrieval.v1.RetrievalService/BatchRetrieve',
+                request_serializer=proto_dot_retrieval__pb2.BatchRetrieveRequest.SerializeToString,
+                response_deserializer=proto_dot_retrieval__pb2.BatchRetrieveResponse.FromString,
+                _registered_method=True)
+        self.GetModelInfo = channel.unary_unary(
+                '/retrieval.v1.RetrievalService/GetModelInfo',
+                request_serializer=proto_dot_retrieval__pb2.GetModelInfoRequest.SerializeToString,
+                response_deserializer=proto_dot_retrieval__pb2.ModelInfo.FromString,
+                _registered_method=True)
 
 
 class RetrievalServiceServicer:
@@ -51,6 +61,22 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchRetrieve(self, request, context):
+        """Several users at once: one user-tower call and one batched index search for requests
+        sharing merge options and allow-list. At most 256 requests; one bad request fails the
+        whole batch with INVALID_ARGUMENT naming it (requests[i]).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetModelInfo(self, request, context):
+        """What the server serves: model, index and when it started.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RetrievalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +84,16 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
                     servicer.Retrieve,
                     request_deserializer=proto_dot_retrieval__pb2.RetrieveRequest.FromString,
                     response_serializer=proto_dot_retrieval__pb2.RetrieveResponse.SerializeToString,
+            ),
+            'BatchRetrieve': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchRetrieve,
+                    request_deserializer=proto_dot_retrieval__pb2.BatchRetrieveRequest.FromString,
+                    response_serializer=proto_dot_retrieval__pb2.BatchRetrieveResponse.SerializeToString,
+            ),
+            'GetModelInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModelInfo,
+                    request_deserializer=proto_dot_retrieval__pb2.GetModelInfoRequest.FromString,
+                    response_serializer=proto_dot_retrieval__pb2.ModelInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +123,60 @@ class RetrievalService:
             '/retrieval.v1.RetrievalService/Retrieve',
             proto_dot_retrieval__pb2.RetrieveRequest.SerializeToString,
             proto_dot_retrieval__pb2.RetrieveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchRetrieve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrieval.v1.RetrievalService/BatchRetrieve',
+            proto_dot_retrieval__pb2.BatchRetrieveRequest.SerializeToString,
+            proto_dot_retrieval__pb2.BatchRetrieveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModelInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrieval.v1.RetrievalService/GetModelInfo',
+            proto_dot_retrieval__pb2.GetModelInfoRequest.SerializeToString,
+            proto_dot_retrieval__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,

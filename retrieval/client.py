@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -11,8 +12,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto import retrieval_pb2, retrieval_pb2_grpc
-from retrieval.retriever import Retrieved
-from retrieval.server import SERVICE_NAME
+from retrieval.merge import MergeStrategy
+from retrieval.retriever import Query, Retrieved
+from retrieval.server import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    SERVICE_NAME,
+    request_from_query,
+    result_from_response,
+)
 
 
 class RetrievalClient:
@@ -24,11 +31,45 @@ class RetrievalClient:
         ...     client.retrieve(["B0001", "B0042"], k=10).items
     """
 
-    def __init__(self, address: str, timeout: float = 5.0) -> None:
-        """Opens a channel to ``address`` (``host:port``); ``timeout`` is each call's deadline in seconds."""
+    def __init__(
+        self,
+        address: str,
+        timeout: float = 5.0,
+        *,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        """Opens a channel to ``address`` (``host:port``).
+
+        Args:
+            timeout: each call's deadline in seconds.
+            tls_ca: PEM of the CA that signed the server's certificate: the channel uses TLS.
+            tls_cert, tls_key: the client's certificate and key, for servers that require mutual
+                TLS (both or neither; they need ``tls_ca``).
+            max_message_bytes: largest response accepted.
+
+        Raises:
+            ValueError: only one of ``tls_cert`` and ``tls_key``, or either without ``tls_ca``.
+        """
+        if (tls_cert is None) != (tls_key is None) or (tls_cert is not None and tls_ca is None):
+            raise ValueError("a client certificate needs tls_cert, tls_key and tls_ca together")
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        if tls_ca is None:
+            self._channel = grpc.insecure_channel(address, options=options)
+        else:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=Path(tls_ca).read_bytes(),
+                private_key=None if tls_key is None else Path(tls_key).read_bytes(),
+                certificate_chain=None if tls_cert is None else Path(tls_cert).read_bytes(),
+            )
+            self._channel = grpc.secure_channel(address, credentials, options=options)
         self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -38,33 +79,76 @@ class RetrievalClient:
         k: int = 10,
         timestamps: Sequence[int] | None = None,
         actions: Sequence[str] | None = None,
+        *,
+        merge: MergeStrategy | str = MergeStrategy.MAX_SCORE,
+        diversity_lambda: float = 0.0,
+        per_interest_k: int = 0,
+        exclude: Sequence[str] = (),
+        allow: Sequence[str] = (),
+        return_interests: bool = False,
+        user_id: str = "",
     ) -> Retrieved:
         """Top-``k`` items for a history of external ids (oldest first).
 
         With ``timestamps`` and/or ``actions`` (one per history event) the history is sent as
-        events carrying that side information.
+        events carrying that side information. The other options are those of
+        :meth:`retrieval.retriever.Retriever.retrieve`; ``merge`` may also be a name
+        (``"max_score"``, ``"round_robin"``, ``"diversity"``).
+        """
+        query = self.query(
+            history, k, timestamps, actions, merge=merge, diversity_lambda=diversity_lambda,
+            per_interest_k=per_interest_k, exclude=exclude, allow=allow,
+            return_interests=return_interests, user_id=user_id,
+        )  # fmt: skip
+        response = self._stub.Retrieve(request_from_query(query), timeout=self.timeout)
+        return result_from_response(response)
+
+    @staticmethod
+    def query(
+        history: Sequence[str],
+        k: int = 10,
+        timestamps: Sequence[int] | None = None,
+        actions: Sequence[str] | None = None,
+        *,
+        merge: MergeStrategy | str = MergeStrategy.MAX_SCORE,
+        diversity_lambda: float = 0.0,
+        per_interest_k: int = 0,
+        exclude: Sequence[str] = (),
+        allow: Sequence[str] = (),
+        return_interests: bool = False,
+        user_id: str = "",
+    ) -> Query:
+        """A :class:`Query` for :meth:`batch_retrieve`, with the arguments of :meth:`retrieve`.
+
+        Raises:
+            ValueError: side information not aligned with the history, an unknown merge name.
         """
         for name, values in (("timestamps", timestamps), ("actions", actions)):
             if values is not None and len(values) != len(history):
                 raise ValueError(f"{len(values)} {name} for a history of {len(history)} events")
-        if timestamps is None and actions is None:
-            request = retrieval_pb2.RetrieveRequest(history=history, k=k)
-        else:
-            events = [
-                retrieval_pb2.Event(
-                    item_id=item,
-                    timestamp=0 if timestamps is None else int(timestamps[i]),
-                    action="" if actions is None else str(actions[i]),
-                )
-                for i, item in enumerate(history)
-            ]
-            request = retrieval_pb2.RetrieveRequest(events=events, k=k)
-        response = self._stub.Retrieve(request, timeout=self.timeout)
-        return Retrieved(
-            items=[(item.item_id, item.score, item.interest) for item in response.items],
-            unknown_items=response.unknown_items,
-            model_version=response.model_version,
+        return Query(
+            history=list(history),
+            k=k,
+            timestamps=timestamps,
+            actions=actions,
+            merge=MergeStrategy(merge) if isinstance(merge, str) else merge,
+            diversity_lambda=diversity_lambda,
+            per_interest_k=per_interest_k,
+            exclude=list(exclude),
+            allow=list(allow),
+            return_interests=return_interests,
+            user_id=user_id,
         )
+
+    def batch_retrieve(self, queries: Sequence[Query]) -> list[Retrieved]:
+        """Answers several users in one call (see :meth:`query`); one answer per query, in order."""
+        request = retrieval_pb2.BatchRetrieveRequest(requests=[request_from_query(q) for q in queries])
+        response = self._stub.BatchRetrieve(request, timeout=self.timeout)
+        return [result_from_response(r) for r in response.responses]
+
+    def model_info(self) -> retrieval_pb2.ModelInfo:
+        """The server's ``ModelInfo``: model version and shape, index description, start time."""
+        return self._stub.GetModelInfo(retrieval_pb2.GetModelInfoRequest(), timeout=self.timeout)
 
     def health(self) -> str:
         """The service's health status name, e.g. ``"SERVING"`` or ``"NOT_SERVING"``."""

@@ -1,77 +1,286 @@
-"""The index artifact: a FAISS index over a model's item embeddings, tied to that model's version.
+"""The index artifact: an index over a model's item embeddings, tied to that model's version.
 
 Folder layout (``tools/build_index.py --out DIR``)::
 
-    DIR/manifest.json   kind "index", model_version, factory, search_params, dim, count, metric, checksums
+    DIR/manifest.json   kind "index", backend, model_version, factory, search_params, dim, count,
+                        metric, faiss_version, measured recall@k and latency, tuning, checksums
     DIR/index.faiss     FAISS IDMap2 index; ids are the model's dense item ids 1..n
+    DIR/milvus.json     (backend "milvus" instead) uri and collection of a Milvus collection
+
+Re-indexing without downtime (``tools/build_index.py --publish``) keeps versions side by side
+and swaps a symlink, so a reader resolves either the old or the new version, never a half::
+
+    ROOT/current -> versions/20261130T221500.123456Z-4242
+    ROOT/versions/<one complete artifact folder per version>
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
+import faiss
 import numpy as np
 
-from index import FaissIndex, recall_at_k
+from index import FaissIndex, VectorIndex, exact_neighbours, recall_of, tune
+from index.tuning import TuningResult, measure_latency
 from retrieval.artifacts import ArtifactError, read_manifest, write_artifact
 from retrieval.model_artifact import ModelArtifact
 
+log = logging.getLogger(__name__)
+
 KIND = "index"
 INDEX_FILE = "index.faiss"
+MILVUS_FILE = "milvus.json"
+CURRENT = "current"
+VERSIONS = "versions"
 
 
-def build_index_from_model(
-    model: ModelArtifact, factory: str = "Flat", search_params: str = ""
-) -> FaissIndex:
-    """Indexes rows ``1..n`` of ``model.item_embeddings`` under the dense ids ``1..n``.
-
-    The padding row 0 is left out so it can never be retrieved; external ids come back
-    through ``model.vocab``.
-    """
+def item_vectors(model: ModelArtifact) -> tuple[np.ndarray, np.ndarray]:
+    """(dense ids int64 ``[n]`` = 1..n, float32 ``[n, d]``) of the model's items, padding row left out."""
     embeddings = model.item_embeddings
     if embeddings.shape[0] != model.vocab.num_embeddings:
         raise ValueError(
             f"item_embeddings has {embeddings.shape[0]} rows for {len(model.vocab)} items (+1 padding row)"
         )
     ids = np.arange(1, embeddings.shape[0], dtype=np.int64)
-    return FaissIndex.build(ids, embeddings[1:], factory, search_params)
+    return ids, np.ascontiguousarray(embeddings[1:], np.float32)
+
+
+def build_index_from_model(
+    model: ModelArtifact,
+    factory: str = "Flat",
+    search_params: str = "",
+    *,
+    train_size: int | None = None,
+    seed: int = 0,
+) -> FaissIndex:
+    """Indexes rows ``1..n`` of ``model.item_embeddings`` under the dense ids ``1..n``.
+
+    The padding row 0 is left out so it can never be retrieved; external ids come back
+    through ``model.vocab``. IVF/PQ train on ``train_size`` sampled items (FaissIndex's default).
+    """
+    ids, vectors = item_vectors(model)
+    return FaissIndex.build(ids, vectors, factory, search_params, train_size=train_size, seed=seed)
+
+
+def user_interest_queries(
+    model: ModelArtifact,
+    data_path: str | Path,
+    data_format: str | None = None,
+    num_users: int = 1000,
+    seed: int = 0,
+) -> np.ndarray:
+    """Interest vectors of real users, float32 ``[U, K, d]``: the queries to tune an index on.
+
+    ``num_users`` users are sampled from the data's test histories (the whole sequence but the
+    last item, mapped through the model's vocabulary) and encoded by the model's user tower.
+    """
+    from retrieval.data import build_sequences, leave_one_out, load_interactions
+    from retrieval.evaluate import encode_histories
+    from retrieval.vocab import PAD
+
+    data = build_sequences(load_interactions(data_path, data_format))
+    to_model = np.concatenate([[PAD], model.vocab.lookup(list(data.vocab.ids))])
+    histories = [to_model[h] for h in leave_one_out(data).test_histories]
+    histories = [h[h != PAD] for h in histories if (h != PAD).any()]
+    if not histories:
+        raise ValueError(f"{data_path}: no user history shares items with the model")
+    rng = np.random.default_rng(seed)
+    rows = rng.choice(len(histories), min(num_users, len(histories)), replace=False)
+    return encode_histories(model, [histories[r] for r in np.sort(rows)]).astype(np.float32)
+
+
+def item_queries(model: ModelArtifact, num_queries: int = 1000, seed: int = 0) -> np.ndarray:
+    """Item vectors sampled without replacement, float32 ``[q, d]``: stand-ins for user queries
+    when no user data is at hand (they find themselves first, which flatters approximate indexes)."""
+    rng = np.random.default_rng(seed)
+    rows = rng.choice(
+        np.arange(1, model.vocab.num_embeddings), min(num_queries, len(model.vocab)), replace=False
+    )
+    return np.ascontiguousarray(model.item_embeddings[rows], np.float32)
+
+
+def tune_index_for_model(
+    model: ModelArtifact,
+    queries: np.ndarray,
+    k: int = 50,
+    target_recall: float = 0.99,
+    factory: str = "auto",
+    *,
+    train_size: int | None = None,
+    seed: int = 0,
+) -> TuningResult:
+    """:func:`index.tune` over the model's items.
+
+    Args:
+        queries: float32 ``[U, K, d]`` user interests (one request = one user's K vectors) or
+            ``[q, d]`` vectors (timed 4 at a time).
+    """
+    ids, vectors = item_vectors(model)
+    batch = queries.shape[1] if queries.ndim == 3 else 4
+    flat = queries.reshape(-1, queries.shape[-1])
+    return tune(
+        ids, vectors, flat, k, target_recall, factory, batch_size=batch, train_size=train_size, seed=seed
+    )
+
+
+def measure_index(
+    index: VectorIndex, model: ModelArtifact, queries: np.ndarray, k: int = 50, threads: int = 1
+) -> dict[str, Any]:
+    """Recall@k against exact search and per-request latency of an already built index.
+
+    Args:
+        queries: ``[U, K, d]`` or ``[q, d]``, as in :func:`tune_index_for_model`; zero rows dropped.
+        threads: FAISS threads while timing (one request is only K vectors, see :func:`index.tune`).
+    """
+    batch = queries.shape[1] if queries.ndim == 3 else 4
+    flat = queries.reshape(-1, queries.shape[-1]).astype(np.float32)
+    flat = np.ascontiguousarray(flat[np.any(flat != 0, axis=1)])
+    ids, vectors = item_vectors(model)
+    _, found = index.search(flat, k)
+    recall = recall_of(found, exact_neighbours(ids, vectors, flat, k))
+    out: dict[str, Any] = {"k": k, "recall": round(recall, 5), "num_queries": len(flat)}
+    if isinstance(index, FaissIndex):
+        p50, p99 = measure_latency(index, flat, k, batch, threads=threads)
+        out.update(p50_ms=round(p50, 4), p99_ms=round(p99, 4), batch_size=batch, threads=threads)
+    return out
 
 
 def save_index(
-    index: FaissIndex, out_dir: Path, model: ModelArtifact | str, overwrite: bool = False
+    index: VectorIndex,
+    out_dir: Path,
+    model: ModelArtifact | str,
+    overwrite: bool = False,
+    *,
+    measured: dict[str, Any] | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Writes ``index`` as an artifact folder tied to ``model`` (an artifact or its version).
+
+    The folder is written under a temporary name and renamed into place (``retrieval.artifacts``).
+
+    Args:
+        measured: recall@k / latency measured on the index, stored in the manifest.
+        tuning: the auto-tuner's record (:meth:`index.TuningResult.summary`).
 
     Returns:
         The manifest written.
     """
     model_version = model if isinstance(model, str) else model.version
-    with write_artifact(
-        out_dir, KIND, {"model_version": model_version, **index.describe()}, overwrite
-    ) as tmp:
-        index.save(tmp / INDEX_FILE)
+    meta: dict[str, Any] = {"model_version": model_version, **index.describe()}
+    if isinstance(index, FaissIndex):
+        meta["faiss_version"] = faiss.__version__
+        meta["index_file"] = INDEX_FILE
+    else:
+        meta["index_file"] = MILVUS_FILE
+    if measured is not None:
+        meta["measured"] = measured
+    if tuning is not None:
+        meta["tuning"] = tuning
+    with write_artifact(out_dir, KIND, meta, overwrite) as tmp:
+        index.save(tmp / meta["index_file"])
+        # The manifest is written when the block exits, so the size can still go into it:
+        # a truncated copy is then refused with its size before any checksum or FAISS read.
+        meta["index_bytes"] = (tmp / meta["index_file"]).stat().st_size
     return read_manifest(out_dir, KIND, verify=False)
 
 
-def load_index(path: Path, expected_model_version: str | None = None) -> tuple[FaissIndex, dict[str, Any]]:
-    """Loads an index artifact, verifying its checksums and, if given, the model version.
+def publish_index(
+    index: VectorIndex,
+    root: Path,
+    model: ModelArtifact | str,
+    *,
+    measured: dict[str, Any] | None = None,
+    tuning: dict[str, Any] | None = None,
+    keep: int = 3,
+) -> Path:
+    """Writes ``index`` as a new version under ``root`` and atomically makes it the current one.
+
+    The version folder is complete (written through a temporary folder) before the
+    ``root/current`` symlink is replaced by a single ``rename``, so a reader loading ``root``
+    (:func:`load_index`) gets the old or the new version, never a mix. The ``keep`` newest
+    versions stay on disk (a reader still loading the previous one is not pulled from under).
+
+    Returns:
+        The new version folder.
+    """
+    root = Path(root)
+    if (root / "manifest.json").exists():
+        raise ArtifactError(f"{root} is a plain index folder: publish into a new root folder")
+    versions = root / VERSIONS
+    versions.mkdir(parents=True, exist_ok=True)
+    name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z-{os.getpid()}"
+    folder = versions / name
+    save_index(index, folder, model, measured=measured, tuning=tuning)
+    link = root / f".{CURRENT}.tmp-{os.getpid()}"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    os.symlink(Path(VERSIONS) / name, link)
+    os.replace(link, root / CURRENT)  # atomic: readers follow either the old or the new link
+    for old in sorted(p for p in versions.iterdir() if p.is_dir() and not p.name.startswith("."))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def resolve_index_dir(path: Path) -> Path:
+    """The artifact folder ``path`` names: itself, or the version ``path/current`` points to
+    (resolved once, so every file is then read from that one version)."""
+    path = Path(path)
+    current = path / CURRENT
+    if not (path / "manifest.json").exists() and (current.is_symlink() or current.is_dir()):
+        return current.resolve()
+    return path
+
+
+def load_index(path: Path, expected_model_version: str | None = None) -> tuple[VectorIndex, dict[str, Any]]:
+    """Loads an index artifact (or the current version of a published root).
+
+    Checksums are verified and the file's size and header checked before FAISS parses it, so
+    a truncated, corrupted or mismatched file is refused with an :class:`ArtifactError`.
 
     Raises:
-        ArtifactError: missing, incomplete or corrupted folder, or an index built from
-            another model than ``expected_model_version``.
+        ArtifactError: missing, incomplete or corrupted folder, an index that disagrees with its
+            manifest, or an index built from another model than ``expected_model_version``.
     """
-    path = Path(path)
+    path = resolve_index_dir(Path(path))
+    manifest = read_manifest(path, KIND, verify=False)
+    file = path / manifest.get("index_file", INDEX_FILE)
+    expected_bytes = manifest.get("index_bytes")
+    if expected_bytes is not None and file.is_file() and file.stat().st_size != expected_bytes:
+        raise ArtifactError(
+            f"{file} is truncated or replaced: {file.stat().st_size} bytes, "
+            f"the manifest says {expected_bytes}"
+        )
     manifest = read_manifest(path, KIND)
     if expected_model_version is not None and manifest["model_version"] != expected_model_version:
         raise ArtifactError(
             f"{path} was built from model {manifest['model_version']!r}, not from model "
             f"{expected_model_version!r}: rebuild it with tools/build_index.py"
         )
+    backend = manifest.get("backend", "faiss")
+    index: VectorIndex
     try:
-        index = FaissIndex.load(path / INDEX_FILE, manifest["factory"], manifest["search_params"])
-    except (ValueError, TypeError) as e:
+        if backend == "faiss":
+            index = FaissIndex.load(
+                file, manifest["factory"], manifest["search_params"], mips_norm=manifest.get("mips_norm")
+            )
+        elif backend == "milvus":
+            from index.milvus_index import MilvusIndex
+
+            index = MilvusIndex.load(file)
+        else:
+            raise ValueError(f"unknown index backend {backend!r}")
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
         raise ArtifactError(f"{path} holds an unusable index: {e}") from e
+    if manifest.get("is_exact", index.is_exact) != index.is_exact:
+        raise ArtifactError(
+            f"{path}: the manifest describes {manifest['factory']!r}, the file holds another index type"
+        )
     if (index.dim, index.ntotal) != (manifest["dim"], manifest["count"]):
         raise ArtifactError(
             f"{path}: index has dim {index.dim} and {index.ntotal} items, "
@@ -81,15 +290,25 @@ def load_index(path: Path, expected_model_version: str | None = None) -> tuple[F
 
 
 def recall_against_exact(
-    index: FaissIndex, model: ModelArtifact, k: int = 10, num_queries: int = 1000, seed: int = 0
+    index: VectorIndex,
+    model: ModelArtifact,
+    k: int = 10,
+    num_queries: int = 1000,
+    seed: int = 0,
+    *,
+    queries: np.ndarray | None = None,
 ) -> float:
     """Recall@k of ``index`` against exact search over the model's item embeddings.
 
-    Item vectors sampled without replacement stand in for user queries, which need user data.
+    Args:
+        queries: float32 ``[q, d]`` or ``[U, K, d]`` query vectors (real user interests, see
+            :func:`user_interest_queries`); by default ``num_queries`` sampled item vectors,
+            which flatter approximate indexes.
     """
-    exact = build_index_from_model(model, "Flat")
-    rng = np.random.default_rng(seed)
-    rows = rng.choice(
-        np.arange(1, model.vocab.num_embeddings), min(num_queries, len(model.vocab)), replace=False
-    )
-    return recall_at_k(index, exact, model.item_embeddings[rows], k)
+    if queries is None:
+        queries = item_queries(model, num_queries, seed)
+    flat = queries.reshape(-1, queries.shape[-1]).astype(np.float32)
+    flat = np.ascontiguousarray(flat[np.any(flat != 0, axis=1)])
+    ids, vectors = item_vectors(model)
+    _, found = index.search(flat, k)
+    return recall_of(found, exact_neighbours(ids, vectors, flat, k))

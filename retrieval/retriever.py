@@ -1,22 +1,30 @@
-"""The retriever: a user history in, the top-k items over the user's interests out (no gRPC)."""
+"""The retriever: user histories in, the top-k items over each user's interests out (no gRPC)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from index import FaissIndex
+from index import VectorIndex
 from retrieval.artifacts import ArtifactError, read_manifest
 from retrieval.errors import InvalidArgument
 from retrieval.features import encode_events
 from retrieval.index_artifact import load_index
+from retrieval.merge import MergeStrategy, strategy
 from retrieval.model_artifact import KIND as MODEL_KIND
 from retrieval.model_artifact import ModelArtifact, load_model
-from retrieval.search import search_interests
+from retrieval.search import ATTRIBUTES_FILE, search_interests
 from retrieval.vocab import PAD
+
+logger = logging.getLogger(__name__)
 
 MAX_K = 1000
 """Most items one request may ask for (the API's documented limit)."""
@@ -25,24 +33,88 @@ MAX_HISTORY = 10_000
 """Most history ids one request may send; the user tower reads only the last ``max_len``, but
 every id is excluded from the results, so the whole history is looked up."""
 
+MAX_PER_INTEREST_K = 2000
+"""Most candidates one interest may fetch (``per_interest_k``): bounds the merge's work."""
+
+MAX_FILTER_IDS = 10_000
+"""Most ids one request's ``exclude`` or ``allow`` list may hold."""
+
+MAX_BATCH = 256
+"""Most requests one batch may hold."""
+
+MAX_USER_ID = 256
+"""Longest ``user_id`` (characters); it only goes to the log."""
+
+
+@dataclass(frozen=True)
+class Query:
+    """One user's request; see :meth:`Retriever.retrieve` for the meaning of each field."""
+
+    history: Sequence[str]
+    k: int
+    timestamps: Sequence[int] | None = None
+    actions: Sequence[str] | None = None
+    merge: MergeStrategy = MergeStrategy.MAX_SCORE
+    diversity_lambda: float = 0.0
+    per_interest_k: int = 0
+    exclude: Sequence[str] = ()
+    allow: Sequence[str] = ()
+    return_interests: bool = False
+    user_id: str = ""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a retriever serves (``GetModelInfo``).
+
+    Attributes:
+        index: the index's ``describe()`` (factory, search_params, is_exact, ...) plus, when its
+            manifest has a measurement, ``recall`` and ``recall_k`` (recall@k against exact).
+        start_time: when the retriever was created, seconds since the Unix epoch.
+    """
+
+    model_version: str
+    tower: str
+    num_interests: int
+    dim: int
+    max_len: int
+    num_items: int
+    index: dict[str, Any]
+    side_features: tuple[str, ...]
+    start_time: float
+
 
 @dataclass(frozen=True)
 class Retrieved:
     """Answer to one request.
 
     Attributes:
-        items: ``(external id, score, interest)``, best first, never an item of the history.
+        items: ``(external id, score, interest)`` in the merge's order (best first for max-score),
+            never an item of the history or of the request's ``exclude`` list.
         unknown_items: history ids missing from the vocabulary (skipped).
         model_version: version of the model (and of the index built from it) that answered.
+        interests: float32 ``[K, d]``, the user's interest vectors, when the request asked for them.
     """
 
     items: list[tuple[str, float, int]]
     unknown_items: int
     model_version: str
+    interests: np.ndarray | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A validated query in dense ids."""
+
+    known: np.ndarray  # int [n] known history ids, oldest first
+    features: dict[str, np.ndarray]  # per side feature of the tower, int [n]
+    exclude: np.ndarray  # sorted unique int64: history and exclude list
+    allow: tuple[int, ...] | None  # sorted unique dense ids, None = everything
+    unknown: int
 
 
 class Retriever:
-    """Turns a history of external item ids into the top-k items across the user's K interests.
+    """Turns histories of external item ids into the top-k items across each user's K interests.
 
     Safe to call from several threads: it only reads the model and the index.
 
@@ -53,7 +125,13 @@ class Retriever:
     """
 
     def __init__(
-        self, model: ModelArtifact, index: FaissIndex, index_model_version: str | None = None
+        self,
+        model: ModelArtifact,
+        index: VectorIndex,
+        index_model_version: str | None = None,
+        *,
+        index_manifest: Mapping[str, Any] | None = None,
+        item_attributes: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """Pairs a model with an index of its item embeddings.
 
@@ -62,6 +140,9 @@ class Retriever:
             index: items indexed under the model's dense ids.
             index_model_version: version of the model the index was built from (its manifest's
                 ``model_version``); ``None`` when the index was just built from ``model``.
+            index_manifest: the index folder's manifest (for :meth:`model_info`), if any.
+            item_attributes: external id -> attributes, the first being the item's category
+                (for the diversity merge); by default the model folder's ``item_attributes.json``.
 
         Raises:
             ArtifactError: the index was built from another model or has another dimension.
@@ -74,6 +155,13 @@ class Retriever:
             raise ArtifactError(f"index has dimension {index.dim}, model {model.dim}")
         self.model = model
         self.index = index
+        self.index_manifest = dict(index_manifest or {})
+        if item_attributes is None and model.path is not None and (model.path / ATTRIBUTES_FILE).is_file():
+            item_attributes = json.loads((model.path / ATTRIBUTES_FILE).read_text())
+        self.categories = item_categories(model, item_attributes or {})
+        self.start_time = time.time()
+        self.observe_search: Callable[[float], None] | None = None
+        """Called with the seconds each index search took (the server's metrics hook)."""
 
     @classmethod
     def from_dirs(cls, model_dir: Path, index_dir: Path) -> Retriever:
@@ -87,11 +175,30 @@ class Retriever:
         """
         model_version = str(read_manifest(Path(model_dir), MODEL_KIND, verify=False)["version"])
         index, manifest = load_index(Path(index_dir), expected_model_version=model_version)
-        return cls(load_model(Path(model_dir)), index, manifest["model_version"])
+        return cls(load_model(Path(model_dir)), index, manifest["model_version"], index_manifest=manifest)
 
     @property
     def model_version(self) -> str:
         return self.model.version
+
+    def model_info(self) -> ModelInfo:
+        """What this retriever serves: the model's shape, the index and its measured recall."""
+        index = dict(self.index.describe())
+        measured = self.index_manifest.get("measured") or {}
+        if "recall" in measured:
+            index.update(recall=float(measured["recall"]), recall_k=int(measured.get("k", 0)))
+        manifest = self.model.manifest
+        return ModelInfo(
+            model_version=self.model_version,
+            tower=str(manifest.get("tower", "")),
+            num_interests=self.model.num_interests,
+            dim=self.model.dim,
+            max_len=self.model.max_len,
+            num_items=len(self.model.vocab),
+            index=index,
+            side_features=tuple(self.model.side.features),
+            start_time=self.start_time,
+        )
 
     def retrieve(
         self,
@@ -99,6 +206,14 @@ class Retriever:
         k: int,
         timestamps: Sequence[int] | None = None,
         actions: Sequence[str] | None = None,
+        *,
+        merge: MergeStrategy = MergeStrategy.MAX_SCORE,
+        diversity_lambda: float = 0.0,
+        per_interest_k: int = 0,
+        exclude: Sequence[str] = (),
+        allow: Sequence[str] = (),
+        return_interests: bool = False,
+        user_id: str = "",
     ) -> Retrieved:
         """Top-``k`` items for one user.
 
@@ -107,41 +222,155 @@ class Retriever:
             k: number of items wanted, ``1..MAX_K``.
             timestamps, actions: per history event, for models trained with side features
                 (``gap_prev``, ``action``); ignored by models without them.
+            merge: how the K interests' lists become one (see ``retrieval.merge``).
+            diversity_lambda: ``λ >= 0`` of the DIVERSITY merge (0 = max-score); only with it.
+            per_interest_k: candidates per interest, ``k..MAX_PER_INTEREST_K``; 0 = ``k``.
+            exclude: external ids never to return (besides the history); unknown ids ignored.
+            allow: when non-empty, the only external ids that may be returned; unknown ids ignored.
+            return_interests: also return the user's ``[K, d]`` interest vectors.
+            user_id: for the log only.
 
         Raises:
-            InvalidArgument: ``k`` out of range, history empty, longer than ``MAX_HISTORY`` or
-                without any known id, side information not aligned with the history.
+            InvalidArgument: an argument out of range (the message says which and why).
         """
-        if not 1 <= k <= MAX_K:
+        query = Query(
+            history, k, timestamps, actions, merge, diversity_lambda, per_interest_k,
+            exclude, allow, return_interests, user_id,
+        )  # fmt: skip
+        return self.retrieve_many([query])[0]
+
+    def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
+        """Answers several users with one user-tower call and one index search per group of
+        queries sharing merge options, per-interest depth and allow-list (one search when
+        they all share them); each answer equals :meth:`retrieve` of that query alone.
+
+        Raises:
+            InvalidArgument: no queries, more than ``MAX_BATCH``, or a bad query (the message
+                starts with ``requests[i]`` when there are several).
+        """
+        if not queries:
+            raise InvalidArgument("the batch is empty: send at least one request")
+        if len(queries) > MAX_BATCH:
+            raise InvalidArgument(f"the batch has {len(queries)} requests, at most {MAX_BATCH} are accepted")
+        prepared = []
+        for i, query in enumerate(queries):
+            try:
+                prepared.append(self._prepare(query))
+            except InvalidArgument as e:
+                raise InvalidArgument(f"requests[{i}]: {e}" if len(queries) > 1 else str(e)) from None
+        features = {name: [p.features[name] for p in prepared] for name in self.model.side.event_features}
+        interests = self.model.encode([p.known for p in prepared], features)  # [B, K, d], one call
+
+        groups: dict[tuple[MergeStrategy, float, int, tuple[int, ...] | None], list[int]] = {}
+        for i, (query, p) in enumerate(zip(queries, prepared, strict=True)):
+            # Max-score top-k is a prefix of top-k' (k < k'): any k share a search. The other
+            # merges choose among each interest's first candidates, so their depth must match.
+            fetch = query.per_interest_k
+            if query.merge is not MergeStrategy.MAX_SCORE:
+                fetch = max(query.k, fetch)
+            groups.setdefault((query.merge, query.diversity_lambda, fetch, p.allow), []).append(i)
+        answers: dict[int, Retrieved] = {}
+        for (merge, lam, fetch, allow), members in groups.items():
+            started = time.perf_counter()
+            result = search_interests(
+                self.index,
+                interests[members],
+                max(queries[i].k for i in members),
+                exclude=[prepared[i].exclude for i in members],
+                allow=None if allow is None else np.asarray(allow, np.int64),
+                merge=None if merge is MergeStrategy.MAX_SCORE else strategy(merge, self.categories, lam),
+                per_interest_k=fetch,
+            )
+            if self.observe_search is not None:
+                self.observe_search(time.perf_counter() - started)
+            for row, i in enumerate(members):
+                found = np.flatnonzero(result.ids[row] >= 0)[: queries[i].k]
+                items = list(
+                    zip(
+                        self.model.vocab.external(result.ids[row][found]),
+                        result.scores[row][found].tolist(),
+                        result.interests[row][found].tolist(),
+                        strict=True,
+                    )
+                )
+                answers[i] = Retrieved(
+                    items,
+                    unknown_items=prepared[i].unknown,
+                    model_version=self.model_version,
+                    interests=interests[i].copy() if queries[i].return_interests else None,
+                )
+                if queries[i].user_id:
+                    logger.debug("user %s: %d items", queries[i].user_id, len(items))
+        return [answers[i] for i in range(len(queries))]
+
+    def _prepare(self, query: Query) -> _Prepared:
+        """Validates ``query`` and looks its ids up."""
+        history, k = query.history, query.k
+        if isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise InvalidArgument(f"k must be between 1 and {MAX_K}, got {k}")
         if not history:
             raise InvalidArgument("history is empty: send at least one item id")
         if len(history) > MAX_HISTORY:
             raise InvalidArgument(f"history has {len(history)} ids, at most {MAX_HISTORY} are accepted")
-        for name, values in (("timestamps", timestamps), ("actions", actions)):
+        for name, values in (("timestamps", query.timestamps), ("actions", query.actions)):
             if values is not None and len(values) != len(history):
                 raise InvalidArgument(f"{len(values)} {name} for a history of {len(history)} events")
+        lam = query.diversity_lambda
+        if not math.isfinite(lam) or lam < 0:
+            raise InvalidArgument(f"diversity_lambda must be a finite number >= 0, got {lam}")
+        if lam and query.merge is not MergeStrategy.DIVERSITY:
+            raise InvalidArgument(
+                f"diversity_lambda is only used by the DIVERSITY merge, not {query.merge.name}"
+            )
+        if query.per_interest_k and not k <= query.per_interest_k <= MAX_PER_INTEREST_K:
+            raise InvalidArgument(
+                f"per_interest_k must be 0 (= k) or between k ({k}) and {MAX_PER_INTEREST_K}, "
+                f"got {query.per_interest_k}"
+            )
+        for name, ids in (("exclude_ids", query.exclude), ("allow_ids", query.allow)):
+            if len(ids) > MAX_FILTER_IDS:
+                raise InvalidArgument(f"{name} has {len(ids)} ids, at most {MAX_FILTER_IDS} are accepted")
+        if len(query.user_id) > MAX_USER_ID:
+            raise InvalidArgument(f"user_id has {len(query.user_id)} characters, at most {MAX_USER_ID}")
+
         dense = self.model.vocab.lookup(history)
         is_known = dense != PAD
         known = dense[is_known]
         if not len(known):
             raise InvalidArgument(f"none of the {len(history)} history ids is in the model's vocabulary")
         # Side features come from the whole timeline (a gap is to the previous event, known or
-        # not), then follow their items, exactly as in training and evaluation.
-        events = encode_events(self.model.side, timestamps, actions)
+        # not), then follow their items, exactly as in training and evaluation. A feature the
+        # request does not carry is unknown (0) at every event.
+        timestamps = None if query.timestamps is None else np.asarray(query.timestamps, np.int64)
+        events = encode_events(self.model.side, timestamps, query.actions)
         features = {
-            name: [values[is_known]] for name, values in events.items() if len(values) == len(history)
+            name: values[is_known] if len(values) == len(history) else np.zeros(len(known), np.int32)
+            for name, values in events.items()
         }
-
-        interests = self.model.encode([known], features)  # [1, K, d], one user-tower call
-        result = search_interests(self.index, interests, k, exclude=[np.unique(known)])
-        found = result.ids[0] >= 0
-        items = list(
-            zip(
-                self.model.vocab.external(result.ids[0][found]),
-                result.scores[0][found].tolist(),
-                result.interests[0][found].tolist(),
-                strict=True,
-            )
+        excluded = self.model.vocab.lookup(list(query.exclude)) if query.exclude else np.zeros(0, np.int64)
+        allow = None
+        if query.allow:
+            allowed = self.model.vocab.lookup(list(query.allow))
+            allow = tuple(np.unique(allowed[allowed != PAD]).tolist())
+        return _Prepared(
+            known=known,
+            features=features,
+            exclude=np.unique(np.concatenate([known, excluded[excluded != PAD]]).astype(np.int64)),
+            allow=allow,
+            unknown=len(history) - len(known),
         )
-        return Retrieved(items, unknown_items=len(history) - len(known), model_version=self.model_version)
+
+
+def item_categories(model: ModelArtifact, item_attributes: Mapping[str, Sequence[str]]) -> np.ndarray:
+    """Category code per dense id, int64 ``[num_items + 1]``: items with the same first attribute
+    share a code; items without attributes (and the padding row) each get a code of their own."""
+    n = model.vocab.num_embeddings
+    codes = np.arange(n, dtype=np.int64) + n  # own categories, above every shared code
+    external = list(item_attributes)
+    dense = model.vocab.lookup(external) if external else np.zeros(0, np.int64)
+    names: dict[str, int] = {}
+    for item, d in zip(external, dense, strict=True):
+        values = item_attributes[item]
+        if d != PAD and values:
+            codes[d] = names.setdefault(str(values[0]), len(names))
+    return codes

@@ -1,13 +1,27 @@
-"""Multi-interest search: K interest vectors per user, one batched index search, max-score merge."""
+"""Multi-interest search: K interest vectors per user, one batched index search, max-score merge.
+
+Filters (a user's history, an allow-list, a category) are handed to the index, which applies
+them inside the search (FAISS ``IDSelector``, Milvus expressions) so that ``k`` results come
+back whenever ``k`` items pass. A batch of users with different histories is searched in one
+batched call instead, over-fetching by the longest history and dropping each user's own ids;
+users that come back short are searched again alone with their filter.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import json
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from index import FaissIndex
+from index import SearchFilter, VectorIndex
+from index.base import as_id_array
+from retrieval.merge import MergeFn
+from retrieval.vocab import PAD, ItemVocab
+
+ATTRIBUTES_FILE = "item_attributes.json"
 
 
 @dataclass(frozen=True)
@@ -25,29 +39,96 @@ class SearchResult:
     interests: np.ndarray
 
 
+@dataclass(frozen=True)
+class ItemCategories:
+    """Category name -> the ids of the items whose attributes contain it.
+
+    Attributes:
+        ids_by_category: category -> sorted unique int64 ids.
+
+    Example:
+        >>> categories = ItemCategories.from_attributes({1: ["Comedy"], 2: ["Comedy", "Drama"]})
+        >>> categories.ids("Comedy")  # array([1, 2])
+    """
+
+    ids_by_category: Mapping[str, np.ndarray]
+
+    @classmethod
+    def from_attributes(cls, attributes: Mapping[int, Iterable[str]]) -> ItemCategories:
+        """From item id -> attribute strings."""
+        members: dict[str, list[int]] = {}
+        for item, values in attributes.items():
+            for value in set(values):
+                members.setdefault(str(value), []).append(int(item))
+        return cls({name: np.unique(np.asarray(ids, np.int64)) for name, ids in members.items()})
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path, vocab: ItemVocab) -> ItemCategories | None:
+        """Reads a model folder's ``item_attributes.json`` (external id -> attributes) into dense
+        ids; ``None`` when the model has no attributes. Ids missing from ``vocab`` are dropped."""
+        path = Path(model_dir) / ATTRIBUTES_FILE
+        if not path.is_file():
+            return None
+        raw: dict[str, list[str]] = json.loads(path.read_text())
+        external = list(raw)
+        dense = vocab.lookup(external)
+        return cls.from_attributes({int(d): raw[e] for e, d in zip(external, dense, strict=True) if d != PAD})
+
+    def ids(self, category: str) -> np.ndarray:
+        """Sorted int64 ids of ``category``.
+
+        Raises:
+            ValueError: no item has that category.
+        """
+        try:
+            return self.ids_by_category[category]
+        except KeyError:
+            raise ValueError(f"unknown category {category!r}: no item has it") from None
+
+    def __contains__(self, category: str) -> bool:
+        return category in self.ids_by_category
+
+
 def search_interests(
-    index: FaissIndex,
+    index: VectorIndex,
     interests: np.ndarray,
     k: int,
     exclude: Sequence[Collection[int]] | None = None,
+    *,
+    allow: Collection[int] | np.ndarray | None = None,
+    category: str | None = None,
+    categories: ItemCategories | None = None,
+    merge: MergeFn | None = None,
+    per_interest_k: int | None = None,
 ) -> SearchResult:
     """Top-``k`` items per user, scored by the max over the user's interests.
 
-    All ``B * K`` interest vectors go through one batched search. Each interest over-fetches
-    ``k + len(exclude_b)`` items (the largest over the batch, capped at the index size), which
-    is enough for an exact index: an item in the merged top-k that interest ``i`` scores best
-    can only be outranked under ``i`` by items that also outrank it in the merge (fewer than
-    ``k``) or by excluded items.
+    All non-zero interest vectors of the batch go through one batched search; all-zero
+    interests (masked ones, e.g. MIND's dynamic number of interests) are skipped and never
+    contribute. Each interest fetches ``k`` items passing the user's filter, which is enough
+    for an exact index: an item in the merged top-k that interest ``i`` scores best can only
+    be outranked under ``i`` by items that also outrank it in the merge (fewer than ``k``).
 
     Args:
         index: items to search.
         interests: float32 ``[B, K, d]``.
         k: items wanted per user, ``>= 1``.
         exclude: per user, ids that must not be returned (e.g. the user's history).
+        allow: for every user, the only ids that may be returned.
+        category: for every user, only items whose attributes contain it (needs ``categories``);
+            combined with ``allow`` when both are given.
+        categories: category -> ids, see :meth:`ItemCategories.from_model_dir`.
+        merge: how each user's per-interest lists become one (``retrieval.merge``); ``None`` is
+            the max-score merge. Scores and interests are then those the merge reports.
+        per_interest_k: candidates each interest fetches, at least ``k`` (the default); more
+            gives round-robin and diversity merges deeper lists to choose from.
 
     Returns:
-        The merged result, ``[B, k]`` each; fewer than ``k`` items exist when the index holds
-        too few non-excluded ids, the rest is padding.
+        The merged result, ``[B, k]`` each; fewer than ``k`` items exist when too few ids
+        pass the filters, the rest is padding.
+
+    Raises:
+        ValueError: bad shapes, ``k``, ``exclude`` length, or an unknown category.
 
     Example:
         >>> result = search_interests(index, model.encode([history]), 10, exclude=[set(history)])
@@ -56,51 +137,151 @@ def search_interests(
         raise ValueError(f"interests must have shape [B, K, d], got {list(interests.shape)}")
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
         raise ValueError(f"k must be a positive integer, got {k!r}")
-    batch, num_interests, dim = interests.shape
+    batch = interests.shape[0]
     if exclude is not None and len(exclude) != batch:
         raise ValueError(f"exclude has {len(exclude)} entries for a batch of {batch}")
-    excluded = [np.fromiter(e, np.int64, len(e)) for e in exclude] if exclude is not None else []
+    allowed = _allowed(allow, category, categories)
 
     result = SearchResult(
         ids=np.full((batch, k), -1, np.int64),
         scores=np.full((batch, k), -np.inf, np.float32),
         interests=np.full((batch, k), -1, np.int32),
     )
-    fetch = min(k + max((len(e) for e in excluded), default=0), index.ntotal)
-    if fetch == 0 or batch == 0:
+    users, slots = np.nonzero(np.any(interests != 0, axis=2))  # active interests, user-major
+    if not len(users) or index.ntotal == 0:
+        return result
+    queries = np.ascontiguousarray(interests[users, slots])
+
+    if exclude is None or batch == 1:
+        # One filter for the whole batch: the index applies it inside the search.
+        shared = SearchFilter.of(exclude[0] if exclude is not None else None, allowed)
+        scores, ids = index.search(queries, max(k, per_interest_k or k), shared)
+        _combine(merge, result, users, slots, scores, ids, ids >= 0, k, per_interest_k)
         return result
 
-    scores, ids = index.search(interests.reshape(batch * num_interests, dim), fetch)
-    # Row b holds interest 0's results, then interest 1's, ...: [B, K * fetch].
-    scores = scores.reshape(batch, num_interests * fetch)
-    ids = ids.reshape(batch, num_interests * fetch)
-    interest_of_column = np.repeat(np.arange(num_interests, dtype=np.int32), fetch)
-
+    # Users with different histories: one batched search over-fetching by the longest history,
+    # each user's own history dropped afterwards.
+    excluded = [as_id_array(e) for e in exclude]
+    fetch = min(max(k, per_interest_k or k) + max(len(e) for e in excluded), index.ntotal)
+    scores, ids = index.search(queries, fetch, SearchFilter.of(allow=allowed))
     keep = ids >= 0
-    for row, banned in enumerate(excluded):
-        if len(banned):
-            keep[row] &= ~np.isin(ids[row], banned)
+    for row, user in enumerate(users):
+        if len(excluded[user]):
+            keep[row] &= ~np.isin(ids[row], excluded[user])
+    _combine(merge, result, users, slots, scores, ids, keep, k, per_interest_k)
+
+    # An approximate index may come back short for some user; search those alone, filter inside
+    # (which returns k whenever k items pass).
+    short = [user for user in np.unique(users) if (result.ids[user] >= 0).sum() < k]
+    if short:
+        candidates = index.ids() if allowed is None else np.intersect1d(index.ids(), allowed)
+        for user in short:
+            if (result.ids[user] >= 0).sum() < len(candidates) - np.isin(excluded[user], candidates).sum():
+                alone = search_interests(
+                    index,
+                    interests[user : user + 1],
+                    k,
+                    [excluded[user]],
+                    allow=allowed,
+                    merge=merge,
+                    per_interest_k=per_interest_k,
+                )
+                result.ids[user], result.scores[user] = alone.ids[0], alone.scores[0]
+                result.interests[user] = alone.interests[0]
+    return result
+
+
+def _allowed(
+    allow: Collection[int] | np.ndarray | None, category: str | None, categories: ItemCategories | None
+) -> np.ndarray | None:
+    """The allow-list the request implies (``None`` for no restriction)."""
+    allowed = None if allow is None else as_id_array(allow)
+    if category is not None:
+        if categories is None:
+            raise ValueError(f"category {category!r} given without item categories")
+        members = categories.ids(category)
+        allowed = members if allowed is None else np.intersect1d(allowed, members)
+    return allowed
+
+
+def _combine(
+    merge: MergeFn | None,
+    result: SearchResult,
+    users: np.ndarray,
+    slots: np.ndarray,
+    scores: np.ndarray,
+    ids: np.ndarray,
+    keep: np.ndarray,
+    k: int,
+    per_interest_k: int | None,
+) -> None:
+    """Merges the searched rows into ``result``: max-score (vectorised) or ``merge`` per user.
+
+    ``merge`` sees each user's ``[K, f]`` lists with dropped results and masked interests as -1,
+    each list cut to its first ``max(k, per_interest_k)`` kept results: the same candidates
+    whether the user was searched alone or over-fetched in a batch.
+    """
+    if merge is None:
+        _merge(result, users, slots, scores, ids, keep, k)
+        return
+    keep = keep & (np.cumsum(keep, axis=1) <= max(k, per_interest_k or k))
+    num_interests = int(slots.max()) + 1 if len(slots) else 0
+    for user in np.unique(users):
+        rows = np.flatnonzero(users == user)
+        per_ids = np.full((num_interests, ids.shape[1]), -1, np.int64)
+        per_scores = np.full((num_interests, ids.shape[1]), -np.inf, np.float32)
+        per_ids[slots[rows]] = np.where(keep[rows], ids[rows], -1)
+        per_scores[slots[rows]] = np.where(keep[rows], scores[rows], -np.inf)
+        merged = merge(per_ids, per_scores, k)
+        n = min(len(merged.ids), k)
+        result.ids[user, :n] = merged.ids[:n]
+        result.scores[user, :n] = merged.scores[:n]
+        result.interests[user, :n] = merged.interests[:n]
+
+
+def _merge(
+    result: SearchResult,
+    users: np.ndarray,
+    slots: np.ndarray,
+    scores: np.ndarray,
+    ids: np.ndarray,
+    keep: np.ndarray,
+    k: int,
+) -> None:
+    """Max-score merge of per-interest results into ``result``.
+
+    Args:
+        users, slots: int ``[M]``: the user and interest of each searched row.
+        scores, ids: ``[M, f]`` search results; ``keep`` bool ``[M, f]`` the results to use.
+    """
     rows, cols = np.nonzero(keep)
-    cand_ids, cand_scores, cand_interests = ids[rows, cols], scores[rows, cols], interest_of_column[cols]
+    cand_users = users[rows]
+    cand_ids, cand_scores = ids[rows, cols], scores[rows, cols]
+    cand_interests = slots[rows].astype(np.int32)
 
     # Group candidates by (user, id) with the best score first (ties: lowest interest) and
     # keep the first of each group: the max-score merge.
-    order = np.lexsort((cand_interests, -cand_scores, cand_ids, rows))
-    rows, cand_ids, cand_scores, cand_interests = _select(order, rows, cand_ids, cand_scores, cand_interests)
-    first = np.ones(len(rows), bool)
-    first[1:] = (rows[1:] != rows[:-1]) | (cand_ids[1:] != cand_ids[:-1])
-    rows, cand_ids, cand_scores, cand_interests = _select(first, rows, cand_ids, cand_scores, cand_interests)
+    order = np.lexsort((cand_interests, -cand_scores, cand_ids, cand_users))
+    cand_users, cand_ids, cand_scores, cand_interests = _select(
+        order, cand_users, cand_ids, cand_scores, cand_interests
+    )
+    first = np.ones(len(cand_users), bool)
+    first[1:] = (cand_users[1:] != cand_users[:-1]) | (cand_ids[1:] != cand_ids[:-1])
+    cand_users, cand_ids, cand_scores, cand_interests = _select(
+        first, cand_users, cand_ids, cand_scores, cand_interests
+    )
 
     # Rank each user's unique candidates by score (ties: smaller id) and keep the first k.
-    order = np.lexsort((cand_ids, -cand_scores, rows))
-    rows, cand_ids, cand_scores, cand_interests = _select(order, rows, cand_ids, cand_scores, cand_interests)
-    rank = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
+    order = np.lexsort((cand_ids, -cand_scores, cand_users))
+    cand_users, cand_ids, cand_scores, cand_interests = _select(
+        order, cand_users, cand_ids, cand_scores, cand_interests
+    )
+    rank = np.arange(len(cand_users)) - np.searchsorted(cand_users, cand_users, side="left")
     top = rank < k
-    slot = (rows[top], rank[top])
+    slot = (cand_users[top], rank[top])
     result.ids[slot] = cand_ids[top]
     result.scores[slot] = cand_scores[top]
     result.interests[slot] = cand_interests[top]
-    return result
 
 
 def _select(where: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -2,19 +2,29 @@
 
 Besides the service it exposes the standard health service (SERVING only once the retriever
 is in place) and server reflection, so ``grpcurl`` and load balancers work without the
-``.proto``.
+``.proto``. Operations: deadlines, a bound on concurrent calls, message size limits, TLS or
+mutual TLS, and Prometheus metrics on a separate HTTP port.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import threading
+import time
+from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar
 
 import grpc
+import numpy as np
+from google.protobuf import timestamp_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from proto import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.errors import (
@@ -25,9 +35,11 @@ from retrieval.errors import (
     RetrievalError,
     Unavailable,
 )
-from retrieval.retriever import Retriever
+from retrieval.merge import MergeStrategy
+from retrieval.retriever import ModelInfo, Query, Retrieved, Retriever
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SERVICE_NAME: str = retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"].full_name
 
@@ -53,42 +65,298 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}), see the server log"
 
 
-class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
-    """Converts messages and errors; all logic lives in the :class:`Retriever`."""
+_MERGE_FROM_PROTO: dict[int, MergeStrategy] = {
+    retrieval_pb2.MERGE_STRATEGY_UNSPECIFIED: MergeStrategy.MAX_SCORE,
+    retrieval_pb2.MAX_SCORE: MergeStrategy.MAX_SCORE,
+    retrieval_pb2.ROUND_ROBIN: MergeStrategy.ROUND_ROBIN,
+    retrieval_pb2.DIVERSITY: MergeStrategy.DIVERSITY,
+}
+_MERGE_TO_PROTO: dict[MergeStrategy, str] = {m: m.name for m in MergeStrategy}
+"""Enum value names: the same in the proto and in :class:`MergeStrategy`."""
 
-    def __init__(self, retriever: Retriever) -> None:
+
+def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
+    """A ``RetrieveRequest`` as a :class:`Query` (the Retriever validates the values).
+
+    Raises:
+        InvalidArgument: both history and events sent, or an unknown merge strategy number.
+    """
+    if request.events and request.history:
+        raise InvalidArgument("send the history either as history or as events, not both")
+    if request.merge not in _MERGE_FROM_PROTO:
+        raise InvalidArgument(f"unknown merge strategy {request.merge}; use one of {list(_MERGE_FROM_PROTO)}")
+    if request.events:
+        history: list[str] = [e.item_id for e in request.events]
+        timestamps: list[int] | None = [e.timestamp for e in request.events]
+        actions: list[str] | None = [e.action for e in request.events]
+    else:
+        history, timestamps, actions = list(request.history), None, None
+    return Query(
+        history=history,
+        k=request.k,
+        timestamps=timestamps,
+        actions=actions,
+        merge=_MERGE_FROM_PROTO[request.merge],
+        diversity_lambda=request.diversity_lambda,
+        per_interest_k=request.per_interest_k,
+        exclude=list(request.exclude_ids),
+        allow=list(request.allow_ids),
+        return_interests=request.return_interests,
+        user_id=request.user_id,
+    )
+
+
+def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
+    """The inverse of :func:`query_from_request`: with timestamps or actions, the history goes
+    as events (a missing timestamp is 0, a missing action "")."""
+    request = retrieval_pb2.RetrieveRequest(
+        k=query.k,
+        merge=_MERGE_TO_PROTO[query.merge],
+        diversity_lambda=query.diversity_lambda,
+        per_interest_k=query.per_interest_k,
+        exclude_ids=query.exclude,
+        allow_ids=query.allow,
+        return_interests=query.return_interests,
+        user_id=query.user_id,
+    )
+    if query.timestamps is None and query.actions is None:
+        request.history.extend(query.history)
+    else:
+        request.events.extend(
+            retrieval_pb2.Event(
+                item_id=item,
+                timestamp=0 if query.timestamps is None else int(query.timestamps[i]),
+                action="" if query.actions is None else str(query.actions[i]),
+            )
+            for i, item in enumerate(query.history)
+        )
+    return request
+
+
+def response_from_result(result: Retrieved) -> retrieval_pb2.RetrieveResponse:
+    """A :class:`Retrieved` as a ``RetrieveResponse``."""
+    return retrieval_pb2.RetrieveResponse(
+        items=[
+            retrieval_pb2.ScoredItem(item_id=item, score=score, interest=interest)
+            for item, score, interest in result.items
+        ],
+        model_version=result.model_version,
+        unknown_items=result.unknown_items,
+        interests=[]
+        if result.interests is None
+        else [retrieval_pb2.Interest(values=row.tolist()) for row in result.interests],
+    )
+
+
+def result_from_response(response: retrieval_pb2.RetrieveResponse) -> Retrieved:
+    """The inverse of :func:`response_from_result` (``interests`` float32 ``[K, d]`` or ``None``)."""
+    interests = (
+        np.array([list(i.values) for i in response.interests], np.float32) if response.interests else None
+    )
+    return Retrieved(
+        items=[(item.item_id, item.score, item.interest) for item in response.items],
+        unknown_items=response.unknown_items,
+        model_version=response.model_version,
+        interests=interests,
+    )
+
+
+def model_info_message(info: ModelInfo) -> retrieval_pb2.ModelInfo:
+    """A :class:`ModelInfo` as the ``ModelInfo`` message."""
+    start = timestamp_pb2.Timestamp()
+    start.FromNanoseconds(int(info.start_time * 1e9))
+    index = info.index
+    return retrieval_pb2.ModelInfo(
+        model_version=info.model_version,
+        tower=info.tower,
+        num_interests=info.num_interests,
+        dim=info.dim,
+        max_len=info.max_len,
+        num_items=info.num_items,
+        index=retrieval_pb2.IndexInfo(
+            backend=str(index.get("backend", "")),
+            factory=str(index.get("factory", "")),
+            search_params=str(index.get("search_params", "")),
+            is_exact=bool(index.get("is_exact", False)),
+            recall=float(index.get("recall", 0.0)),
+            recall_k=int(index.get("recall_k", 0)),
+            count=int(index.get("count", 0)),
+        ),
+        side_features=list(info.side_features),
+        start_time=start,
+    )
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for TLS; with ``ca`` the server also requires client certificates signed by it
+    (mutual TLS).
+
+    Attributes:
+        cert: the server's certificate chain.
+        key: its private key.
+        ca: the CA that signs client certificates; ``None`` for server-side TLS only.
+    """
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(Path(self.key).read_bytes(), Path(self.cert).read_bytes())],
+            root_certificates=None if self.ca is None else Path(self.ca).read_bytes(),
+            require_client_auth=self.ca is not None,
+        )
+
+
+class Metrics:
+    """Prometheus metrics of one server, in their own registry, served over HTTP by :meth:`serve`.
+
+    ``retrieval_requests_total`` and ``retrieval_request_seconds`` by ``method`` and ``code``
+    (the gRPC status name), ``retrieval_batch_size`` (requests per call),
+    ``retrieval_index_search_seconds`` and ``retrieval_model_info{model_version}`` = 1.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "retrieval_requests", "Requests answered", ["method", "code"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "retrieval_request_seconds",
+            "Time to answer a request",
+            ["method", "code"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "retrieval_batch_size",
+            "Requests per call (1 for Retrieve)",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
+        )
+        self.search = Histogram(
+            "retrieval_index_search_seconds",
+            "Time of one batched index search",
+            buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0),
+            registry=self.registry,
+        )
+        self.model = Gauge(
+            "retrieval_model_info", "The served model (value 1)", ["model_version"], registry=self.registry
+        )
+        self._http: Any = None
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serves ``/metrics`` on ``host:port`` (0 picks a free port) in a daemon thread.
+
+        Returns:
+            The bound port.
+        """
+        self._http, _ = start_http_server(port, host, registry=self.registry)
+        return int(self._http.server_port)
+
+    def close(self) -> None:
+        """Stops the HTTP server, if any."""
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
+class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
+    """Converts messages and errors; all logic lives in the :class:`Retriever`.
+
+    Around every call: a request whose deadline has already passed is not computed
+    (DEADLINE_EXCEEDED); at most ``max_concurrent`` calls compute at once, the others are refused
+    at once with RESOURCE_EXHAUSTED (clients retry with backoff) rather than queued behind them;
+    and the call is counted and timed in ``metrics``.
+    """
+
+    def __init__(
+        self, retriever: Retriever, max_concurrent: int | None = None, metrics: Metrics | None = None
+    ) -> None:
         self._retriever = retriever
+        self._slots = None if max_concurrent is None else threading.BoundedSemaphore(max_concurrent)
+        self._max_concurrent = max_concurrent
+        self._metrics = metrics
 
     def Retrieve(
         self, request: retrieval_pb2.RetrieveRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.RetrieveResponse:
+        def work() -> retrieval_pb2.RetrieveResponse:
+            (result,) = self._retriever.retrieve_many([query_from_request(request)])
+            return response_from_result(result)
+
+        return self._call("Retrieve", context, work, batch_size=1)
+
+    def BatchRetrieve(
+        self, request: retrieval_pb2.BatchRetrieveRequest, context: grpc.ServicerContext
+    ) -> retrieval_pb2.BatchRetrieveResponse:
+        def work() -> retrieval_pb2.BatchRetrieveResponse:
+            queries = []
+            for i, one in enumerate(request.requests):
+                try:
+                    queries.append(query_from_request(one))
+                except InvalidArgument as e:
+                    raise InvalidArgument(f"requests[{i}]: {e}") from None
+            results = self._retriever.retrieve_many(queries)
+            return retrieval_pb2.BatchRetrieveResponse(responses=[response_from_result(r) for r in results])
+
+        return self._call("BatchRetrieve", context, work, batch_size=len(request.requests))
+
+    def GetModelInfo(
+        self, request: retrieval_pb2.GetModelInfoRequest, context: grpc.ServicerContext
+    ) -> retrieval_pb2.ModelInfo:
+        return self._call("GetModelInfo", context, lambda: model_info_message(self._retriever.model_info()))
+
+    def _call(
+        self, method: str, context: grpc.ServicerContext, work: Callable[[], T], batch_size: int | None = None
+    ) -> T:
+        """Runs ``work`` under the deadline and concurrency checks; every error becomes a status."""
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        acquired = False
         try:
-            if request.events and request.history:
-                raise InvalidArgument("send the history either as history or as events, not both")
-            if request.events:
-                events = request.events
-                result = self._retriever.retrieve(
-                    [e.item_id for e in events],
-                    request.k,
-                    [e.timestamp for e in events],
-                    [e.action for e in events],
-                )
-            else:
-                result = self._retriever.retrieve(request.history, request.k)
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceeded(f"the deadline passed {-remaining:.3f} s before the server started")
+            if self._slots is not None:
+                acquired = self._slots.acquire(blocking=False)
+                if not acquired:
+                    raise ResourceExhausted(
+                        f"server busy: {self._max_concurrent} requests in flight, retry with backoff"
+                    )
+            if batch_size is not None and self._metrics is not None:
+                self._metrics.batch_size.observe(batch_size)
+            return work()
         except Exception as error:  # every error must become a status, none a crash
-            context.abort(*status_for(error))
-        return retrieval_pb2.RetrieveResponse(
-            items=[
-                retrieval_pb2.ScoredItem(item_id=item, score=score, interest=interest)
-                for item, score, interest in result.items
-            ],
-            model_version=result.model_version,
-            unknown_items=result.unknown_items,
-        )
+            code, details = status_for(error)
+            context.abort(code, details)
+            raise  # unreachable: abort raises
+        finally:
+            if acquired and self._slots is not None:
+                self._slots.release()
+            if self._metrics is not None:
+                self._metrics.requests.labels(method, code.name).inc()
+                self._metrics.latency.labels(method, code.name).observe(time.perf_counter() - started)
+
+
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+"""Largest request or response: a full batch (256 requests of long histories, or of 1000 items
+each) exceeds gRPC's default of 4 MiB."""
 
 
 def create_server(
-    retriever: Retriever, host: str = "127.0.0.1", port: int = 0, max_workers: int = 4
+    retriever: Retriever,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_workers: int = 4,
+    *,
+    max_concurrent: int | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    tls: TlsFiles | None = None,
+    metrics: Metrics | None = None,
 ) -> tuple[grpc.Server, int]:
     """Starts a server for ``retriever`` with health checking and reflection.
 
@@ -98,19 +366,41 @@ def create_server(
         port: port to bind; 0 picks a free one.
         max_workers: request threads. The user tower and FAISS release the GIL, so a few
             threads overlap requests; more than the cores only queue.
+        max_concurrent: calls computing at once, beyond which calls get RESOURCE_EXHAUSTED;
+            ``None`` for ``max_workers`` (no call is refused, extra ones queue for a thread).
+        max_message_bytes: largest request and response.
+        tls: serve TLS (mutual TLS when it has a CA) instead of plaintext.
+        metrics: where to count requests; ``None`` for none. Its HTTP endpoint is started
+            separately (:meth:`Metrics.serve`).
 
     Returns:
         ``(server, bound port)``; the server is started.
+
+    Raises:
+        ValueError: ``max_concurrent`` or ``max_workers`` below 1.
     """
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="retrieve"))
+    if max_workers < 1 or (max_concurrent is not None and max_concurrent < 1):
+        raise ValueError(f"max_workers and max_concurrent must be >= 1, got {max_workers}, {max_concurrent}")
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="retrieve"),
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ],
+    )
     health_servicer = health.HealthServicer()
     # "" is the whole server's status, which most health probes ask for.
     for service in ("", SERVICE_NAME):
         health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-    retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(RetrievalServicer(retriever), server)
+    if metrics is not None:
+        metrics.model.labels(retriever.model_version).set(1)
+        retriever.observe_search = metrics.search.observe
+    servicer = RetrievalServicer(retriever, max_concurrent, metrics)
+    retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     server.start()
     for service in ("", SERVICE_NAME):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -123,23 +413,41 @@ def serve_forever(
     port: int = 50051,
     max_workers: int = 4,
     grace: float = 5.0,
+    *,
+    max_concurrent: int | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    tls: TlsFiles | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Serves until SIGTERM or SIGINT, then stops gracefully.
 
     In-flight requests get ``grace`` seconds to finish; new ones are refused meanwhile. Must
-    run in the main thread (Python delivers signals only there).
+    run in the main thread (Python delivers signals only there). ``metrics_port`` (``None`` =
+    no metrics) serves Prometheus metrics on ``host``; the other options are those of
+    :func:`create_server`.
     """
-    server, bound = create_server(retriever, host, port, max_workers)
+    metrics = None if metrics_port is None else Metrics()
+    server, bound = create_server(
+        retriever, host, port, max_workers,
+        max_concurrent=max_concurrent, max_message_bytes=max_message_bytes, tls=tls, metrics=metrics,
+    )  # fmt: skip
 
     def stop(signum: int, frame: FrameType | None) -> None:
         logger.info("%s received, stopping (grace %.1f s)", signal.Signals(signum).name, grace)
         server.stop(grace)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    logger.info("serving %s (model %s) on %s:%d", SERVICE_NAME, retriever.model_version, host, bound)
+    if metrics is not None and metrics_port is not None:
+        logger.info("metrics on http://%s:%d/metrics", host, metrics.serve(metrics_port, host))
+    logger.info(
+        "serving %s (model %s) on %s:%d%s",
+        SERVICE_NAME, retriever.model_version, host, bound, " with TLS" if tls else "",
+    )  # fmt: skip
     try:
         server.wait_for_termination()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if metrics is not None:
+            metrics.close()
     logger.info("server stopped")

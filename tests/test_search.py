@@ -7,8 +7,8 @@ from collections.abc import Collection, Sequence
 import numpy as np
 import pytest
 
-from index import FaissIndex
-from retrieval.search import SearchResult, search_interests
+from index import FaissIndex, SearchFilter
+from retrieval.search import ItemCategories, SearchResult, search_interests
 
 DIM, NUM_ITEMS, K = 16, 40, 3
 Rows = list[list[tuple[int, float, int]]]
@@ -115,3 +115,105 @@ def test_rejects_bad_input(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         search_interests(catalogue[2], np.zeros(shape, np.float32), k, exclude)
+
+
+class SpyIndex(FaissIndex):
+    """A Flat index that records every query batch it is asked for."""
+
+    def __init__(self, ids: np.ndarray, vectors: np.ndarray, factory: str = "Flat", params: str = "") -> None:
+        built = FaissIndex.build(ids, vectors, factory, params)
+        super().__init__(built.faiss_index, factory, params)
+        self._keep_alive = built
+        self.seen: list[np.ndarray] = []
+
+    def search(
+        self, queries: np.ndarray, k: int, filter: SearchFilter | None = None
+    ) -> tuple[np.ndarray, ...]:
+        self.seen.append(queries.copy())
+        return super().search(queries, k, filter)
+
+
+def test_zero_interests_are_skipped(catalogue: tuple, interests: np.ndarray) -> None:
+    ids, vectors, _ = catalogue
+    index = SpyIndex(ids, vectors)
+    masked = interests.copy()
+    masked[0, 1:] = 0  # user 0: only interest 0 is real (MIND's K'_u = 1)
+    masked[2] = 0  # user 2: no interest at all
+    result = search_interests(index, masked, 6)
+    # Zero vectors never reach the index: 4 users x 3 interests - 2 - 3 masked ones.
+    assert (
+        len(index.seen) == 1 and len(index.seen[0]) == 12 - 5 and np.all(np.any(index.seen[0] != 0, axis=1))
+    )
+    assert np.all(result.interests[0] == 0)
+    assert np.all(result.ids[2] == -1) and np.all(np.isneginf(result.scores[2]))
+    # A masked interest would have contributed items scoring 0 (or tied with negatives).
+    expected = oracle(ids, vectors, masked[:1, :1], 6, [()])
+    assert_matches(SearchResult(result.ids[:1], result.scores[:1], result.interests[:1]), expected)
+    assert_matches(
+        SearchResult(result.ids[[1, 3]], result.scores[[1, 3]], result.interests[[1, 3]]),
+        oracle(ids, vectors, interests[[1, 3]], 6, [()] * 2),
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_allow_list_and_category(catalogue: tuple, interests: np.ndarray, batch: int) -> None:
+    ids, vectors, index = catalogue
+    users = interests[:batch]
+    allow = set(ids[::2].tolist())  # every other item
+    categories = ItemCategories.from_attributes(
+        {
+            int(i): (["even"] if n % 2 == 0 else ["odd"]) + (["low"] if n < 10 else [])
+            for n, i in enumerate(ids)
+        }
+    )
+    history = [{int(ids[0]), int(ids[2]), int(ids[3])}] * batch
+    for kwargs, allowed in [
+        ({"allow": allow}, allow),
+        ({"category": "even", "categories": categories}, allow),
+        ({"allow": allow, "category": "low", "categories": categories}, set(ids[:10:2].tolist())),
+    ]:
+        result = search_interests(index, users, 7, history, **kwargs)
+        expected = oracle(ids, vectors, users, 7, [h | (set(ids.tolist()) - allowed) for h in history])
+        assert_matches(result, expected)
+        for row in result.ids:
+            assert set(row[row >= 0].tolist()) <= allowed - history[0]
+    with pytest.raises(ValueError, match="unknown category 'blue'"):
+        search_interests(index, users, 3, category="blue", categories=categories)
+    with pytest.raises(ValueError, match="without item categories"):
+        search_interests(index, users, 3, category="even")
+
+
+def test_categories_from_model_dir(tmp_path) -> None:
+    from retrieval.vocab import ItemVocab
+
+    (tmp_path / "item_attributes.json").write_text(
+        '{"a": ["Comedy"], "b": ["Comedy", "Drama"], "zz": ["Drama"]}'
+    )
+    categories = ItemCategories.from_model_dir(tmp_path, ItemVocab.from_ids(["a", "b", "c"]))
+    assert categories is not None
+    np.testing.assert_array_equal(categories.ids("Comedy"), [1, 2])
+    np.testing.assert_array_equal(categories.ids("Drama"), [2])  # "zz" is not in the vocabulary
+    assert ItemCategories.from_model_dir(tmp_path / "none", ItemVocab.from_ids(["a"])) is None
+
+
+def test_batch_with_approximate_index_still_fills_k() -> None:
+    # IVF with one probe over clustered items: the batched over-fetch alone comes back short for
+    # users whose history fills their probed list; they are searched again with the filter inside.
+    rng = np.random.default_rng(3)
+    centres = rng.normal(size=(4, DIM))
+    vectors = (centres[np.arange(400) % 4] + 0.05 * rng.normal(size=(400, DIM))).astype(np.float32)
+    ids = np.arange(1, 401, dtype=np.int64)
+    index = FaissIndex.build(ids, vectors, "IVF4,Flat", "nprobe=1")
+    users = centres[:3, None, :].astype(np.float32)  # [3, 1, d]
+    history = [set(ids[np.arange(400) % 4 == u].tolist()[:95]) for u in range(3)]  # 95 of 100 in the cluster
+    result = search_interests(index, users, 10, history)
+    for row, banned in zip(result.ids, history, strict=True):
+        assert (row >= 0).all() and not set(row.tolist()) & banned
+
+
+def test_search_interests_takes_any_vector_index(catalogue: tuple, interests: np.ndarray) -> None:
+    ids, vectors, _ = catalogue
+    assert_matches(
+        search_interests(SpyIndex(ids, vectors, "L2MIPS,Flat"), interests, 5, [()] * 4),
+        oracle(ids, vectors, interests, 5, [()] * 4),
+    )

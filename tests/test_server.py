@@ -32,7 +32,7 @@ from retrieval.errors import (
 )
 from retrieval.index_artifact import build_index_from_model, load_index, save_index
 from retrieval.model_artifact import ModelArtifact
-from retrieval.retriever import MAX_HISTORY, MAX_K, Retrieved, Retriever
+from retrieval.retriever import MAX_HISTORY, MAX_K, Query, Retrieved, Retriever
 from retrieval.server import SERVICE_NAME, create_server, serve_forever, status_for
 from retrieval.vocab import ItemVocab
 
@@ -200,7 +200,7 @@ def test_status_for_anything_else_is_internal_and_logged(caplog: pytest.LogCaptu
 
 
 class BrokenRetriever(Retriever):
-    def retrieve(self, history: Sequence[str], k: int) -> Retrieved:
+    def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
         raise RuntimeError("bug")
 
 

@@ -1,6 +1,8 @@
 """Ask a running retrieval server for the top-k items of a history.
 
 python tools/query.py --address 127.0.0.1:50051 --history 50 172 133 --k 10 --titles runs/ml100k-sa
+python tools/query.py --history 50 172 133 --merge diversity --lambda 0.5 --exclude 1 --json
+python tools/query.py --info    # the served model and index, as JSON
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
+from google.protobuf.json_format import MessageToJson
 
 from retrieval.artifacts import read_manifest
 from retrieval.client import RetrievalClient
+from retrieval.merge import MergeStrategy
 from retrieval.model_artifact import KIND as MODEL_KIND
 from retrieval.retriever import Retrieved
 from retrieval.vocab import ItemVocab
@@ -23,16 +27,33 @@ from retrieval.vocab import ItemVocab
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", default="127.0.0.1:50051", help="server host:port (default %(default)s)")
-    p.add_argument(
-        "--history", nargs="+", required=True, metavar="ID", help="external item ids, oldest first"
-    )
+    p.add_argument("--history", nargs="+", metavar="ID", help="external item ids, oldest first")
     p.add_argument("--k", type=int, default=10, help="items wanted (default %(default)s)")
+    p.add_argument(
+        "--merge",
+        choices=[m.value for m in MergeStrategy],
+        default=MergeStrategy.MAX_SCORE.value,
+        help="how the interests' lists are merged (default %(default)s)",
+    )
+    p.add_argument("--lambda", dest="diversity_lambda", type=float, default=0.0, help="diversity weight")
+    p.add_argument("--per-interest-k", type=int, default=0, help="candidates per interest (0 = k)")
+    p.add_argument("--exclude", nargs="+", default=[], metavar="ID", help="ids never to return")
+    p.add_argument("--allow", nargs="+", default=[], metavar="ID", help="the only ids that may be returned")
+    p.add_argument("--interests", action="store_true", help="also print the user's interest vectors")
+    p.add_argument("--user-id", default="", help="sent for the server's log only")
+    p.add_argument("--info", action="store_true", help="print the served model and index instead")
     p.add_argument(
         "--titles", type=Path, metavar="MODEL_DIR", help="model folder whose vocabulary has titles"
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timeout", type=float, default=5.0, help="call deadline in seconds")
-    return p.parse_args(argv)
+    p.add_argument("--tls-ca", type=Path, help="CA of the server's certificate (PEM): use TLS")
+    p.add_argument("--tls-cert", type=Path, help="client certificate (PEM), for mutual TLS")
+    p.add_argument("--tls-key", type=Path, help="client private key (PEM), for mutual TLS")
+    args = p.parse_args(argv)
+    if not args.info and not args.history:
+        p.error("--history is required (unless --info)")
+    return args
 
 
 def load_titles(model_dir: Path) -> dict[str, str]:
@@ -55,12 +76,33 @@ def format_table(result: Retrieved, titles: dict[str, str] | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     titles = load_titles(args.titles) if args.titles else None
-    with RetrievalClient(args.address, timeout=args.timeout) as client:
+    try:
+        client = RetrievalClient(
+            args.address, args.timeout, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with client:
         try:
-            result = client.retrieve(args.history, args.k)
+            if args.info:
+                print(MessageToJson(client.model_info(), always_print_fields_with_no_presence=True))
+                return 0
+            result = client.retrieve(
+                args.history,
+                args.k,
+                merge=args.merge,
+                diversity_lambda=args.diversity_lambda,
+                per_interest_k=args.per_interest_k,
+                exclude=args.exclude,
+                allow=args.allow,
+                return_interests=args.interests,
+                user_id=args.user_id,
+            )
         except grpc.RpcError as e:
             print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
             return 1
+    interests = None if result.interests is None else result.interests.tolist()
     if args.json:
         items = [
             {"item_id": item, "score": score, "interest": interest}
@@ -70,10 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             json.dumps(
                 {"model_version": result.model_version, "unknown_items": result.unknown_items, "items": items}
+                | ({"interests": interests} if interests is not None else {})
             )
         )
     else:
         print(format_table(result, titles))
+        for i, vector in enumerate(interests or []):
+            print(f"interest {i}: " + " ".join(f"{v:.4f}" for v in vector))
     return 0
 
 

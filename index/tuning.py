@@ -1,0 +1,315 @@
+"""Auto-tuning: the cheapest index and search parameters that reach a recall target.
+
+Recall@k is measured against exact search (the oracle) on the query vectors given, which
+should be real user-interest vectors: item vectors as queries find themselves first and flatter
+every approximate index. Cost is the p99 latency of one request, i.e. one search of
+``batch_size`` vectors (a user's K interests searched as one batch).
+
+Recall grows with the search effort (``nprobe``, ``efSearch``), so each candidate index sweeps
+its effort upwards and stops at the first setting that reaches the target; the candidate whose
+stopping point has the lowest p99 wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import faiss
+import numpy as np
+
+from index.base import check_matrix
+from index.faiss_index import FaissIndex, recall_of
+
+log = logging.getLogger(__name__)
+
+HNSW_MAX_AUTO_ITEMS = 300_000
+"""``--factory auto`` leaves HNSW out above this size: building HNSW32 over 1M vectors takes
+100-200 s on two cores (MEASURED.md), over the build budget, and IVF reaches the same recall."""
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """One measured (index, search parameters) setting.
+
+    Attributes:
+        factory: FAISS factory string.
+        search_params: FAISS parameter string (``""`` for none).
+        recall: mean recall@k against exact search over the tuning queries.
+        p50_ms: median latency of one request (``batch_size`` query vectors).
+        p99_ms: 99th-percentile latency of one request.
+        build_seconds: time to train and fill the index.
+    """
+
+    factory: str
+    search_params: str
+    recall: float
+    p50_ms: float
+    p99_ms: float
+    build_seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in ("recall",):
+            out[key] = round(out[key], 5)
+        for key in ("p50_ms", "p99_ms", "build_seconds"):
+            out[key] = round(out[key], 4)
+        return out
+
+
+@dataclass(frozen=True)
+class TuningResult:
+    """What :func:`tune` chose, and everything it measured on the way.
+
+    Attributes:
+        index: the chosen index, built and configured with the chosen search parameters.
+        chosen: its measured operating point.
+        reached: whether ``chosen.recall >= target_recall``.
+        target_recall: the target.
+        k: the recall cut-off.
+        tried: every point measured, in order.
+        num_queries: query vectors recall was measured on.
+        batch_size: query vectors per timed request.
+        threads: FAISS threads during the latency measurement.
+    """
+
+    index: FaissIndex
+    chosen: OperatingPoint
+    reached: bool
+    target_recall: float
+    k: int
+    tried: tuple[OperatingPoint, ...]
+    num_queries: int
+    batch_size: int
+    threads: int
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready record for an index manifest."""
+        return {
+            "target_recall": self.target_recall,
+            "reached": self.reached,
+            "k": self.k,
+            "num_queries": self.num_queries,
+            "batch_size": self.batch_size,
+            "threads": self.threads,
+            "chosen": self.chosen.to_json(),
+            "tried": [p.to_json() for p in self.tried],
+        }
+
+
+def nlist_choices(n: int) -> list[int]:
+    """Coarse-cluster counts worth trying for ``n`` vectors: powers of two near ``sqrt(n)`` and
+    ``4 sqrt(n)``, keeping at least 39 training points per cluster."""
+    if n < 39 * 16:
+        return []
+    out = []
+    for factor in (1, 4):
+        nlist = 2 ** round(math.log2(factor * math.sqrt(n)))
+        nlist = min(nlist, 2 ** int(math.log2(n // 39)))
+        if nlist >= 16 and nlist not in out:
+            out.append(nlist)
+    return out
+
+
+def candidate_factories(n: int, d: int) -> list[str]:
+    """The index types ``factory="auto"`` compares for ``n`` vectors of dimension ``d``.
+
+    Flat is always there (exact, so it always reaches the target); IVF-Flat with the
+    MIPS-to-L2 reduction (``L2MIPS,``, see :mod:`index.faiss_index`) at the nlist choices and,
+    for comparison, plain inner-product IVF-Flat at the larger one; IVF-PQ with ``d/2``
+    one-byte sub-quantizers (a quarter of Flat's memory, usually short of 0.99 recall at
+    k = 50; ``np``: no polysemous training, which takes minutes); HNSW32 up to
+    :data:`HNSW_MAX_AUTO_ITEMS` items.
+    """
+    out = ["Flat"]
+    nlists = nlist_choices(n)
+    out += [f"L2MIPS,IVF{nlist},Flat" for nlist in nlists]
+    if nlists:
+        out.append(f"IVF{nlists[-1]},Flat")
+    if n <= HNSW_MAX_AUTO_ITEMS:
+        out.append("HNSW32")
+    if nlists and d % 2 == 0 and n >= 256 * 39:
+        out.append(f"IVF{nlists[-1]},PQ{d // 2}np")
+    return out
+
+
+def search_param_grid(index: FaissIndex, k: int) -> list[str]:
+    """Search settings from cheapest to most thorough for ``index`` (``[""]`` when it has none)."""
+    ivf = faiss.try_extract_index_ivf(index.faiss_index.index)
+    if ivf is not None:
+        top = int(ivf.nlist)
+        return [f"nprobe={p}" for p in _powers_of_two(1, top)] + (
+            [f"nprobe={top}"] if top & (top - 1) else []
+        )
+    inner = faiss.downcast_index(index.faiss_index.index)
+    if isinstance(inner, faiss.IndexHNSW):
+        return [f"efSearch={e}" for e in _powers_of_two(max(16, 2 ** math.ceil(math.log2(k))), 4096)]
+    return [index.search_params]
+
+
+def _powers_of_two(low: int, high: int) -> list[int]:
+    return [2**e for e in range(int(math.log2(low)), int(math.log2(high)) + 1)]
+
+
+def exact_neighbours(ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+    """Ground truth: int64 ``[n, k]`` ids of the top-``k`` inner products (brute force)."""
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    flat.add(vectors)
+    _, rows = flat.search(queries, min(k, len(vectors)))
+    out = np.full((len(queries), k), -1, np.int64)
+    out[:, : rows.shape[1]] = np.where(rows >= 0, ids[rows], -1)
+    return out
+
+
+def measure_latency(
+    index: FaissIndex,
+    queries: np.ndarray,
+    k: int,
+    batch_size: int = 4,
+    max_requests: int = 400,
+    rounds: int = 3,
+    threads: int | None = None,
+) -> tuple[float, float]:
+    """(p50, p99) milliseconds of one ``index.search`` of ``batch_size`` query vectors.
+
+    The requests are timed ``rounds`` times and the median of each percentile is kept, so one
+    burst of load from another process on a small machine does not decide a tuning choice.
+    ``threads``: FAISS threads while timing (restored afterwards); ``None`` leaves them as set.
+    """
+    before = faiss.omp_get_max_threads()
+    if threads is not None:
+        faiss.omp_set_num_threads(threads)
+    try:
+        return _measure_latency(index, queries, k, batch_size, max_requests, rounds)
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def _measure_latency(
+    index: FaissIndex, queries: np.ndarray, k: int, batch_size: int, max_requests: int, rounds: int
+) -> tuple[float, float]:
+    requests = max(1, min(max_requests, len(queries) // batch_size))
+    for r in range(min(20, requests)):  # warm-up: caches, OpenMP threads
+        index.search(queries[r * batch_size : (r + 1) * batch_size], k)
+    p50s, p99s = [], []
+    for _ in range(rounds):
+        times = np.empty(requests)
+        for r in range(requests):
+            batch = queries[r * batch_size : (r + 1) * batch_size]
+            start = time.perf_counter()
+            index.search(batch, k)
+            times[r] = time.perf_counter() - start
+        p50s.append(np.percentile(times, 50) * 1e3)
+        p99s.append(np.percentile(times, 99) * 1e3)
+    return float(np.median(p50s)), float(np.median(p99s))
+
+
+def tune(
+    ids: np.ndarray,
+    vectors: np.ndarray,
+    queries: np.ndarray,
+    k: int = 50,
+    target_recall: float = 0.99,
+    factories: Sequence[str] | str = "auto",
+    *,
+    batch_size: int = 4,
+    train_size: int | None = None,
+    seed: int = 0,
+    max_latency_requests: int = 400,
+    latency_threads: int | None = 1,
+) -> TuningResult:
+    """Builds the candidate indexes and returns the cheapest one reaching ``target_recall``.
+
+    Args:
+        ids: unique int ids ``[n]``.
+        vectors: float32 ``[n, d]`` item vectors.
+        queries: float32 ``[q, d]`` query vectors (real user interests; zero rows are dropped).
+            Consecutive groups of ``batch_size`` rows form one timed request.
+        k: recall cut-off.
+        target_recall: recall@k to reach, in ``(0, 1]``.
+        factories: ``"auto"`` (see :func:`candidate_factories`), one factory string, or a list.
+        batch_size: query vectors per request (K interests).
+        train_size: training-sample size for IVF/PQ (default: FaissIndex's).
+        seed: training-sample seed.
+        max_latency_requests: requests timed per operating point.
+        latency_threads: FAISS threads while timing (``None``: as configured). One by default:
+            a request is only K vectors, and OpenMP threads waiting on a busy machine turn a
+            0.3 ms search into 15 ms, which would decide the choice by noise.
+
+    Returns:
+        The chosen index and the measurements. When no candidate reaches the target the
+        best-recall point is returned with ``reached=False`` (``"auto"`` always includes Flat,
+        which reaches any target).
+
+    Example:
+        >>> result = tune(ids, item_vectors, user_interests.reshape(-1, d), k=50, target_recall=0.99)
+        >>> result.chosen.factory, result.chosen.search_params  # ('IVF1024,Flat', 'nprobe=16')
+    """
+    vectors = check_matrix(vectors, "vectors")
+    queries = check_matrix(queries, "queries", vectors.shape[1])
+    if not 0 < target_recall <= 1:
+        raise ValueError(f"target_recall must be in (0, 1], got {target_recall}")
+    queries = queries[np.any(queries != 0, axis=1)]
+    if not len(queries):
+        raise ValueError("no non-zero query vectors to tune on")
+    ids = np.asarray(ids, np.int64)
+    if isinstance(factories, str):
+        factories = (
+            candidate_factories(len(vectors), vectors.shape[1]) if factories == "auto" else [factories]
+        )
+    truth = exact_neighbours(ids, vectors, queries, k)
+    threads = faiss.omp_get_max_threads() if latency_threads is None else latency_threads
+
+    tried: list[OperatingPoint] = []
+    best: tuple[OperatingPoint, FaissIndex] | None = None
+    fallback: tuple[OperatingPoint, FaissIndex] | None = None
+    for factory in factories:
+        start = time.perf_counter()
+        try:
+            index = FaissIndex.build(ids, vectors, factory, train_size=train_size, seed=seed)
+        except ValueError as e:
+            log.warning("skipping %s: %s", factory, e)
+            continue
+        build_seconds = time.perf_counter() - start
+        for params in search_param_grid(index, k):
+            index.set_search_params(params)
+            _, found = index.search(queries, k)
+            recall = recall_of(found, truth)
+            p50, p99 = measure_latency(index, queries, k, batch_size, max_latency_requests, threads=threads)
+            point = OperatingPoint(factory, params, recall, p50, p99, build_seconds)
+            tried.append(point)
+            log.info(
+                "%-16s %-14s recall@%d %.4f  p50 %.3f ms  p99 %.3f ms", factory, params, k, recall, p50, p99
+            )
+            if recall >= target_recall:
+                if best is None or (p99, build_seconds) < (best[0].p99_ms, best[0].build_seconds):
+                    best = (point, index)
+                break
+            if best is None and (fallback is None or recall > fallback[0].recall):
+                fallback = (point, index)
+            if best is not None and p50 > best[0].p99_ms:
+                break  # already dearer than the best point that reaches the target
+        # Leave the index at its cheapest setting reaching the target (or its best recall).
+        for kept in (best, fallback):  # the best point first: it may share the index
+            if kept is not None and kept[1] is index:
+                index.set_search_params(kept[0].search_params)
+                break
+    chosen = best or fallback
+    if chosen is None:
+        raise ValueError(f"no index could be built from {list(factories)}")
+    point, index = chosen
+    return TuningResult(
+        index=index,
+        chosen=point,
+        reached=best is not None,
+        target_recall=target_recall,
+        k=k,
+        tried=tuple(tried),
+        num_queries=len(queries),
+        batch_size=batch_size,
+        threads=threads,
+    )

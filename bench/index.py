@@ -216,6 +216,7 @@ def measure_tuned(
     result = tune(
         ids, items, vectors, args.k, TARGET_RECALL, "auto",
         batch_size=requests.shape[1], max_latency_requests=args.tune_latency_requests,
+        max_build_seconds=TARGET_BUILD_S,
     )  # fmt: skip
     chosen = result.chosen
     p50_1, p99_1 = latency(result.index, requests, args.k, 1, args.latency_requests)

@@ -75,6 +75,7 @@ class TuningResult:
         num_queries: query vectors recall was measured on.
         batch_size: query vectors per timed request.
         threads: FAISS threads during the latency measurement.
+        max_build_seconds: the build budget the choice respected (``None``: none).
     """
 
     index: FaissIndex
@@ -86,6 +87,7 @@ class TuningResult:
     num_queries: int
     batch_size: int
     threads: int
+    max_build_seconds: float | None = None
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready record for an index manifest."""
@@ -96,6 +98,7 @@ class TuningResult:
             "num_queries": self.num_queries,
             "batch_size": self.batch_size,
             "threads": self.threads,
+            "max_build_seconds": self.max_build_seconds,
             "chosen": self.chosen.to_json(),
             "tried": [p.to_json() for p in self.tried],
         }
@@ -208,6 +211,12 @@ def _measure_latency(
     return float(np.median(p50s)), float(np.median(p99s))
 
 
+def _cost(point: OperatingPoint, max_build_seconds: float | None) -> tuple[bool, float, float]:
+    """Sort key among points reaching the target: within the build budget first, then p99."""
+    over = max_build_seconds is not None and point.build_seconds > max_build_seconds
+    return over, point.p99_ms, point.build_seconds
+
+
 def tune(
     ids: np.ndarray,
     vectors: np.ndarray,
@@ -221,6 +230,7 @@ def tune(
     seed: int = 0,
     max_latency_requests: int = 400,
     latency_threads: int | None = 1,
+    max_build_seconds: float | None = None,
 ) -> TuningResult:
     """Builds the candidate indexes and returns the cheapest one reaching ``target_recall``.
 
@@ -236,6 +246,8 @@ def tune(
         train_size: training-sample size for IVF/PQ (default: FaissIndex's).
         seed: training-sample seed.
         max_latency_requests: requests timed per operating point.
+        max_build_seconds: prefer indexes built within this time: a slower one is chosen only
+            when no faster-built index reaches the target.
         latency_threads: FAISS threads while timing (``None``: as configured). One by default:
             a request is only K vectors, and OpenMP threads waiting on a busy machine turn a
             0.3 ms search into 15 ms, which would decide the choice by noise.
@@ -286,7 +298,7 @@ def tune(
                 "%-16s %-14s recall@%d %.4f  p50 %.3f ms  p99 %.3f ms", factory, params, k, recall, p50, p99
             )
             if recall >= target_recall:
-                if best is None or (p99, build_seconds) < (best[0].p99_ms, best[0].build_seconds):
+                if best is None or _cost(point, max_build_seconds) < _cost(best[0], max_build_seconds):
                     best = (point, index)
                 break
             if best is None and (fallback is None or recall > fallback[0].recall):
@@ -312,4 +324,5 @@ def tune(
         num_queries=len(queries),
         batch_size=batch_size,
         threads=threads,
+        max_build_seconds=max_build_seconds,
     )

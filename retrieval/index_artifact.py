@@ -114,6 +114,7 @@ def tune_index_for_model(
     *,
     train_size: int | None = None,
     seed: int = 0,
+    max_build_seconds: float | None = None,
 ) -> TuningResult:
     """:func:`index.tune` over the model's items.
 
@@ -125,8 +126,9 @@ def tune_index_for_model(
     batch = queries.shape[1] if queries.ndim == 3 else 4
     flat = queries.reshape(-1, queries.shape[-1])
     return tune(
-        ids, vectors, flat, k, target_recall, factory, batch_size=batch, train_size=train_size, seed=seed
-    )
+        ids, vectors, flat, k, target_recall, factory,
+        batch_size=batch, train_size=train_size, seed=seed, max_build_seconds=max_build_seconds,
+    )  # fmt: skip
 
 
 def measure_index(

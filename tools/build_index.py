@@ -68,6 +68,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--format", help="data format (movielens, s3rec, table); detected from --data by default")
     p.add_argument("--num-users", type=int, default=1000, help="users sampled from --data as queries")
     p.add_argument("--train-size", type=int, help="vectors sampled to train IVF/PQ (default: automatic)")
+    p.add_argument(
+        "--max-build-seconds", type=float, help="tuning prefers indexes built within this time (e.g. 60)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--publish", action="store_true", help="write a new version under --out and swap to it")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -124,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.factory,
                 train_size=args.train_size,
                 seed=args.seed,
+                max_build_seconds=args.max_build_seconds,
             )
             if not result.reached:
                 log.warning(

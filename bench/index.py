@@ -307,7 +307,7 @@ def table(results: dict[str, Any]) -> str:
     t = results["auto_tuned"]
     if t:
         lines.append(
-            f"| **auto-tuned** `{t['factory']}` | {t['search_params'] or '-'} | {t['build_seconds']} | "
+            f"| **auto-tuned** `{t['factory']}` | {t['search_params'] or '-'} | {t['build_seconds']:.1f} | "
             f"| {t['recall']:.4f} | {t['p50_1t_ms']} / {t['p99_1t_ms']} "
             f"| {t['p50_2t_ms']} / {t['p99_2t_ms']} | |"
         )

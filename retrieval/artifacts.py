@@ -14,13 +14,16 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+CURRENT = "current"
+VERSIONS = "versions"
 
 
 class ArtifactError(RuntimeError):
@@ -126,3 +129,54 @@ def read_manifest(path: Path, kind: str, verify: bool = True) -> dict[str, Any]:
         if verify and sha256_file(file) != expected:
             raise ArtifactError(f"{path / name} is corrupted: checksum does not match the manifest")
     return manifest
+
+
+def publish(root: Path, write: Callable[[Path], object], keep: int = 3) -> Path:
+    """Writes a new version under ``root`` and atomically makes it the current one.
+
+    ``write(folder)`` creates the version's folder (it does not exist yet). Only once it has
+    returned is the ``root/current`` symlink replaced, by a single ``rename``, so a reader
+    resolving ``root`` (:func:`resolve_current`) gets the old or the new version, never a
+    half-written one; a crash inside ``write`` leaves a folder nothing points to, pruned later.
+    The ``keep`` newest versions stay on disk (a reader still loading the previous one is not
+    pulled from under)::
+
+        ROOT/current -> versions/20261130T221500.123456789Z-4242
+        ROOT/versions/<one folder per version>
+
+    Returns:
+        The new version folder.
+
+    Raises:
+        ArtifactError: ``root`` is itself an artifact folder.
+        ValueError: ``keep`` below 1.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = Path(root)
+    if (root / MANIFEST).exists():
+        raise ArtifactError(f"{root} is a plain artifact folder: publish into a new root folder")
+    versions = root / VERSIONS
+    versions.mkdir(parents=True, exist_ok=True)
+    name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z-{os.getpid()}"
+    folder = versions / name
+    write(folder)
+    _fsync_tree(folder)
+    link = root / f".{CURRENT}.tmp-{os.getpid()}"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    os.symlink(Path(VERSIONS) / name, link)
+    os.replace(link, root / CURRENT)  # atomic: readers follow either the old or the new link
+    for old in sorted(p for p in versions.iterdir() if p.is_dir() and not p.name.startswith("."))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def resolve_current(path: Path) -> Path:
+    """The folder ``path`` names: itself, or the version ``path/current`` points to (resolved
+    once, so every file is then read from that one version)."""
+    path = Path(path)
+    current = path / CURRENT
+    if not (path / MANIFEST).exists() and (current.is_symlink() or current.is_dir()):
+        return current.resolve()
+    return path

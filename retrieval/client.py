@@ -95,53 +95,19 @@ class RetrievalClient:
         :meth:`retrieval.retriever.Retriever.retrieve`; ``merge`` may also be a name
         (``"max_score"``, ``"round_robin"``, ``"diversity"``).
         """
-        query = self.query(
-            history, k, timestamps, actions, merge=merge, diversity_lambda=diversity_lambda,
-            per_interest_k=per_interest_k, exclude=exclude, allow=allow,
-            return_interests=return_interests, user_id=user_id,
+        query = Query(
+            history, k, timestamps, actions, merge, diversity_lambda,  # type: ignore[arg-type]
+            per_interest_k, exclude, allow, return_interests, user_id,
         )  # fmt: skip
         response = self._stub.Retrieve(request_from_query(query), timeout=self.timeout)
         return result_from_response(response)
 
-    @staticmethod
-    def query(
-        history: Sequence[str],
-        k: int = 10,
-        timestamps: Sequence[int] | None = None,
-        actions: Sequence[str] | None = None,
-        *,
-        merge: MergeStrategy | str = MergeStrategy.MAX_SCORE,
-        diversity_lambda: float = 0.0,
-        per_interest_k: int = 0,
-        exclude: Sequence[str] = (),
-        allow: Sequence[str] = (),
-        return_interests: bool = False,
-        user_id: str = "",
-    ) -> Query:
-        """A :class:`Query` for :meth:`batch_retrieve`, with the arguments of :meth:`retrieve`.
-
-        Raises:
-            ValueError: side information not aligned with the history, an unknown merge name.
-        """
-        for name, values in (("timestamps", timestamps), ("actions", actions)):
-            if values is not None and len(values) != len(history):
-                raise ValueError(f"{len(values)} {name} for a history of {len(history)} events")
-        return Query(
-            history=list(history),
-            k=k,
-            timestamps=timestamps,
-            actions=actions,
-            merge=MergeStrategy(merge) if isinstance(merge, str) else merge,
-            diversity_lambda=diversity_lambda,
-            per_interest_k=per_interest_k,
-            exclude=list(exclude),
-            allow=list(allow),
-            return_interests=return_interests,
-            user_id=user_id,
-        )
-
     def batch_retrieve(self, queries: Sequence[Query]) -> list[Retrieved]:
-        """Answers several users in one call (see :meth:`query`); one answer per query, in order."""
+        """Answers several users in one call; one answer per query, in order.
+
+        Example:
+            >>> client.batch_retrieve([Query(["B0001"], k=10), Query(["B0042"], k=5, merge="round_robin")])
+        """
         request = retrieval_pb2.BatchRetrieveRequest(requests=[request_from_query(q) for q in queries])
         response = self._stub.BatchRetrieve(request, timeout=self.timeout)
         return [result_from_response(r) for r in response.responses]

@@ -8,18 +8,13 @@ Folder layout (``tools/build_index.py --out DIR``)::
     DIR/milvus.json     (backend "milvus" instead) uri and collection of a Milvus collection
 
 Re-indexing without downtime (``tools/build_index.py --publish``) keeps versions side by side
-and swaps a symlink, so a reader resolves either the old or the new version, never a half::
-
-    ROOT/current -> versions/20261130T221500.123456Z-4242
-    ROOT/versions/<one complete artifact folder per version>
+and swaps a symlink (:func:`retrieval.artifacts.publish`), so a reader resolves either the old
+or the new version, never a half.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +23,7 @@ import numpy as np
 
 from index import FaissIndex, VectorIndex, exact_neighbours, recall_of, tune
 from index.tuning import TuningResult, measure_latency
-from retrieval.artifacts import ArtifactError, read_manifest, write_artifact
+from retrieval.artifacts import ArtifactError, publish, read_manifest, resolve_current, write_artifact
 from retrieval.model_artifact import ModelArtifact
 
 log = logging.getLogger(__name__)
@@ -36,8 +31,6 @@ log = logging.getLogger(__name__)
 KIND = "index"
 INDEX_FILE = "index.faiss"
 MILVUS_FILE = "milvus.json"
-CURRENT = "current"
-VERSIONS = "versions"
 
 
 def item_vectors(model: ModelArtifact) -> tuple[np.ndarray, np.ndarray]:
@@ -201,42 +194,15 @@ def publish_index(
     tuning: dict[str, Any] | None = None,
     keep: int = 3,
 ) -> Path:
-    """Writes ``index`` as a new version under ``root`` and atomically makes it the current one.
-
-    The version folder is complete (written through a temporary folder) before the
-    ``root/current`` symlink is replaced by a single ``rename``, so a reader loading ``root``
-    (:func:`load_index`) gets the old or the new version, never a mix. The ``keep`` newest
-    versions stay on disk (a reader still loading the previous one is not pulled from under).
+    """Writes ``index`` as a new version under ``root`` and atomically makes it the current one
+    (:func:`retrieval.artifacts.publish`); :func:`load_index` on ``root`` loads the current one.
 
     Returns:
         The new version folder.
     """
-    root = Path(root)
-    if (root / "manifest.json").exists():
-        raise ArtifactError(f"{root} is a plain index folder: publish into a new root folder")
-    versions = root / VERSIONS
-    versions.mkdir(parents=True, exist_ok=True)
-    name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z-{os.getpid()}"
-    folder = versions / name
-    save_index(index, folder, model, measured=measured, tuning=tuning)
-    link = root / f".{CURRENT}.tmp-{os.getpid()}"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    os.symlink(Path(VERSIONS) / name, link)
-    os.replace(link, root / CURRENT)  # atomic: readers follow either the old or the new link
-    for old in sorted(p for p in versions.iterdir() if p.is_dir() and not p.name.startswith("."))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return folder
-
-
-def resolve_index_dir(path: Path) -> Path:
-    """The artifact folder ``path`` names: itself, or the version ``path/current`` points to
-    (resolved once, so every file is then read from that one version)."""
-    path = Path(path)
-    current = path / CURRENT
-    if not (path / "manifest.json").exists() and (current.is_symlink() or current.is_dir()):
-        return current.resolve()
-    return path
+    return publish(
+        root, lambda folder: save_index(index, folder, model, measured=measured, tuning=tuning), keep
+    )
 
 
 def load_index(path: Path, expected_model_version: str | None = None) -> tuple[VectorIndex, dict[str, Any]]:
@@ -249,7 +215,7 @@ def load_index(path: Path, expected_model_version: str | None = None) -> tuple[V
         ArtifactError: missing, incomplete or corrupted folder, an index that disagrees with its
             manifest, or an index built from another model than ``expected_model_version``.
     """
-    path = resolve_index_dir(Path(path))
+    path = resolve_current(Path(path))
     manifest = read_manifest(path, KIND, verify=False)
     file = path / manifest.get("index_file", INDEX_FILE)
     expected_bytes = manifest.get("index_bytes")

@@ -48,7 +48,13 @@ MAX_USER_ID = 256
 
 @dataclass(frozen=True)
 class Query:
-    """One user's request; see :meth:`Retriever.retrieve` for the meaning of each field."""
+    """One user's request; see :meth:`Retriever.retrieve` for the meaning of each field.
+
+    ``merge`` may be given by name (``"round_robin"``); it is stored as a :class:`MergeStrategy`.
+
+    Raises:
+        ValueError: an unknown merge name.
+    """
 
     history: Sequence[str]
     k: int
@@ -61,6 +67,13 @@ class Query:
     allow: Sequence[str] = ()
     return_interests: bool = False
     user_id: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.merge, str):
+            names = [m.value for m in MergeStrategy]
+            if self.merge not in names:
+                raise ValueError(f"unknown merge strategy {self.merge!r}; choose from {names}")
+            object.__setattr__(self, "merge", MergeStrategy(self.merge))
 
 
 @dataclass(frozen=True)

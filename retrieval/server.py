@@ -1,9 +1,11 @@
 """gRPC server for ``retrieval.v1.RetrievalService``: message conversion around a :class:`Retriever`.
 
 Besides the service it exposes the standard health service (SERVING only once the retriever
-is in place) and server reflection, so ``grpcurl`` and load balancers work without the
-``.proto``. Operations: deadlines, a bound on concurrent calls, message size limits, TLS or
-mutual TLS, and Prometheus metrics on a separate HTTP port.
+is in place, NOT_SERVING from the moment the server starts stopping) and server reflection,
+so ``grpcurl`` and load balancers work without the ``.proto``. Operations: dynamic
+micro-batching of concurrent ``Retrieve`` calls (:mod:`retrieval.batching`), hot swaps of the
+retriever (:mod:`retrieval.reload`), deadlines, a bound on concurrent calls, message size
+limits, TLS or mutual TLS, and Prometheus metrics on a separate HTTP port.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
+import faiss
 import grpc
 import numpy as np
 from google.protobuf import timestamp_pb2
@@ -27,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from proto import retrieval_pb2, retrieval_pb2_grpc
+from retrieval.batching import MicroBatcher
 from retrieval.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -36,7 +40,8 @@ from retrieval.errors import (
     Unavailable,
 )
 from retrieval.merge import MergeStrategy
-from retrieval.retriever import ModelInfo, Query, Retrieved, Retriever
+from retrieval.reload import RetrieverSlot
+from retrieval.retriever import MAX_BATCH, ModelInfo, Query, Retrieved, Retriever
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -108,7 +113,14 @@ def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
 
 def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
     """The inverse of :func:`query_from_request`: with timestamps or actions, the history goes
-    as events (a missing timestamp is 0, a missing action "")."""
+    as events (a missing timestamp is 0, a missing action "").
+
+    Raises:
+        ValueError: timestamps or actions not one per history event.
+    """
+    for name, values in (("timestamps", query.timestamps), ("actions", query.actions)):
+        if values is not None and len(values) != len(query.history):
+            raise ValueError(f"{len(values)} {name} for a history of {len(query.history)} events")
     request = retrieval_pb2.RetrieveRequest(
         k=query.k,
         merge=_MERGE_TO_PROTO[query.merge],
@@ -214,8 +226,10 @@ class Metrics:
     """Prometheus metrics of one server, in their own registry, served over HTTP by :meth:`serve`.
 
     ``retrieval_requests_total`` and ``retrieval_request_seconds`` by ``method`` and ``code``
-    (the gRPC status name), ``retrieval_batch_size`` (requests per call),
-    ``retrieval_index_search_seconds`` and ``retrieval_model_info{model_version}`` = 1.
+    (the gRPC status name), ``retrieval_batch_size`` (queries per user-tower call: a
+    micro-batch of ``Retrieve`` calls, or one ``BatchRetrieve``),
+    ``retrieval_index_search_seconds`` and ``retrieval_model_info{model_version}`` = 1 for the
+    version in service.
     """
 
     def __init__(self) -> None:
@@ -232,7 +246,7 @@ class Metrics:
         )
         self.batch_size = Histogram(
             "retrieval_batch_size",
-            "Requests per call (1 for Retrieve)",
+            "Queries per user-tower call",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             registry=self.registry,
         )
@@ -256,6 +270,12 @@ class Metrics:
         self._http, _ = start_http_server(port, host, registry=self.registry)
         return int(self._http.server_port)
 
+    def swapped(self, old: Retriever, new: Retriever) -> None:
+        """Moves ``retrieval_model_info`` to the new version (a :class:`RetrieverSlot` hook)."""
+        if old.model_version != new.model_version:
+            self.model.remove(old.model_version)
+        self.model.labels(new.model_version).set(1)
+
     def close(self) -> None:
         """Stops the HTTP server, if any."""
         if self._http is not None:
@@ -270,25 +290,35 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     Around every call: a request whose deadline has already passed is not computed
     (DEADLINE_EXCEEDED); at most ``max_concurrent`` calls compute at once, the others are refused
     at once with RESOURCE_EXHAUSTED (clients retry with backoff) rather than queued behind them;
-    and the call is counted and timed in ``metrics``.
+    and the call is counted and timed in ``metrics``. With a ``batcher``, ``Retrieve`` calls are
+    answered in micro-batches; the retriever is read from ``slot`` on every call, so a hot swap
+    takes effect at once.
     """
 
     def __init__(
-        self, retriever: Retriever, max_concurrent: int | None = None, metrics: Metrics | None = None
+        self,
+        slot: Retriever | RetrieverSlot,
+        max_concurrent: int | None = None,
+        metrics: Metrics | None = None,
+        batcher: MicroBatcher | None = None,
     ) -> None:
-        self._retriever = retriever
+        self._slot = slot if isinstance(slot, RetrieverSlot) else RetrieverSlot(slot)
         self._slots = None if max_concurrent is None else threading.BoundedSemaphore(max_concurrent)
         self._max_concurrent = max_concurrent
         self._metrics = metrics
+        self._batcher = batcher
 
     def Retrieve(
         self, request: retrieval_pb2.RetrieveRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.RetrieveResponse:
         def work() -> retrieval_pb2.RetrieveResponse:
-            (result,) = self._retriever.retrieve_many([query_from_request(request)])
+            query = query_from_request(request)
+            if self._batcher is not None:
+                return response_from_result(self._batcher.submit(query, context.time_remaining()))
+            (result,) = self._slot.current.retrieve_many([query])
             return response_from_result(result)
 
-        return self._call("Retrieve", context, work, batch_size=1)
+        return self._call("Retrieve", context, work, batch_size=None if self._batcher else 1)
 
     def BatchRetrieve(
         self, request: retrieval_pb2.BatchRetrieveRequest, context: grpc.ServicerContext
@@ -300,7 +330,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                     queries.append(query_from_request(one))
                 except InvalidArgument as e:
                     raise InvalidArgument(f"requests[{i}]: {e}") from None
-            results = self._retriever.retrieve_many(queries)
+            results = self._slot.current.retrieve_many(queries)
             return retrieval_pb2.BatchRetrieveResponse(responses=[response_from_result(r) for r in results])
 
         return self._call("BatchRetrieve", context, work, batch_size=len(request.requests))
@@ -308,7 +338,9 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     def GetModelInfo(
         self, request: retrieval_pb2.GetModelInfoRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.ModelInfo:
-        return self._call("GetModelInfo", context, lambda: model_info_message(self._retriever.model_info()))
+        return self._call(
+            "GetModelInfo", context, lambda: model_info_message(self._slot.current.model_info())
+        )
 
     def _call(
         self, method: str, context: grpc.ServicerContext, work: Callable[[], T], batch_size: int | None = None
@@ -347,40 +379,104 @@ DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 each) exceeds gRPC's default of 4 MiB."""
 
 
+class RetrievalServer:
+    """A started server and what it owns: stop it with :meth:`stop`.
+
+    Attributes:
+        port: the bound port.
+        slot: the retriever in service; :meth:`RetrieverSlot.swap` (or a
+            :class:`~retrieval.reload.DeploymentWatcher` on it) replaces it while serving.
+    """
+
+    def __init__(
+        self,
+        server: grpc.Server,
+        port: int,
+        slot: RetrieverSlot,
+        health_servicer: health.HealthServicer,
+        batcher: MicroBatcher | None,
+    ) -> None:
+        self._server = server
+        self.port = port
+        self.slot = slot
+        self._health = health_servicer
+        self._batcher = batcher
+
+    def set_serving(self, serving: bool) -> None:
+        """Sets the health status of the server and of the retrieval service."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", SERVICE_NAME):  # "" is the whole server, which most probes ask for
+            self._health.set(service, status)
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Reports NOT_SERVING, refuses new calls and gives in-flight ones ``grace`` seconds
+        (``None``: cancels them at once).
+
+        Returns:
+            An event set once every call has finished (the micro-batcher stops then).
+        """
+        self.set_serving(False)
+        stopped = self._server.stop(grace)
+        if self._batcher is not None:
+            batcher = self._batcher
+
+            def close_batcher() -> None:
+                stopped.wait()
+                batcher.close()
+
+            threading.Thread(target=close_batcher, name="batcher-close", daemon=True).start()
+        return stopped
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        """Blocks until the server stopped (or ``timeout`` seconds); ``True`` on timeout."""
+        return bool(self._server.wait_for_termination(timeout))
+
+
 def create_server(
-    retriever: Retriever,
+    retriever: Retriever | RetrieverSlot,
     host: str = "127.0.0.1",
     port: int = 0,
-    max_workers: int = 4,
+    max_workers: int = 64,
     *,
+    max_batch: int = 32,
+    max_wait: float = 0.0,
     max_concurrent: int | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     tls: TlsFiles | None = None,
     metrics: Metrics | None = None,
-) -> tuple[grpc.Server, int]:
+) -> tuple[RetrievalServer, int]:
     """Starts a server for ``retriever`` with health checking and reflection.
 
     Args:
-        retriever: answers the requests.
+        retriever: answers the requests; a :class:`RetrieverSlot` to swap it while serving.
         host: interface to bind (``"0.0.0.0"`` or ``"[::]"`` for all).
         port: port to bind; 0 picks a free one.
-        max_workers: request threads. The user tower and FAISS release the GIL, so a few
-            threads overlap requests; more than the cores only queue.
-        max_concurrent: calls computing at once, beyond which calls get RESOURCE_EXHAUSTED;
-            ``None`` for ``max_workers`` (no call is refused, extra ones queue for a thread).
+        max_workers: request threads. With micro-batching most of them only wait for their
+            batch, so there should be about as many as requests in flight.
+        max_batch: most ``Retrieve`` calls answered by one user-tower call and one index search
+            (dynamic micro-batching); 1 answers each call on its own thread.
+        max_wait: seconds a micro-batch waits for more calls once it has one; the default 0
+            adds no latency: calls that arrive while a batch computes form the next one.
+        max_concurrent: calls in progress at once, beyond which calls get RESOURCE_EXHAUSTED;
+            ``None`` for no bound (extra calls queue for a thread).
         max_message_bytes: largest request and response.
         tls: serve TLS (mutual TLS when it has a CA) instead of plaintext.
         metrics: where to count requests; ``None`` for none. Its HTTP endpoint is started
             separately (:meth:`Metrics.serve`).
 
     Returns:
-        ``(server, bound port)``; the server is started.
+        ``(server, bound port)``; the server is started and reports SERVING.
 
     Raises:
-        ValueError: ``max_concurrent`` or ``max_workers`` below 1.
+        ValueError: a bound out of range.
     """
     if max_workers < 1 or (max_concurrent is not None and max_concurrent < 1):
         raise ValueError(f"max_workers and max_concurrent must be >= 1, got {max_workers}, {max_concurrent}")
+    if not 1 <= max_batch <= MAX_BATCH:
+        raise ValueError(f"max_batch must be between 1 and {MAX_BATCH}, got {max_batch}")
+    slot = retriever if isinstance(retriever, RetrieverSlot) else RetrieverSlot(retriever)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="retrieve"),
         options=[
@@ -388,49 +484,53 @@ def create_server(
             ("grpc.max_send_message_length", max_message_bytes),
         ],
     )
-    health_servicer = health.HealthServicer()
-    # "" is the whole server's status, which most health probes ask for.
-    for service in ("", SERVICE_NAME):
-        health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     if metrics is not None:
-        metrics.model.labels(retriever.model_version).set(1)
-        retriever.observe_search = metrics.search.observe
-    servicer = RetrievalServicer(retriever, max_concurrent, metrics)
+        metrics.model.labels(slot.current.model_version).set(1)
+        slot.current.observe_search = metrics.search.observe
+        slot.on_swap(metrics.swapped)
+    batcher = None
+    if max_batch > 1:
+        observe = None if metrics is None else metrics.batch_size.observe
+        batcher = MicroBatcher(lambda: slot.current, max_batch, max_wait, observe_batch=observe)
+    servicer = RetrievalServicer(slot, max_concurrent, metrics, batcher)
+    health_servicer = health.HealthServicer()
     retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{host}:{port}"
     bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    running = RetrievalServer(server, bound, slot, health_servicer, batcher)
+    running.set_serving(False)
     server.start()
-    for service in ("", SERVICE_NAME):
-        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    return server, bound
+    running.set_serving(True)
+    return running, bound
 
 
 def serve_forever(
-    retriever: Retriever,
+    retriever: Retriever | RetrieverSlot,
     host: str = "127.0.0.1",
     port: int = 50051,
-    max_workers: int = 4,
     grace: float = 5.0,
     *,
-    max_concurrent: int | None = None,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    tls: TlsFiles | None = None,
     metrics_port: int | None = None,
+    search_threads: int | None = 1,
+    on_start: Callable[[RetrievalServer], None] | None = None,
+    **options: Any,
 ) -> None:
     """Serves until SIGTERM or SIGINT, then stops gracefully.
 
-    In-flight requests get ``grace`` seconds to finish; new ones are refused meanwhile. Must
-    run in the main thread (Python delivers signals only there). ``metrics_port`` (``None`` =
-    no metrics) serves Prometheus metrics on ``host``; the other options are those of
-    :func:`create_server`.
+    On the signal the health status turns NOT_SERVING, new calls are refused and in-flight ones
+    get ``grace`` seconds to finish. Must run in the main thread (Python delivers signals only
+    there). ``metrics_port`` (``None`` = no metrics) serves Prometheus metrics on ``host``;
+    ``search_threads`` sets FAISS's threads per search (``None`` leaves FAISS's default, one per
+    core: with concurrent requests one thread each is faster and steadier, see the index
+    benchmark); ``on_start`` is called with the started server (e.g. to start a
+    :class:`~retrieval.reload.DeploymentWatcher`); ``options`` go to :func:`create_server`.
     """
+    if search_threads is not None:
+        faiss.omp_set_num_threads(search_threads)
     metrics = None if metrics_port is None else Metrics()
-    server, bound = create_server(
-        retriever, host, port, max_workers,
-        max_concurrent=max_concurrent, max_message_bytes=max_message_bytes, tls=tls, metrics=metrics,
-    )  # fmt: skip
+    server, bound = create_server(retriever, host, port, metrics=metrics, **options)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         logger.info("%s received, stopping (grace %.1f s)", signal.Signals(signum).name, grace)
@@ -439,10 +539,11 @@ def serve_forever(
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     if metrics is not None and metrics_port is not None:
         logger.info("metrics on http://%s:%d/metrics", host, metrics.serve(metrics_port, host))
-    logger.info(
-        "serving %s (model %s) on %s:%d%s",
-        SERVICE_NAME, retriever.model_version, host, bound, " with TLS" if tls else "",
-    )  # fmt: skip
+    tls = " with TLS" if options.get("tls") else ""
+    version = server.slot.current.model_version
+    logger.info("serving %s (model %s) on %s:%d%s", SERVICE_NAME, version, host, bound, tls)
+    if on_start is not None:
+        on_start(server)
     try:
         server.wait_for_termination()
     finally:

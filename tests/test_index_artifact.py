@@ -162,7 +162,7 @@ def test_publish_swaps_versions_atomically(model: ModelArtifact, tmp_path: Path)
     assert load_index(root)[1]["factory"] == "HNSW16"
     assert len(list((root / "versions").iterdir())) == 2  # older versions pruned
     assert seen <= {"Flat", "HNSW16", "IVF8,Flat"}
-    with pytest.raises(ArtifactError, match="plain index folder"):
+    with pytest.raises(ArtifactError, match="plain artifact folder"):
         publish_index(index, root / "current", model)
 
 

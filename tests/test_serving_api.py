@@ -171,10 +171,10 @@ def test_batch_equals_single_calls_with_one_tower_call_and_one_search(
 
     # Mixed options over gRPC: each answer equals the same request sent alone.
     mixed = [
-        client.query(HISTORIES[0], 5, merge="round_robin"),
-        client.query(HISTORIES[1], 4, merge="diversity", diversity_lambda=0.5, per_interest_k=10),
-        client.query(HISTORIES[2], 6, exclude=["item20"], allow=ITEMS[10:30], return_interests=True),
-        client.query(HISTORIES[3], 2, user_id="u-42"),
+        Query(HISTORIES[0], 5, merge="round_robin"),
+        Query(HISTORIES[1], 4, merge="diversity", diversity_lambda=0.5, per_interest_k=10),
+        Query(HISTORIES[2], 6, exclude=["item20"], allow=ITEMS[10:30], return_interests=True),
+        Query(HISTORIES[3], 2, user_id="u-42"),
     ]
     for query, answer in zip(mixed, client.batch_retrieve(mixed), strict=True):
         alone = client.retrieve(
@@ -224,10 +224,10 @@ def test_bad_options_are_invalid_argument(
 @pytest.mark.parametrize(("size", "message"), [(0, "the batch is empty"), (MAX_BATCH + 1, "at most 256")])
 def test_batch_size_is_bounded(client: RetrievalClient, size: int, message: str) -> None:
     with pytest.raises(grpc.RpcError) as error:
-        client.batch_retrieve([client.query(["item01"], 2)] * size)
+        client.batch_retrieve([Query(["item01"], 2)] * size)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in (error.value.details() or "")
-    assert len(client.batch_retrieve([client.query(["item01"], 2)] * MAX_BATCH)) == MAX_BATCH
+    assert len(client.batch_retrieve([Query(["item01"], 2)] * MAX_BATCH)) == MAX_BATCH
 
 
 def test_model_info_describes_model_and_index(client: RetrievalClient, retriever: Retriever) -> None:

@@ -129,7 +129,7 @@ def test_metrics_count_requests_batches_and_searches(serving: tuple[RetrievalCli
     client.retrieve(["item02"], 3)
     with pytest.raises(grpc.RpcError):
         client.retrieve(["item01"], 0)
-    client.batch_retrieve([client.query(["item03"], 2)] * 3)
+    client.batch_retrieve([Query(["item03"], 2)] * 3)
     client.model_info()
     values = scrape(port)
 

@@ -3,30 +3,53 @@
 python tools/serve.py --model runs/ml100k-sa --index runs/ml100k-sa-index --port 50051
 python tools/serve.py ... --max-concurrent 8 --metrics-port 9090 \
     --tls-cert server.pem --tls-key server.key --tls-ca clients-ca.pem   # mutual TLS
+# hot reload: serve ROOT's current version, swap to each one tools/deploy.py publishes
+python tools/serve.py --watch runs/live --log-format json
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from retrieval.artifacts import ArtifactError
+from retrieval.logs import LOG_FORMATS, configure_logging
+from retrieval.reload import DeploymentWatcher, RetrieverSlot, load_deployment
 from retrieval.retriever import Retriever
 from retrieval.server import DEFAULT_MAX_MESSAGE_BYTES, TlsFiles, serve_forever
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, type=Path, help="model artifact folder")
-    p.add_argument("--index", required=True, type=Path, help="index artifact folder built from that model")
+    p.add_argument("--model", type=Path, help="model artifact folder")
+    p.add_argument("--index", type=Path, help="index artifact folder built from that model")
+    p.add_argument(
+        "--watch",
+        type=Path,
+        help="deployment root (tools/deploy.py): serve its current version, hot-reload new ones",
+    )
+    p.add_argument(
+        "--watch-interval", type=float, default=2.0, help="seconds between checks (default %(default)s)"
+    )
     p.add_argument(
         "--host", default="127.0.0.1", help="interface to bind, 0.0.0.0 for all (default %(default)s)"
     )
     p.add_argument("--port", type=int, default=50051, help="0 picks a free port (default %(default)s)")
-    p.add_argument("--workers", type=int, default=4, help="request threads (default %(default)s)")
+    p.add_argument("--workers", type=int, default=64, help="request threads (default %(default)s)")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=32,
+        help="Retrieve calls per micro-batch, 1 = off (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-wait-ms", type=float, default=0.0, help="wait for a fuller micro-batch (default %(default)s)"
+    )
+    p.add_argument(
+        "--search-threads", type=int, default=1, help="FAISS threads per search (default %(default)s)"
+    )
     p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight requests get on stop")
     p.add_argument(
         "--max-concurrent",
@@ -44,34 +67,50 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM): serve TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--tls-ca", type=Path, help="CA of client certificates (PEM): require mutual TLS")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="default %(default)s")
     args = p.parse_args(argv)
+    direct = (args.model is not None, args.index is not None)
+    if direct != ((False, False) if args.watch else (True, True)):
+        p.error("give --model and --index, or --watch alone")
     if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
         p.error("TLS needs --tls-cert and --tls-key together (and --tls-ca only with them)")
-    if args.max_concurrent < 0 or args.metrics_port < 0:
-        p.error("--max-concurrent and --metrics-port must be >= 0")
+    if args.max_concurrent < 0 or args.metrics_port < 0 or args.max_wait_ms < 0:
+        p.error("--max-concurrent, --metrics-port and --max-wait-ms must be >= 0")
+    if args.search_threads < 1 or args.watch_interval <= 0:
+        p.error("--search-threads must be >= 1 and --watch-interval > 0")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    configure_logging(args.log_format)
     try:
-        retriever = Retriever.from_dirs(args.model, args.index)
+        retriever = load_deployment(args.watch) if args.watch else Retriever.from_dirs(args.model, args.index)
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    slot = RetrieverSlot(retriever)
+    watcher = DeploymentWatcher(args.watch, slot, args.watch_interval) if args.watch else None
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
-    serve_forever(
-        retriever,
-        args.host,
-        args.port,
-        max_workers=args.workers,
-        grace=args.grace,
-        max_concurrent=args.max_concurrent or None,
-        max_message_bytes=int(args.max_message_mb * 2**20),
-        tls=tls,
-        metrics_port=args.metrics_port or None,
-    )
+    try:
+        serve_forever(
+            slot,
+            args.host,
+            args.port,
+            grace=args.grace,
+            metrics_port=args.metrics_port or None,
+            on_start=None if watcher is None else lambda server: watcher.start(),
+            max_workers=args.workers,
+            max_batch=args.max_batch,
+            max_wait=args.max_wait_ms / 1000,
+            search_threads=args.search_threads,
+            max_concurrent=args.max_concurrent or None,
+            max_message_bytes=int(args.max_message_mb * 2**20),
+            tls=tls,
+        )
+    finally:
+        if watcher is not None:
+            watcher.stop()
     return 0
 
 

@@ -1,0 +1,40 @@
+"""Publish a model and its index as the new current version of a deployment root.
+
+    python tools/deploy.py --model runs/ml100k-sa --index runs/ml100k-sa-index --root runs/live
+
+A server started with ``tools/serve.py --watch runs/live`` loads the new version in the
+background, warms it up and swaps it in without dropping a request; one that fails to load
+is refused and the old version keeps serving. Prints the new version folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from retrieval.artifacts import ArtifactError
+from retrieval.deployment import publish_deployment
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, type=Path, help="model artifact folder")
+    p.add_argument("--index", required=True, type=Path, help="index artifact folder built from that model")
+    p.add_argument("--root", required=True, type=Path, help="deployment root (created if missing)")
+    p.add_argument("--keep", type=int, default=3, help="versions kept on disk (default %(default)s)")
+    args = p.parse_args(argv)
+    if args.keep < 1:
+        p.error("--keep must be >= 1")
+    try:
+        folder = publish_deployment(args.model, args.index, args.root, args.keep)
+    except ArtifactError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Hot reload: a new deployment version is swapped in under load without a failed request; a
+broken one is refused and the old one keeps serving."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from retrieval.artifacts import ArtifactError, publish, read_manifest
+from retrieval.client import RetrievalClient
+from retrieval.deployment import INDEX_DIR, MODEL_DIR, deployment_dirs, publish_deployment
+from retrieval.reload import DeploymentWatcher, RetrieverSlot, load_deployment
+from retrieval.server import Metrics, create_server
+from tests.conftest import run_tool
+from tests.test_serving_ops import scrape
+from tools import serve as serve_tool
+
+
+@pytest.fixture(scope="module")
+def versions(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Path, str]]:
+    """Two trained models (different seeds) with their indexes: ``(model dir, index dir, version)``."""
+    out = tmp_path_factory.mktemp("reload")
+    built = []
+    for seed in ("1", "2"):
+        model_dir, index_dir = out / f"model-{seed}", out / f"index-{seed}"
+        code = run_tool(
+            "train",
+            "--data", str(synthetic_csv), "--model", "youtubednn", "--out", str(model_dir), "--epochs", "1",
+            "--dim", "8", "--max-len", "8", "--negatives", "10", "--seed", seed, "--quiet",
+        )  # fmt: skip
+        assert code == 0
+        assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
+        built.append((model_dir, index_dir, read_manifest(model_dir, "model", verify=False)["version"]))
+    assert built[0][2] != built[1][2]
+    return built
+
+
+def test_deploy_refuses_an_index_of_another_model(
+    versions: list[tuple[Path, Path, str]], tmp_path: Path
+) -> None:
+    (model_1, index_1, _), (model_2, _, _) = versions
+    with pytest.raises(ArtifactError, match="was built from model"):
+        publish_deployment(model_2, index_1, tmp_path / "live")
+    assert (
+        run_tool("deploy", "--model", str(model_2), "--index", str(index_1), "--root", str(tmp_path / "live"))
+        == 2
+    )
+    assert (
+        run_tool("deploy", "--model", str(model_1), "--index", str(index_1), "--root", str(tmp_path / "live"))
+        == 0
+    )
+    model_dir, index_dir = deployment_dirs(tmp_path / "live")
+    assert read_manifest(model_dir, "model")["version"] == versions[0][2]  # checksums hold in the copy
+    assert read_manifest(index_dir, "index")["model_version"] == versions[0][2]
+    with pytest.raises(ArtifactError, match="not a deployment"):
+        deployment_dirs(tmp_path / "nothing")
+
+
+def test_swap_under_load_fails_no_request(versions: list[tuple[Path, Path, str]], tmp_path: Path) -> None:
+    (model_1, index_1, v1), (model_2, index_2, v2) = versions
+    root = tmp_path / "live"
+    publish_deployment(model_1, index_1, root)
+    slot = RetrieverSlot(load_deployment(root))
+    metrics = Metrics()
+    metrics_port = metrics.serve(0)
+    server, port = create_server(slot, port=0, metrics=metrics)
+    watcher = DeploymentWatcher(root, slot, interval=0.05)
+    watcher.start()
+    history = list(slot.current.model.vocab.ids[:5])
+    seen: list[str] = []
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with RetrievalClient(f"127.0.0.1:{port}") as client:
+            while not stop.is_set():
+                try:
+                    seen.append(client.retrieve(history, k=5).model_version)
+                except Exception as e:  # any failure fails the test
+                    errors.append(e)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        publish_deployment(model_2, index_2, root)
+        deadline = time.monotonic() + 30
+        while slot.current.model_version != v2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        count = len(seen)
+        while len(seen) < count + 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert slot.current.model_version == v2
+        assert seen[0] == v1 and seen[-1] == v2
+        first_new = seen.index(v2)
+        assert set(seen[first_new + 4 :]) == {v2}  # at most the 4 in flight answered by the old one
+        samples = scrape(metrics_port)
+        assert samples[("retrieval_model_info", (("model_version", v2),))] == 1
+        assert ("retrieval_model_info", (("model_version", v1),)) not in samples
+
+        # A version whose index belongs to another model, and one with a corrupted file: each
+        # refused once, and the current one keeps serving.
+        def mismatched(folder: Path) -> None:
+            folder.mkdir()
+            shutil.copytree(model_1, folder / MODEL_DIR)
+            shutil.copytree(index_2, folder / INDEX_DIR)
+
+        def corrupted(folder: Path) -> None:
+            folder.mkdir()
+            shutil.copytree(model_1, folder / MODEL_DIR)
+            shutil.copytree(index_1, folder / INDEX_DIR)
+            table = folder / MODEL_DIR / "item_embeddings.npy"
+            data = bytearray(table.read_bytes())
+            data[-1] ^= 0xFF
+            table.write_bytes(bytes(data))
+
+        for broken in (mismatched, corrupted):
+            refused = watcher.refused
+            publish(root, broken)
+            deadline = time.monotonic() + 30
+            while watcher.refused == refused and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert watcher.refused == refused + 1
+            with RetrievalClient(f"127.0.0.1:{port}") as client:
+                assert client.retrieve(history, k=5).model_version == v2
+    finally:
+        stop.set()
+        watcher.stop()
+        server.stop(None)
+        metrics.close()
+
+
+def test_serve_tool_takes_a_model_and_index_or_a_watched_root() -> None:
+    assert serve_tool.parse_args(["--watch", "live"]).watch == Path("live")
+    for bad in (["--watch", "live", "--model", "m"], ["--model", "m"], []):
+        with pytest.raises(SystemExit):
+            serve_tool.parse_args(bad)

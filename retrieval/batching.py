@@ -1,17 +1,19 @@
 """Dynamic micro-batching: concurrent single requests answered by one batched retriever call.
 
-Each request thread hands its :class:`~retrieval.retriever.Query` to a :class:`MicroBatcher`
-and blocks; a worker thread takes every query waiting (up to ``max_batch``, waiting at most
-``max_wait`` seconds for more) and answers them with one user-tower call and one index search
-(:meth:`Retriever.retrieve_many`). With ``max_wait = 0`` nothing waits on purpose: a lone
-request is answered at once, and under load the queries that arrived while the worker was busy
-form the next batch, so batches grow exactly when batching pays.
+Request threads hand their :class:`~retrieval.retriever.Query` to a :class:`MicroBatcher`.
+There is no batching thread: the first caller to find the batcher idle becomes the *leader*
+and answers the queries waiting at the head of the queue (up to ``max_batch``, its own among
+them) with one user-tower call and one index search (:meth:`Retriever.retrieve_many`), then
+hands the lead to the oldest query still waiting. So a lone request is answered on its own
+thread with no hand-off at all, and under load the queries that arrived while a batch was
+computing form the next one: batches grow exactly when batching pays. ``max_wait`` > 0 makes
+a leader wait that long for a fuller batch.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,17 +25,19 @@ from retrieval.retriever import Query, Retrieved, Retriever
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending:
     query: Query
-    deadline: float | None  # time.monotonic() after which the answer is useless
-    done: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event = field(default_factory=threading.Event)  # answered, or asked to lead
+    lead: bool = False
+    done: bool = False
+    cancelled: bool = False  # its caller stopped waiting: skip it
     result: Retrieved | None = None
     error: BaseException | None = None
 
     def finish(self, result: Retrieved | None = None, error: BaseException | None = None) -> None:
-        self.result, self.error = result, error
-        self.done.set()
+        self.result, self.error, self.done = result, error, True
+        self.wake.set()
 
 
 class MicroBatcher:
@@ -43,7 +47,6 @@ class MicroBatcher:
         >>> batcher = MicroBatcher(lambda: retriever, max_batch=32)
         >>> batcher.submit(Query(["B0001"], k=10)).items[:1]
         [('B0107', 3.52, 1)]
-        >>> batcher.close()
     """
 
     def __init__(
@@ -54,13 +57,12 @@ class MicroBatcher:
         max_queue: int = 1024,
         observe_batch: Callable[[int], None] | None = None,
     ) -> None:
-        """Starts the worker thread.
-
+        """
         Args:
             retriever: returns the retriever to answer the next batch with (read once per
                 batch, so a hot-swapped retriever takes over between batches).
-            max_batch: most queries per batch, ``1..MAX_BATCH``.
-            max_wait: seconds the worker waits for more queries once it has one (0 = none).
+            max_batch: most queries per batch.
+            max_wait: seconds a leader waits for more queries before computing (0 = none).
             max_queue: queries waiting beyond which :meth:`submit` refuses new ones.
             observe_batch: called with each batch's size (metrics).
 
@@ -77,10 +79,15 @@ class MicroBatcher:
         self._max_wait = max_wait
         self._max_queue = max_queue
         self._observe_batch = observe_batch
-        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._arrived = threading.Condition()  # guards the queue, _busy and _closed
+        self._busy = False  # a leader is computing
         self._closed = False
-        self._worker = threading.Thread(target=self._run, name="micro-batcher", daemon=True)
-        self._worker.start()
+
+    @property
+    def queued(self) -> int:
+        """Queries waiting for a batch."""
+        return len(self._queue)
 
     def submit(self, query: Query, timeout: float | None = None) -> Retrieved:
         """Answers ``query`` (blocking), as :meth:`Retriever.retrieve_many` of it alone would.
@@ -95,58 +102,66 @@ class MicroBatcher:
             DeadlineExceeded: the deadline passed before the query was answered.
             Unavailable: the batcher is closed.
         """
-        if self._closed:
-            raise Unavailable("the server is shutting down")
-        if self._queue.qsize() >= self._max_queue:
-            raise ResourceExhausted(f"server busy: {self._max_queue} requests queued, retry with backoff")
+        pending = _Pending(query)
+        with self._arrived:
+            if self._closed:
+                raise Unavailable("the server is shutting down")
+            if len(self._queue) >= self._max_queue:
+                raise ResourceExhausted(f"server busy: {self._max_queue} requests queued, retry with backoff")
+            self._queue.append(pending)
+            pending.lead = not self._busy
+            self._busy = True
+            self._arrived.notify()
         deadline = None if timeout is None else time.monotonic() + timeout
-        pending = _Pending(query, deadline)
-        self._queue.put(pending)
-        if not pending.done.wait(timeout):
-            raise DeadlineExceeded(f"no answer within the deadline ({timeout:.3f} s)")
+        while not pending.done:
+            if pending.lead:
+                pending.lead = False
+                self._lead()
+                continue
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if (remaining is not None and remaining <= 0) or not pending.wake.wait(remaining):
+                with self._arrived:
+                    if not (pending.done or pending.lead):
+                        pending.cancelled = True
+                        raise DeadlineExceeded(f"no answer within the deadline ({timeout:.3f} s)")
+            pending.wake.clear()
         if pending.error is not None:
             raise pending.error
         assert pending.result is not None
         return pending.result
 
     def close(self) -> None:
-        """Answers what is queued, then stops the worker; later submits get UNAVAILABLE."""
-        self._closed = True
-        self._queue.put(None)
-        self._worker.join()
+        """Refuses new queries (UNAVAILABLE); those already queued are still answered."""
+        with self._arrived:
+            self._closed = True
 
-    def _take(self) -> list[_Pending] | None:
-        """The next batch (waits for its first query); ``None`` once closed."""
-        first = self._queue.get()
-        if first is None:
-            return None
-        batch = [first]
-        until = time.monotonic() + self._max_wait
-        while len(batch) < self._max_batch:
-            try:
-                remaining = until - time.monotonic()
-                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                self._queue.put(None)  # seen again after this batch: stop then
-                break
-            batch.append(item)
-        return batch
-
-    def _run(self) -> None:
-        while (batch := self._take()) is not None:
-            now = time.monotonic()
-            live = []
-            for p in batch:
-                if p.deadline is not None and p.deadline <= now:
-                    p.finish(error=DeadlineExceeded("the deadline passed while the request was queued"))
-                else:
-                    live.append(p)
-            if live:
+    def _lead(self) -> None:
+        """Answers one batch from the head of the queue, then passes the lead on."""
+        with self._arrived:
+            if self._max_wait > 0:
+                until = time.monotonic() + self._max_wait
+                while len(self._queue) < self._max_batch and (left := until - time.monotonic()) > 0:
+                    self._arrived.wait(left)
+            batch: list[_Pending] = []
+            while self._queue and len(batch) < self._max_batch:
+                p = self._queue.popleft()
+                if not p.cancelled:
+                    batch.append(p)
+        try:
+            if batch:
                 if self._observe_batch is not None:
-                    self._observe_batch(len(live))
-                self._answer(self._retriever(), live)
+                    self._observe_batch(len(batch))
+                self._answer(self._retriever(), batch)
+        finally:
+            with self._arrived:
+                while self._queue and self._queue[0].cancelled:
+                    self._queue.popleft()
+                if self._queue:
+                    head = self._queue[0]
+                    head.lead = True
+                    head.wake.set()
+                else:
+                    self._busy = False
 
     @staticmethod
     def _answer(retriever: Retriever, batch: Sequence[_Pending]) -> None:

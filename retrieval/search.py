@@ -165,9 +165,12 @@ def search_interests(
     fetch = min(max(k, per_interest_k or k) + max(len(e) for e in excluded), index.ntotal)
     scores, ids = index.search(queries, fetch, SearchFilter.of(allow=allowed))
     keep = ids >= 0
-    for row, user in enumerate(users):
-        if len(excluded[user]):
-            keep[row] &= ~np.isin(ids[row], excluded[user])
+    if any(len(e) for e in excluded):
+        # One membership test for the whole batch on (user, id) keys, not one per row.
+        span = int(max(ids.max(), *(e.max() for e in excluded if len(e)))) + 1
+        keys = users[:, None].astype(np.int64) * span + ids
+        banned = np.concatenate([user * span + e for user, e in enumerate(excluded) if len(e)])
+        keep &= ~np.isin(keys, banned)
     _combine(merge, result, users, slots, scores, ids, keep, k, per_interest_k)
 
     # An approximate index may come back short for some user; search those alone, filter inside
@@ -248,42 +251,40 @@ def _merge(
     keep: np.ndarray,
     k: int,
 ) -> None:
-    """Max-score merge of per-interest results into ``result``.
+    """Max-score merge of per-interest results into ``result``, all users at once.
 
     Args:
         users, slots: int ``[M]``: the user and interest of each searched row.
         scores, ids: ``[M, f]`` search results; ``keep`` bool ``[M, f]`` the results to use.
     """
-    rows, cols = np.nonzero(keep)
-    cand_users = users[rows]
-    cand_ids, cand_scores = ids[rows, cols], scores[rows, cols]
-    cand_interests = slots[rows].astype(np.int32)
+    batch, f = result.ids.shape[0], ids.shape[1]
+    num_interests = int(slots.max()) + 1
+    # Each user's candidates side by side, [B, K·f]; unused places are id -1, score -inf.
+    cand_ids = np.full((batch, num_interests, f), -1, np.int64)
+    cand_scores = np.full((batch, num_interests, f), -np.inf, np.float32)
+    cand_ids[users, slots] = np.where(keep, ids, -1)
+    cand_scores[users, slots] = np.where(keep, scores, -np.inf)
+    cand_ids, cand_scores = cand_ids.reshape(batch, -1), cand_scores.reshape(batch, -1)
+    cand_interests = np.broadcast_to(np.repeat(np.arange(num_interests, dtype=np.int32), f), cand_ids.shape)
 
-    # Group candidates by (user, id) with the best score first (ties: lowest interest) and
+    # Group each user's candidates by id with the best score first (ties: lowest interest) and
     # keep the first of each group: the max-score merge.
-    order = np.lexsort((cand_interests, -cand_scores, cand_ids, cand_users))
-    cand_users, cand_ids, cand_scores, cand_interests = _select(
-        order, cand_users, cand_ids, cand_scores, cand_interests
-    )
-    first = np.ones(len(cand_users), bool)
-    first[1:] = (cand_users[1:] != cand_users[:-1]) | (cand_ids[1:] != cand_ids[:-1])
-    cand_users, cand_ids, cand_scores, cand_interests = _select(
-        first, cand_users, cand_ids, cand_scores, cand_interests
-    )
+    order = np.lexsort((cand_interests, -cand_scores, cand_ids), axis=-1)
+    cand_ids, cand_scores, cand_interests = _take(order, cand_ids, cand_scores, cand_interests)
+    repeat = np.zeros(cand_ids.shape, bool)
+    repeat[:, 1:] = cand_ids[:, 1:] == cand_ids[:, :-1]
+    cand_scores[repeat | (cand_ids < 0)] = -np.inf
 
     # Rank each user's unique candidates by score (ties: smaller id) and keep the first k.
-    order = np.lexsort((cand_ids, -cand_scores, cand_users))
-    cand_users, cand_ids, cand_scores, cand_interests = _select(
-        order, cand_users, cand_ids, cand_scores, cand_interests
-    )
-    rank = np.arange(len(cand_users)) - np.searchsorted(cand_users, cand_users, side="left")
-    top = rank < k
-    slot = (cand_users[top], rank[top])
-    result.ids[slot] = cand_ids[top]
-    result.scores[slot] = cand_scores[top]
-    result.interests[slot] = cand_interests[top]
+    order = np.lexsort((cand_ids, -cand_scores), axis=-1)[:, :k]
+    cand_ids, cand_scores, cand_interests = _take(order, cand_ids, cand_scores, cand_interests)
+    found = np.isfinite(cand_scores)
+    n = cand_ids.shape[1]
+    result.ids[:, :n] = np.where(found, cand_ids, -1)
+    result.scores[:, :n] = cand_scores
+    result.interests[:, :n] = np.where(found, cand_interests, -1)
 
 
-def _select(where: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The same rows (an index or a boolean mask) of parallel arrays."""
-    return tuple(a[where] for a in arrays)
+def _take(order: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The same per-row reordering of parallel ``[B, n]`` arrays."""
+    return tuple(np.take_along_axis(a, order, axis=-1) for a in arrays)

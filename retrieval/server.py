@@ -415,19 +415,12 @@ class RetrievalServer:
         (``None``: cancels them at once).
 
         Returns:
-            An event set once every call has finished (the micro-batcher stops then).
+            An event set once every call has finished.
         """
         self.set_serving(False)
-        stopped = self._server.stop(grace)
         if self._batcher is not None:
-            batcher = self._batcher
-
-            def close_batcher() -> None:
-                stopped.wait()
-                batcher.close()
-
-            threading.Thread(target=close_batcher, name="batcher-close", daemon=True).start()
-        return stopped
+            self._batcher.close()  # calls already in it are still answered
+        return self._server.stop(grace)
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         """Blocks until the server stopped (or ``timeout`` seconds); ``True`` on timeout."""

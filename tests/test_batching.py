@@ -63,7 +63,7 @@ def submit_held(batcher: MicroBatcher, retriever: RecordingRetriever, batch: Seq
         first = pool.submit(batcher.submit, batch[0])
         assert retriever.entered.wait(5)
         rest = [pool.submit(batcher.submit, q) for q in batch[1:]]
-        while batcher._queue.qsize() < len(rest):  # every other query is waiting
+        while batcher.queued < len(rest):  # every other query is waiting
             time.sleep(0.005)
         retriever.gate.set()
         futures = [first, *rest]
@@ -139,7 +139,7 @@ def test_a_full_queue_refuses_and_a_closed_batcher_is_unavailable(retriever: Rec
         held = [pool.submit(batcher.submit, Query(["item01"], k=3))]
         assert retriever.entered.wait(5)
         held += [pool.submit(batcher.submit, Query([f"item0{i}"], k=3)) for i in (2, 3)]
-        while batcher._queue.qsize() < 2:
+        while batcher.queued < 2:
             time.sleep(0.005)
         with pytest.raises(ResourceExhausted, match="2 requests queued"):
             batcher.submit(Query(["item04"], k=3))

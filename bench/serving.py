@@ -1,0 +1,332 @@
+"""Serving benchmark: the gRPC server under load, next to a bare gRPC echo service, in one run.
+
+    python -m bench.serving                       # 1M items, K=4, k=50, 10 s per row
+    python -m bench.serving --items 100000 --seconds 3      # a quicker run
+
+A ComiRec-SA model (K=4, d=64) over a catalogue of ``--items`` items (clustered random item
+vectors; the user tower keeps its initial weights: speed does not depend on training) is
+written as a real model artifact with an ``IVF1024,Flat`` index (``nprobe=8``, the setting the
+index benchmark's tuner chose at 1M items), cached in ``--out``. Each server runs in its own
+process, started as users start it (``tools/serve.py``); the load generator is one asyncio gRPC
+client process on the same 2 cores, loopback only, keeping ``concurrency`` requests in flight
+for ``--seconds`` (or ``--max-requests``) after a one-second warm-up. Requests are random
+histories of 5-50 items with k=50.
+
+Rows: the bare echo service (a Python gRPC server answering every Retrieve with a prebuilt
+50-item response: the ceiling of Python gRPC here), the retrieval server with micro-batching
+(the default) and without it (``--max-batch 1``), at concurrency 1, 8 and 32. Prints a
+Markdown table and writes ``results.json`` and ``table.md`` to ``--out``. Targets: p99 <= 5 ms
+at concurrency 1; QPS at concurrency 32 >= 50% of the echo's; no errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from proto import retrieval_pb2, retrieval_pb2_grpc
+
+log = logging.getLogger("bench.serving")
+
+REPO = Path(__file__).resolve().parent.parent
+FACTORY, SEARCH_PARAMS = "IVF1024,Flat", "nprobe=8"
+TARGET_P99_MS, TARGET_ECHO_SHARE = 5.0, 0.5
+
+
+def build_artifacts(out: Path, items: int, dim: int, interests: int, seed: int = 0) -> tuple[Path, Path]:
+    """The benchmark's model and index folders under ``out`` (built once, then reused)."""
+    model_dir, index_dir = out / f"model-{items}", out / f"index-{items}"
+    if (model_dir / "manifest.json").is_file() and (index_dir / "manifest.json").is_file():
+        return model_dir, index_dir
+    import keras
+
+    from retrieval.config import Config, ModelConfig
+    from retrieval.features import SideVocab
+    from retrieval.index_artifact import build_index_from_model, measure_index, save_index
+    from retrieval.model import build_model
+    from retrieval.model_artifact import load_model
+    from retrieval.train import save_model
+    from retrieval.vocab import ItemVocab
+
+    keras.utils.set_random_seed(seed)
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(max(items // 200, 1), dim)).astype(np.float32)
+    vectors = centres[rng.integers(0, len(centres), items)] + 0.3 * rng.normal(size=(items, dim))
+    config = Config(model=ModelConfig(tower="sa", dim=dim, num_interests=interests))
+    model = build_model(config.model, items + 1)
+    model({"items": np.ones((1, config.model.max_len), np.int32)})  # builds every layer
+    model.item_tower.embedding.embeddings.assign(np.vstack([np.zeros((1, dim)), vectors]).astype(np.float32))
+    vocab = ItemVocab.from_ids(f"item{i}" for i in range(items))
+    log.info("writing the %d-item model to %s", items, model_dir)
+    save_model(
+        model, config, vocab, SideVocab(), {"note": "untrained, for the serving benchmark"}, model_dir, True
+    )
+    artifact = load_model(model_dir)
+    log.info("building %s over %d items", FACTORY, items)
+    index = build_index_from_model(artifact, FACTORY, SEARCH_PARAMS, seed=seed)
+    queries = artifact.user_vectors({"items": rng.integers(1, items + 1, (250, 50)).astype(np.int32)})
+    save_index(index, index_dir, artifact, True, measured=measure_index(index, artifact, queries, 50))
+    return model_dir, index_dir
+
+
+class EchoServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
+    """Answers every Retrieve with the same prebuilt response: gRPC's own cost, nothing else."""
+
+    def __init__(self, k: int) -> None:
+        self.response = retrieval_pb2.RetrieveResponse(
+            items=[
+                retrieval_pb2.ScoredItem(item_id=f"item{i}", score=1.0 / (i + 1), interest=i % 4)
+                for i in range(k)
+            ],
+            model_version="echo",
+        )
+
+    def Retrieve(self, request: retrieval_pb2.RetrieveRequest, context: grpc.ServicerContext) -> Any:
+        return self.response
+
+
+def serve_echo(port: int, k: int, workers: int) -> None:
+    """Runs the echo service on 127.0.0.1:``port`` until SIGTERM."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+    retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(EchoServicer(k), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    signal.signal(signal.SIGTERM, lambda *_: server.stop(0))
+    server.wait_for_termination()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Started:
+    """A server process and its address."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    address: str
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def start(name: str, args: Sequence[str]) -> Started:
+    """Starts ``python ARGS --port P`` and waits until it answers a Retrieve."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    process = subprocess.Popen(
+        [sys.executable, *args, "--port", str(port)], cwd=REPO, env=env, stderr=subprocess.DEVNULL
+    )
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    with grpc.insecure_channel(address) as channel:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+        while True:
+            try:
+                stub.Retrieve(retrieval_pb2.RetrieveRequest(history=["item1"], k=1), timeout=5)
+                break
+            except grpc.RpcError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    process.kill()
+                    raise RuntimeError(f"{name} did not start (exit code {process.poll()})") from None
+                time.sleep(0.5)
+    return Started(name, process, address)
+
+
+def requests(items: int, k: int, n: int = 2000, seed: int = 1) -> list[retrieval_pb2.RetrieveRequest]:
+    """``n`` random histories of 5-50 catalogue items, k items wanted."""
+    rng = np.random.default_rng(seed)
+    return [
+        retrieval_pb2.RetrieveRequest(
+            history=[f"item{i}" for i in rng.integers(0, items, int(rng.integers(5, 51)))], k=k
+        )
+        for _ in range(n)
+    ]
+
+
+async def load(
+    address: str,
+    batch: Sequence[retrieval_pb2.RetrieveRequest],
+    concurrency: int,
+    seconds: float,
+    max_requests: int,
+) -> dict[str, Any]:
+    """Keeps ``concurrency`` requests in flight for ``seconds`` (after a 1 s warm-up)."""
+    latencies: list[float] = []
+    errors = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+
+        async def worker(offset: int, until: float, record: bool) -> None:
+            nonlocal errors
+            i = offset
+            while time.perf_counter() < until and len(latencies) < max_requests:
+                started = time.perf_counter()
+                try:
+                    await stub.Retrieve(batch[i % len(batch)], timeout=10)
+                    if record:
+                        latencies.append(time.perf_counter() - started)
+                except grpc.RpcError:
+                    errors += record
+                i += concurrency
+
+        await asyncio.gather(*(worker(c, time.perf_counter() + 1.0, False) for c in range(concurrency)))
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(c, started + seconds, True) for c in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    ms = np.array(latencies) * 1000 if latencies else np.zeros(1)
+    return {
+        "concurrency": concurrency,
+        "requests": len(latencies),
+        "errors": errors,
+        "qps": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(float(np.percentile(ms, 50)), 3),
+        "p90_ms": round(float(np.percentile(ms, 90)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model_dir, index_dir = build_artifacts(args.out, args.items, args.dim, args.interests)
+    batch = requests(args.items, args.k)
+    serve = ["tools/serve.py", "--model", str(model_dir), "--index", str(index_dir)]
+    servers = {
+        "echo": ["-m", "bench.serving", "--echo", "--k", str(args.k)],
+        "retrieval (micro-batching)": serve,
+        "retrieval (no batching)": [*serve, "--max-batch", "1"],
+    }
+    rows = []
+    for name, command in servers.items():
+        log.info("starting %s", name)
+        server = start(name, command)
+        try:
+            for concurrency in args.concurrency:
+                row = {
+                    "server": name,
+                    **asyncio.run(load(server.address, batch, concurrency, args.seconds, args.max_requests)),
+                }
+                log.info("%s", row)
+                rows.append(row)
+        finally:
+            server.stop()
+    index_manifest = json.loads((index_dir / "manifest.json").read_text())
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": "python -m bench.serving " + " ".join(sys.argv[1:]),
+        "items": args.items,
+        "num_interests": args.interests,
+        "k": args.k,
+        "index": f"{FACTORY} {SEARCH_PARAMS}",
+        "index_recall": index_manifest.get("measured", {}).get("recall"),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "rows": rows,
+        "checks": checks(rows),
+    }
+
+
+def checks(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The targets, from the rows of this run."""
+    by = {(r["server"], r["concurrency"]): r for r in rows}
+    out: dict[str, Any] = {}
+    single = by.get(("retrieval (micro-batching)", 1))
+    if single:
+        out["p99_at_1_ms"] = single["p99_ms"]
+        out["p99_at_1_ok"] = single["p99_ms"] <= TARGET_P99_MS
+    echo, served = by.get(("echo", 32)), by.get(("retrieval (micro-batching)", 32))
+    if echo and served:
+        out["qps_share_of_echo_at_32"] = round(served["qps"] / echo["qps"], 3)
+        out["qps_share_ok"] = served["qps"] >= TARGET_ECHO_SHARE * echo["qps"]
+    out["errors"] = sum(r["errors"] for r in rows)
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        f"{results['items']:,} items, K={results['num_interests']}, k={results['k']}, "
+        f"index {results['index']} (recall@50 {results['index_recall']}), "
+        f"{results['cpus']} CPUs, {results['date']}",
+        "",
+        "| server | concurrency | QPS | p50 ms | p90 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        lines.append(
+            f"| {r['server']} | {r['concurrency']} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} "
+            f"| {r['p99_ms']:.2f} | {r['errors']} |"
+        )
+    c = results["checks"]
+    lines += [
+        "",
+        f"p99 at concurrency 1: {c.get('p99_at_1_ms')} ms (target <= {TARGET_P99_MS}: "
+        f"{'met' if c.get('p99_at_1_ok') else 'NOT met'}); QPS at concurrency 32 = "
+        f"{c.get('qps_share_of_echo_at_32')} x echo (target >= {TARGET_ECHO_SHARE}: "
+        f"{'met' if c.get('qps_share_ok') else 'NOT met'}); errors: {c['errors']}",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--items", type=int, default=1_000_000, help="catalogue size (default %(default)s)")
+    p.add_argument("--dim", type=int, default=64, help="default %(default)s")
+    p.add_argument("--interests", type=int, default=4, help="K (default %(default)s)")
+    p.add_argument("--k", type=int, default=50, help="items per request (default %(default)s)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="default %(default)s")
+    p.add_argument(
+        "--seconds", type=float, default=10.0, help="measured seconds per row (default %(default)s)"
+    )
+    p.add_argument("--max-requests", type=int, default=200_000, help="measured requests per row at most")
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-serving", help="default %(default)s")
+    p.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)  # run the echo server
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.items < 2000 or args.seconds <= 0 or args.max_requests < 1 or min(args.concurrency) < 1:
+        p.error(
+            "need --items >= 2000 (the index has 1024 lists), --seconds > 0, --max-requests >= 1 "
+            "and concurrency >= 1"
+        )
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args = parse_args(argv)
+    if args.echo:
+        serve_echo(args.port, args.k, workers=64)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = run(args)
+    text = table(results)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

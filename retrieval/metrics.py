@@ -1,4 +1,12 @@
-"""Full-ranking metrics from top-k lists: HR@K, NDCG@K, Recall@K."""
+"""Ranking metrics of the three evaluation protocols (``retrieval.protocols``).
+
+* :func:`ranking_metrics`: full ranking (leave-one-out): HR@K, NDCG@K, Recall@K.
+* :func:`sampled_metrics`: the target against a few sampled negatives (SASRec's protocol),
+  reported under ``sampled_`` names so they are never mistaken for full-ranking numbers.
+* :func:`comirec_metrics` and :func:`diversity_at_k`: ComiRec's Recall, HitRate, NDCG and
+  diversity, defined exactly as in its evaluation code (``evaluate_full`` in THUDM/ComiRec
+  ``src/train.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-DEFAULT_KS = (10, 20, 50)
+DEFAULT_KS = (5, 10, 20, 50)
+SAMPLED_KS = (10,)
+COMIREC_KS = (20, 50)
 
 
 def ranking_metrics(
@@ -42,4 +52,119 @@ def ranking_metrics(
         out[f"hr@{k}"] = float(np.mean(n_hits > 0))
         out[f"ndcg@{k}"] = float(np.mean((h * discounts[:k]).sum(axis=1) / ideal))
         out[f"recall@{k}"] = float(np.mean(n_hits / n_targets))
+    return out
+
+
+def sampled_metrics(scores: np.ndarray, ks: Sequence[int] = SAMPLED_KS) -> dict[str, float]:
+    """HR@K and NDCG@K of one target ranked among sampled negatives (SASRec's protocol).
+
+    The target's rank is the number of negatives scoring at least as high as it: ties count
+    against the target, so a model scoring everything alike gets no credit. A target scored
+    ``-inf`` (an item the model does not know) is a miss.
+
+    Args:
+        scores: float ``[U, 1 + n]``; column 0 is the target, columns 1.. the negatives.
+        ks: cut-offs, each ``<= 1 + n``.
+
+    Returns:
+        ``{"sampled_hr@10": …, "sampled_ndcg@10": …}``: HR is ``rank < K``, NDCG
+        ``1 / log2(rank + 2)`` when ``rank < K`` (one relevant item, so the ideal DCG is 1).
+    """
+    scores = np.asarray(scores, np.float64)
+    if scores.ndim != 2 or scores.shape[1] < 2:
+        raise ValueError(f"scores must be [U, 1 + n] with n >= 1, got {list(scores.shape)}")
+    if max(ks) > scores.shape[1]:
+        raise ValueError(f"K = {max(ks)} exceeds the {scores.shape[1]} ranked candidates")
+    target = scores[:, :1]
+    rank = (scores[:, 1:] >= target).sum(axis=1)  # [U]
+    rank[~np.isfinite(target[:, 0])] = scores.shape[1]  # unknown target: below every negative
+    out: dict[str, float] = {}
+    for k in ks:
+        hit = rank < k
+        out[f"sampled_hr@{k}"] = float(np.mean(hit)) if len(rank) else 0.0
+        out[f"sampled_ndcg@{k}"] = (
+            float(np.mean(np.where(hit, 1.0 / np.log2(rank + 2.0), 0.0))) if len(rank) else 0.0
+        )
+    return out
+
+
+def comirec_metrics(
+    topk: np.ndarray, targets: Sequence[np.ndarray], ks: Sequence[int] = COMIREC_KS
+) -> dict[str, float]:
+    """ComiRec's Recall@N, HitRate@N and NDCG@N, averaged over users.
+
+    As in ComiRec's ``evaluate_full``, for the targets ``t_0 .. t_{m-1}`` (in sequence order,
+    repeats counted each time) and the set ``S`` of the first N retrieved items:
+
+    * recall = ``#{j : t_j in S} / m``;
+    * hitrate = 1 if any ``t_j`` is in ``S``;
+    * ndcg = ``sum_{j : t_j in S} 1/log2(j + 2)`` over ``sum_{j < r} 1/log2(j + 2)``, where
+      ``r`` is the number of hits (0 when ``r = 0``). The discount is the target's position in
+      the held-out sequence, not its rank in the retrieved list: ComiRec's code defines it so,
+      which makes it insensitive to the order of ``S``. :func:`ranking_metrics` has the usual one.
+
+    Args:
+        topk: int ``[U, k_max]`` retrieved ids per user, best first (-1 = no item).
+        targets: per user, int ``[m_u]`` held-out items, ``m_u >= 1``.
+        ks: the N values, each ``<= k_max``.
+
+    Returns:
+        ``{"recall@20": …, "hitrate@20": …, "ndcg@20": …, …}``.
+    """
+    if len(topk) != len(targets):
+        raise ValueError(f"{len(topk)} ranked lists for {len(targets)} users")
+    if topk.shape[1] < max(ks):
+        raise ValueError(f"top lists have {topk.shape[1]} items, fewer than N = {max(ks)}")
+    sums = {f"{name}@{k}": 0.0 for k in ks for name in ("recall", "hitrate", "ndcg")}
+    for row, t in zip(topk, targets, strict=True):
+        t = np.atleast_1d(np.asarray(t))
+        if not len(t):
+            raise ValueError("every user needs at least one target")
+        discounts = 1.0 / np.log2(np.arange(len(t)) + 2.0)  # [m], by position in the targets
+        for k in ks:
+            hit = np.isin(t, row[:k][row[:k] >= 0])  # [m]
+            r = int(hit.sum())
+            sums[f"recall@{k}"] += r / len(t)
+            if r:
+                sums[f"hitrate@{k}"] += 1.0
+                sums[f"ndcg@{k}"] += float(discounts[hit].sum() / discounts[:r].sum())
+    users = max(len(targets), 1)
+    return {name: total / users for name, total in sums.items()}
+
+
+def diversity_at_k(
+    topk: np.ndarray, categories: np.ndarray, ks: Sequence[int] = COMIREC_KS, batch: int = 1024
+) -> dict[str, float]:
+    """ComiRec's diversity@N: the share of pairs of retrieved items whose categories differ.
+
+    Per user, over the first N retrieved items (empty ``-1`` slots left out),
+    ``sum_{i < j} [cat(i) != cat(j)] / (n (n - 1) / 2)``, then averaged over users; a list of
+    fewer than two items counts 0.
+
+    Args:
+        topk: int ``[U, k_max]`` retrieved ids per user, best first (-1 = no item).
+        categories: int ``[num_ids]``, the category code of every id (``categories[id]``);
+            give items without a category codes of their own.
+        ks: the N values, each ``<= k_max``.
+        batch: users compared at once (the pairwise table is ``[batch, N, N]``).
+
+    Returns:
+        ``{"diversity@20": …, …}``.
+    """
+    if topk.shape[1] < max(ks):
+        raise ValueError(f"top lists have {topk.shape[1]} items, fewer than N = {max(ks)}")
+    categories = np.asarray(categories)
+    out: dict[str, float] = {}
+    for k in ks:
+        total = 0.0
+        for start in range(0, len(topk), batch):
+            ids = topk[start : start + batch, :k]  # [b, N]
+            valid = ids >= 0
+            cats = categories[np.where(valid, ids, 0)]  # [b, N]
+            both = valid[:, :, None] & valid[:, None, :]  # [b, N, N]
+            differ = (cats[:, :, None] != cats[:, None, :]) & both
+            n = valid.sum(axis=1)  # [b]
+            pairs = n * (n - 1)  # ordered pairs: each unordered pair is counted twice in `differ`
+            total += float(np.sum(np.where(pairs > 0, differ.sum(axis=(1, 2)) / np.maximum(pairs, 1), 0.0)))
+        out[f"diversity@{k}"] = total / max(len(topk), 1)
     return out

@@ -1,9 +1,23 @@
-"""Full-ranking evaluation of a trained model on a dataset, printed as JSON.
+"""Evaluate a trained model under one protocol, or compare the metrics of several runs.
 
     python tools/evaluate.py --model runs/ml100k-sa --data ../shared/data/ml-100k \\
-        [--index runs/ml100k-sa-index]
+        [--protocol loo-full|loo-sampled|comirec] [--index runs/ml100k-sa-index] \\
+        [--split test] [--seed 42] [--negatives 100] [--out runs/ml100k-sa-comirec] [--table]
+    python tools/evaluate.py --compare runs/a runs/b runs/c/metrics.json [--metrics hr@10,ndcg@10]
 
-Exact (brute-force) search by default; through the FAISS index when --index is given.
+Protocols (retrieval/protocols.py):
+  loo-full     leave-one-out, ranked against every item, history excluded:
+               hr, ndcg, recall @ 5, 10, 20, 50 (exact search, or through --index)
+  loo-sampled  leave-one-out, the target against --negatives items the user never touched,
+               drawn with --seed (SASRec's protocol): sampled_hr@10, sampled_ndcg@10
+  comirec      users split 8:1:1 with --seed, history = first 80% of a held-out user's
+               sequence, targets = the rest: recall, hitrate, ndcg, diversity @ 20, 50
+               (ComiRec's definitions; diversity needs item attributes, first = category)
+
+Prints the result as JSON (default) or a Markdown table (--table). --out DIR also writes it
+to DIR/metrics.json; the model folder itself is never written to (its files are checksummed).
+--compare reads each run's metrics.json (this tool's --out, or a model folder's training
+metrics) and prints Markdown: one table per protocol, a row per run.
 """
 
 from __future__ import annotations
@@ -12,30 +26,99 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from retrieval.artifacts import ArtifactError
-from retrieval.evaluate import evaluate_model_on_data
+from retrieval.evaluate import (
+    METRICS_FILE,
+    comparison_markdown,
+    evaluate_protocol,
+    load_run_rows,
+    markdown_table,
+)
 from retrieval.index_artifact import load_index
 from retrieval.model_artifact import load_model
+from retrieval.protocols import DEFAULT_SEED, PROTOCOLS
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="model artifact folder (tools/train.py --out)")
+    p.add_argument("--data", help="interactions, same formats as tools/train.py")
+    p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="loo-full", help="default %(default)s")
+    p.add_argument("--index", help="index folder (tools/build_index.py --out); default exact search")
+    p.add_argument("--split", choices=["test", "valid"], default="test", help="default %(default)s")
+    p.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help="comirec user split, sampled negatives (%(default)s)"
+    )
+    p.add_argument(
+        "--negatives", type=int, default=100, help="loo-sampled: negatives per user (default %(default)s)"
+    )
+    p.add_argument("--out", help="folder to write metrics.json into (created if needed)")
+    p.add_argument("--table", action="store_true", help="print a Markdown table instead of JSON")
+    p.add_argument(
+        "--compare", nargs="+", metavar="RUN", help="run folders or metrics JSON files to tabulate"
+    )
+    p.add_argument("--metrics", help="--compare: comma-separated metric columns (default all)")
+    args = p.parse_args(argv)
+    if args.compare is None and (args.model is None or args.data is None):
+        p.error("--model and --data are required (unless --compare)")
+    if args.compare is not None and (args.model is not None or args.data is not None):
+        p.error("--compare tabulates finished runs: give it without --model/--data")
+    if args.negatives < 1:
+        p.error("--negatives must be at least 1")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model artifact folder (tools/train.py --out)")
-    p.add_argument("--data", required=True, help="interactions, same formats as tools/train.py")
-    p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
-    p.add_argument("--index", help="index folder (tools/build_index.py --out); default exact search")
-    p.add_argument("--split", choices=["test", "valid"], default="test", help="default %(default)s")
-    args = p.parse_args(argv)
+    args = parse_args(argv)
+    if args.compare is not None:
+        try:
+            rows = [row for run in args.compare for row in load_run_rows(run)]
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+        print(comparison_markdown(rows, metrics))
+        return 0
+    out = None if args.out is None else Path(args.out)
+    if out is not None and (out / "manifest.json").exists():
+        print(f"error: {out} is an artifact folder (checksummed); write --out elsewhere", file=sys.stderr)
+        return 2
     try:
         model = load_model(args.model)
-        index = None if args.index is None else load_index(args.index, model.version)[0]
-        metrics = evaluate_model_on_data(model, args.data, args.format, args.split, index)
+        index, search = None, "exact"
+        if args.index is not None:
+            index, index_manifest = load_index(args.index, model.version)
+            search = str(index_manifest.get("factory", index_manifest.get("backend", "faiss")))
+        result = evaluate_protocol(
+            model,
+            args.data,
+            args.protocol,
+            args.format,
+            args.split,
+            index,
+            seed=args.seed,
+            num_negatives=args.negatives,
+        )
     except (ArtifactError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    search = "exact" if index is None else index.factory
-    print(json.dumps({"model": args.model, "split": args.split, "search": search, **metrics}, indent=2))
+    record = result.record(
+        model=args.model,
+        model_version=model.version,
+        tower=model.manifest.get("tower"),
+        data=args.data,
+        search=search,
+    )
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    if args.table:
+        print(markdown_table([{**record, "run": args.model}]))
+    else:
+        print(json.dumps(record, indent=2))
     return 0
 
 

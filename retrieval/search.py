@@ -260,11 +260,11 @@ def _merge(
     batch, f = result.ids.shape[0], ids.shape[1]
     num_interests = int(slots.max()) + 1
     # Each user's candidates side by side, [B, K·f]; unused places are id -1, score -inf.
-    cand_ids = np.full((batch, num_interests, f), -1, np.int64)
-    cand_scores = np.full((batch, num_interests, f), -np.inf, np.float32)
-    cand_ids[users, slots] = np.where(keep, ids, -1)
-    cand_scores[users, slots] = np.where(keep, scores, -np.inf)
-    cand_ids, cand_scores = cand_ids.reshape(batch, -1), cand_scores.reshape(batch, -1)
+    per_ids = np.full((batch, num_interests, f), -1, np.int64)
+    per_scores = np.full((batch, num_interests, f), -np.inf, np.float32)
+    per_ids[users, slots] = np.where(keep, ids, -1)
+    per_scores[users, slots] = np.where(keep, scores, -np.inf)
+    cand_ids, cand_scores = per_ids.reshape(batch, -1), per_scores.reshape(batch, -1)
     cand_interests = np.broadcast_to(np.repeat(np.arange(num_interests, dtype=np.int32), f), cand_ids.shape)
 
     # Group each user's candidates by id with the best score first (ties: lowest interest) and

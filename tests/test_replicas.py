@@ -1,0 +1,70 @@
+"""Two stateless replicas behind client-side round-robin: a replica going down mid-load costs
+no failed request (the client retries calls refused with UNAVAILABLE on the other one)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from retrieval.client import RetrievalClient, channel_target, service_config
+from retrieval.index_artifact import build_index_from_model
+from retrieval.retriever import Retriever
+from retrieval.server import create_server
+from tests.test_server import ITEMS, make_model
+
+
+def test_channel_targets_and_service_config() -> None:
+    assert channel_target("localhost:50051") == "localhost:50051"
+    assert channel_target(["10.0.0.1:1", "10.0.0.2:2"]) == "ipv4:10.0.0.1:1,10.0.0.2:2"
+    assert channel_target(["[::1]:1", "[::2]:2"]) == "ipv6:[::1]:1,[::2]:2"
+    for bad in ([], ["host-a:1", "10.0.0.1:2"], ["10.0.0.1:1", "[::1]:2"], ["10.0.0.1", "10.0.0.2:1"]):
+        with pytest.raises(ValueError):
+            channel_target(bad)
+    config = json.loads(service_config(3))
+    assert config["loadBalancingConfig"] == [{"round_robin": {}}]
+    assert config["methodConfig"][0]["retryPolicy"]["maxAttempts"] == 4
+    assert "retryPolicy" not in json.loads(service_config(0))["methodConfig"][0]
+    with pytest.raises(ValueError, match="retries"):
+        RetrievalClient("127.0.0.1:1", retries=9)
+
+
+def test_a_replica_going_down_under_load_fails_no_request() -> None:
+    models = [make_model(f"replica-{i}") for i in range(2)]  # the version tells who answered
+    replicas = [create_server(Retriever(m, build_index_from_model(m, "Flat")), port=0) for m in models]
+    addresses = [f"127.0.0.1:{port}" for _, port in replicas]
+    answered: list[str] = []
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def load(client: RetrievalClient) -> None:
+        while not stop.is_set():
+            try:
+                result = client.retrieve([ITEMS[len(answered) % 20]], k=5)
+                assert len(result.items) == 5
+                answered.append(result.model_version)
+            except Exception as e:  # any failure fails the test
+                errors.append(e)
+
+    try:
+        with RetrievalClient(addresses, timeout=10) as client:
+            client.wait_until_serving(timeout=10)
+            threads = [threading.Thread(target=load, args=(client,)) for _ in range(4)]
+            for t in threads:
+                t.start()
+            time.sleep(0.5)
+            assert set(answered) == {"replica-0", "replica-1"}  # round-robin over both
+            replicas[0][0].stop(grace=2).wait()  # in-flight calls finish, new ones are refused
+            before = len(answered)
+            time.sleep(0.5)
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not errors
+        assert len(answered) > before + 10 and set(answered[before + 4 :]) == {"replica-1"}
+    finally:
+        stop.set()
+        for server, _ in replicas:
+            server.stop(None)

@@ -22,7 +22,7 @@ ROUND_ROBIN: MergeStrategy
 DIVERSITY: MergeStrategy
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("history", "k", "events", "merge", "diversity_lambda", "per_interest_k", "exclude_ids", "allow_ids", "return_interests", "user_id")
+    __slots__ = ("history", "k", "events", "merge", "diversity_lambda", "per_interest_k", "exclude_ids", "allow_ids", "return_interests", "user_id", "category")
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class RetrieveRequest(_message.Message):
     ALLOW_IDS_FIELD_NUMBER: _ClassVar[int]
     RETURN_INTERESTS_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
     history: _containers.RepeatedScalarFieldContainer[str]
     k: int
     events: _containers.RepeatedCompositeFieldContainer[Event]
@@ -43,7 +44,8 @@ class RetrieveRequest(_message.Message):
     allow_ids: _containers.RepeatedScalarFieldContainer[str]
     return_interests: bool
     user_id: str
-    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., merge: _Optional[_Union[MergeStrategy, str]] = ..., diversity_lambda: _Optional[float] = ..., per_interest_k: _Optional[int] = ..., exclude_ids: _Optional[_Iterable[str]] = ..., allow_ids: _Optional[_Iterable[str]] = ..., return_interests: _Optional[bool] = ..., user_id: _Optional[str] = ...) -> None: ...
+    category: str
+    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., merge: _Optional[_Union[MergeStrategy, str]] = ..., diversity_lambda: _Optional[float] = ..., per_interest_k: _Optional[int] = ..., exclude_ids: _Optional[_Iterable[str]] = ..., allow_ids: _Optional[_Iterable[str]] = ..., return_interests: _Optional[bool] = ..., user_id: _Optional[str] = ..., category: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("item_id", "timestamp", "action")

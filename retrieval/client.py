@@ -149,6 +149,7 @@ class RetrievalClient:
         allow: Sequence[str] = (),
         return_interests: bool = False,
         user_id: str = "",
+        category: str = "",
     ) -> Retrieved:
         """Top-``k`` items for a history of external ids (oldest first).
 
@@ -159,7 +160,7 @@ class RetrievalClient:
         """
         query = Query(
             history, k, timestamps, actions, merge, diversity_lambda,  # type: ignore[arg-type]
-            per_interest_k, exclude, allow, return_interests, user_id,
+            per_interest_k, exclude, allow, return_interests, user_id, category,
         )  # fmt: skip
         response = self._stub.Retrieve(request_from_query(query), timeout=self.timeout)
         return result_from_response(response)

@@ -21,7 +21,7 @@ from retrieval.index_artifact import load_index
 from retrieval.merge import MergeStrategy, strategy
 from retrieval.model_artifact import KIND as MODEL_KIND
 from retrieval.model_artifact import ModelArtifact, load_model
-from retrieval.search import ATTRIBUTES_FILE, search_interests
+from retrieval.search import ATTRIBUTES_FILE, ItemCategories, search_interests
 from retrieval.vocab import PAD
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class Query:
     allow: Sequence[str] = ()
     return_interests: bool = False
     user_id: str = ""
+    category: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.merge, str):
@@ -122,7 +123,8 @@ class _Prepared:
     known: np.ndarray  # int [n] known history ids, oldest first
     features: dict[str, np.ndarray]  # per side feature of the tower, int [n]
     exclude: np.ndarray  # sorted unique int64: history and exclude list
-    allow: tuple[int, ...] | None  # sorted unique dense ids, None = everything
+    allow: np.ndarray | None  # sorted unique int64 dense ids, None = everything
+    allow_key: tuple[tuple[str, ...], str]  # what ``allow`` came from: queries sharing it share a search
     unknown: int
 
 
@@ -172,6 +174,14 @@ class Retriever:
         if item_attributes is None and model.path is not None and (model.path / ATTRIBUTES_FILE).is_file():
             item_attributes = json.loads((model.path / ATTRIBUTES_FILE).read_text())
         self.categories = item_categories(model, item_attributes or {})
+        dense = model.vocab.lookup(list(item_attributes or {}))
+        self.item_categories = ItemCategories.from_attributes(
+            {
+                int(d): values
+                for d, values in zip(dense, (item_attributes or {}).values(), strict=True)
+                if d != PAD
+            }
+        )
         self.start_time = time.time()
         self.observe_search: Callable[[float], None] | None = None
         """Called with the seconds each index search took (the server's metrics hook)."""
@@ -227,6 +237,7 @@ class Retriever:
         allow: Sequence[str] = (),
         return_interests: bool = False,
         user_id: str = "",
+        category: str = "",
     ) -> Retrieved:
         """Top-``k`` items for one user.
 
@@ -240,6 +251,8 @@ class Retriever:
             per_interest_k: candidates per interest, ``k..MAX_PER_INTEREST_K``; 0 = ``k``.
             exclude: external ids never to return (besides the history); unknown ids ignored.
             allow: when non-empty, the only external ids that may be returned; unknown ids ignored.
+            category: when non-empty, only items with this attribute (e.g. a genre) are returned
+                (with ``allow``: items in both).
             return_interests: also return the user's ``[K, d]`` interest vectors.
             user_id: for the log only.
 
@@ -248,13 +261,13 @@ class Retriever:
         """
         query = Query(
             history, k, timestamps, actions, merge, diversity_lambda, per_interest_k,
-            exclude, allow, return_interests, user_id,
+            exclude, allow, return_interests, user_id, category,
         )  # fmt: skip
         return self.retrieve_many([query])[0]
 
     def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
         """Answers several users with one user-tower call and one index search per group of
-        queries sharing merge options, per-interest depth and allow-list (one search when
+        queries sharing merge options, per-interest depth and filters (one search when
         they all share them); each answer equals :meth:`retrieve` of that query alone.
 
         Raises:
@@ -274,23 +287,23 @@ class Retriever:
         features = {name: [p.features[name] for p in prepared] for name in self.model.side.event_features}
         interests = self.model.encode([p.known for p in prepared], features)  # [B, K, d], one call
 
-        groups: dict[tuple[MergeStrategy, float, int, tuple[int, ...] | None], list[int]] = {}
+        groups: dict[tuple[MergeStrategy, float, int, tuple[tuple[str, ...], str]], list[int]] = {}
         for i, (query, p) in enumerate(zip(queries, prepared, strict=True)):
             # Max-score top-k is a prefix of top-k' (k < k'): any k share a search. The other
             # merges choose among each interest's first candidates, so their depth must match.
             fetch = query.per_interest_k
             if query.merge is not MergeStrategy.MAX_SCORE:
                 fetch = max(query.k, fetch)
-            groups.setdefault((query.merge, query.diversity_lambda, fetch, p.allow), []).append(i)
+            groups.setdefault((query.merge, query.diversity_lambda, fetch, p.allow_key), []).append(i)
         answers: dict[int, Retrieved] = {}
-        for (merge, lam, fetch, allow), members in groups.items():
+        for (merge, lam, fetch, _), members in groups.items():
             started = time.perf_counter()
             result = search_interests(
                 self.index,
                 interests[members],
                 max(queries[i].k for i in members),
                 exclude=[prepared[i].exclude for i in members],
-                allow=None if allow is None else np.asarray(allow, np.int64),
+                allow=prepared[members[0]].allow,
                 merge=None if merge is MergeStrategy.MAX_SCORE else strategy(merge, self.categories, lam),
                 per_interest_k=fetch,
             )
@@ -364,12 +377,18 @@ class Retriever:
         allow = None
         if query.allow:
             allowed = self.model.vocab.lookup(list(query.allow))
-            allow = tuple(np.unique(allowed[allowed != PAD]).tolist())
+            allow = np.unique(allowed[allowed != PAD]).astype(np.int64)
+        if query.category:
+            if query.category not in self.item_categories:
+                raise InvalidArgument(f"unknown category {query.category!r}: no item of the model has it")
+            members = self.item_categories.ids(query.category)
+            allow = members if allow is None else np.intersect1d(allow, members)
         return _Prepared(
             known=known,
             features=features,
             exclude=np.unique(np.concatenate([known, excluded[excluded != PAD]]).astype(np.int64)),
             allow=allow,
+            allow_key=(tuple(query.allow), query.category),
             unknown=len(history) - len(known),
         )
 

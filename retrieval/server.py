@@ -108,6 +108,7 @@ def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
         allow=list(request.allow_ids),
         return_interests=request.return_interests,
         user_id=request.user_id,
+        category=request.category,
     )
 
 
@@ -130,6 +131,7 @@ def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
         allow_ids=query.allow,
         return_interests=query.return_interests,
         user_id=query.user_id,
+        category=query.category,
     )
     if query.timestamps is None and query.actions is None:
         request.history.extend(query.history)

@@ -143,6 +143,20 @@ def test_exclude_and_allow_filter_like_the_oracle(client: RetrievalClient, model
     assert client.retrieve(history, 5, allow=["nope"]).items == []
 
 
+def test_category_filter_like_the_oracle(client: RetrievalClient, model: ModelArtifact) -> None:
+    history = ["item01", "item07"]
+    genre1 = {item for item, values in ATTRIBUTES.items() if "genre1" in values}
+    for allow, members in ((None, genre1), (ITEMS[:15], genre1 & set(ITEMS[:15]))):
+        got = client.retrieve(history, 6, allow=allow or (), category="genre1")
+        expected = [item for item, _, _ in brute_force(model, history, len(ITEMS)) if item in members][:6]
+        assert [item for item, _, _ in got.items] == expected
+    assert len(client.retrieve(history, 40, category="extra").items) == 28  # 30 items, 2 in the history
+    with pytest.raises(grpc.RpcError) as error:
+        client.retrieve(history, 5, category="no-such-genre")
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown category 'no-such-genre'" in (error.value.details() or "")
+
+
 def test_return_interests_sends_the_user_vectors(client: RetrievalClient, model: ModelArtifact) -> None:
     got = client.retrieve(["item05", "item06"], 3, return_interests=True)
     expected = model.user_vectors({"items": np.array([[6, 7]], np.int32)})[0]
@@ -175,12 +189,13 @@ def test_batch_equals_single_calls_with_one_tower_call_and_one_search(
         Query(HISTORIES[1], 4, merge="diversity", diversity_lambda=0.5, per_interest_k=10),
         Query(HISTORIES[2], 6, exclude=["item20"], allow=ITEMS[10:30], return_interests=True),
         Query(HISTORIES[3], 2, user_id="u-42"),
+        Query(HISTORIES[0], 3, category="genre2"),
     ]
     for query, answer in zip(mixed, client.batch_retrieve(mixed), strict=True):
         alone = client.retrieve(
             query.history, query.k, merge=query.merge, diversity_lambda=query.diversity_lambda,
             per_interest_k=query.per_interest_k, exclude=query.exclude, allow=query.allow,
-            return_interests=query.return_interests,
+            return_interests=query.return_interests, category=query.category,
         )  # fmt: skip
         assert_same(answer.items, alone.items)
         assert (answer.interests is None) == (alone.interests is None)
@@ -252,10 +267,11 @@ def test_model_info_describes_model_and_index(client: RetrievalClient, retriever
 def test_query_tool_passes_the_options(client: RetrievalClient, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--address", client.address, "--history", "item01", "item07", "--k", "4", "--json"]
     args += ["--merge", "diversity", "--lambda", "0.3", "--exclude", "item02", "--interests"]
+    args += ["--category", "extra"]
     assert query_tool.main(args) == 0
     out = json.loads(capsys.readouterr().out)
     expected = client.retrieve(
-        ["item01", "item07"], 4, merge="diversity", diversity_lambda=0.3, exclude=["item02"]
+        ["item01", "item07"], 4, merge="diversity", diversity_lambda=0.3, exclude=["item02"], category="extra"
     )
     assert [i["item_id"] for i in out["items"]] == [item for item, _, _ in expected.items]
     assert len(out["interests"]) == 3 and len(out["interests"][0]) == 16

@@ -39,6 +39,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--per-interest-k", type=int, default=0, help="candidates per interest (0 = k)")
     p.add_argument("--exclude", nargs="+", default=[], metavar="ID", help="ids never to return")
     p.add_argument("--allow", nargs="+", default=[], metavar="ID", help="the only ids that may be returned")
+    p.add_argument("--category", default="", help="only items with this attribute (genre, category)")
     p.add_argument("--interests", action="store_true", help="also print the user's interest vectors")
     p.add_argument("--user-id", default="", help="sent for the server's log only")
     p.add_argument("--info", action="store_true", help="print the served model and index instead")
@@ -98,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 allow=args.allow,
                 return_interests=args.interests,
                 user_id=args.user_id,
+                category=args.category,
             )
         except grpc.RpcError as e:
             print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)

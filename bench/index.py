@@ -117,6 +117,7 @@ def load_or_train_model(args: argparse.Namespace) -> Any:
         return load_model(args.model)
     out = args.out / "model"
     if not (out / "manifest.json").exists():
+        from retrieval.callbacks import run_folder
         from retrieval.config import Config, DataConfig, TrainConfig
         from retrieval.train import train
 
@@ -125,6 +126,7 @@ def load_or_train_model(args: argparse.Namespace) -> Any:
             Config(data=DataConfig(path=str(args.data)), train=TrainConfig(epochs=args.epochs)),
             out,
             verbose=0,
+            resume=run_folder(out).is_dir(),
         )
     return load_model(out)
 

@@ -4,8 +4,9 @@
 
 Leave-one-out, full ranking over all items with the user's history excluded (the protocol of
 ``tools/train.py``). Each run is a model artifact under ``--out``; runs whose artifact already
-exists are read back instead of retrained, so an interrupted benchmark resumes where it
-stopped. Writes ``results.json`` and ``results.md`` (a Markdown table) into ``--out``.
+exists are read back instead of retrained, and an interrupted run continues from its last
+epoch's checkpoint, so an interrupted benchmark resumes where it stopped. Writes
+``results.json`` and ``results.md`` (a Markdown table) into ``--out``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from retrieval.callbacks import run_folder
 from retrieval.config import Config, DataConfig, ModelConfig, TrainConfig, apply_overrides
 from retrieval.train import train
 from towers import tower_names
@@ -39,10 +41,10 @@ def runs(towers: Sequence[str], fusions: Sequence[str], side_features: str) -> l
 
 
 def run_one(config: Config, out: Path) -> dict[str, Any]:
-    """Trains (or reads back) one run's metrics."""
+    """Trains (or reads back, or resumes from its last epoch) one run's metrics."""
     if (out / "metrics.json").is_file():
         return json.loads((out / "metrics.json").read_text())
-    return train(config, out, verbose=2)
+    return train(config, out, verbose=2, resume=run_folder(out).is_dir())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,12 +40,23 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation and the sampled-softmax task.
+    """Optimisation, the loss and its negatives, and the training loop.
 
-    ``sampler`` is ``"popularity"`` (q ∝ count^``sampler_alpha`` over training events) or
-    ``"uniform"``; logits are log-Q corrected for either. ``objective`` is one of
-    ``retrieval.examples.OBJECTIVES`` (None = the tower's default: ``all_positions`` for
+    ``loss`` is one of ``retrieval.losses.LOSSES``: ``sampled_softmax``, ``full_softmax``,
+    ``in_batch``, ``mixed`` (in-batch + sampled), ``bce`` or ``gbce`` (gSASRec, calibration
+    ``gbce_t``). Sampled negatives come from ``sampler``: ``"popularity"`` (q ∝
+    (count + 1)^``sampler_alpha`` over training events), ``"uniform"`` or ``"log_uniform"``
+    (Zipf over the popularity rank); ``num_negatives`` are shared by a batch, or
+    ``negatives_per_positive`` (> 0) are drawn for each target. Softmax logits are log-Q
+    corrected unless ``logq_correction`` is false (BCE losses never are). ``objective`` is one
+    of ``retrieval.examples.OBJECTIVES`` (None = the tower's default: ``all_positions`` for
     sasrec, ``cloze`` for bert4rec, ``last`` otherwise); ``mask_ratio`` is the cloze task's.
+
+    The loop: Adam, AdamW when ``weight_decay`` > 0; ``lr_schedule`` ``constant``, ``cosine``
+    or ``linear`` decay to 0 over the run after ``warmup_steps`` of linear warm-up; early
+    stopping after ``patience`` validations (one every ``eval_every`` epochs) without a better
+    NDCG@10 (0 = off), the best weights exported. ``seed`` fixes initial weights, data order,
+    negatives and dropout: the same seed repeats a run, also across a resume.
     """
 
     objective: str | None = None
@@ -53,13 +64,21 @@ class TrainConfig:
     epochs: int = 20
     batch_size: int = 256
     learning_rate: float = 1e-3
+    loss: str = "sampled_softmax"
     num_negatives: int = 1000
+    negatives_per_positive: int = 0  # > 0: per-target negatives instead of num_negatives shared
     sampler: str = "popularity"
     sampler_alpha: float = 0.75
+    logq_correction: bool = True
+    gbce_t: float = 0.75  # gSASRec's calibration t in [0, 1] (loss = gbce)
     temperature: float = 1.0
     remove_accidental_hits: bool = True
     interest_selection: str = "hard"  # how K interests meet the target: "hard" | "label_aware"
     label_aware_power: float = 1.0  # MIND's p, for interest_selection="label_aware"
+    weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
+    lr_schedule: str = "constant"  # constant | cosine | linear (decay to 0 by the last step)
+    warmup_steps: int = 0
+    patience: int = 0  # early stopping on validation NDCG@10 (0 = off)
     seed: int = 42
     eval_every: int = 1
 

@@ -13,14 +13,14 @@ import tensorflow as tf
 
 from retrieval.config import ModelConfig
 from retrieval.features import SideVocab
-from retrieval.losses import SampledSoftmaxTask
+from retrieval.losses import RetrievalTask
 from towers import ItemTower, UserTower, build_user_tower
 from towers.registry import tower_class
 
 
 @keras.saving.register_keras_serializable(package="retrieval")
 class TwoTowerModel(keras.Model):
-    """User tower + item tower trained by a :class:`SampledSoftmaxTask`.
+    """User tower + item tower trained by a :class:`~retrieval.losses.RetrievalTask`.
 
     ``call({"items": [B, L]})`` returns the interests ``[B, K, d]``; ``fit`` takes
     ``(inputs, target_ids [B])``. The task is attached for training and is not saved.
@@ -29,7 +29,7 @@ class TwoTowerModel(keras.Model):
     def __init__(self, user_tower: UserTower, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.user_tower = user_tower
-        self.task: SampledSoftmaxTask | None = None
+        self.task: RetrievalTask | None = None
         self.objective = user_tower.objectives[0]
 
     @property
@@ -60,7 +60,9 @@ class TwoTowerModel(keras.Model):
         training: bool = True,
     ) -> Any:
         if self.task is None:
-            raise RuntimeError("attach a task (model.task = SampledSoftmaxTask(...)) before training")
+            raise RuntimeError(
+                "attach a task (model.task = retrieval.losses.build_task(...)) before training"
+            )
         loss = self.task(y_pred, y, self.item_tower)
         if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
             loss = loss + tf.add_n(self.losses)

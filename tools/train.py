@@ -1,76 +1,110 @@
 """Train a two-tower retriever and write its model artifact.
 
 python tools/train.py --data ../shared/data/ml-100k --model sa --epochs 20 --out runs/ml100k-sa
+python tools/train.py --preset beauty-sasrec --out runs/beauty-sasrec --loss gbce
+
+Settings are applied in order: the defaults (retrieval/config.py), --preset, the flags below,
+then every --set. An interrupted run continues with the same command plus --resume.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from retrieval.config import Config, DataConfig, ModelConfig, TrainConfig, apply_overrides
+from retrieval.artifacts import ArtifactError
+from retrieval.config import Config, ModelConfig, TrainConfig, apply_overrides
+from retrieval.losses import LOSSES
+from retrieval.presets import apply_preset, preset_names
 from retrieval.train import train
 from towers import tower_names
 
+# flag dest -> config field; a flag overrides its field only when given.
+FLAG_FIELDS = {
+    "data": "data.path",
+    "format": "data.format",
+    "model": "model.tower",
+    "dim": "model.dim",
+    "num_interests": "model.num_interests",
+    "max_len": "model.max_len",
+    "epochs": "train.epochs",
+    "batch_size": "train.batch_size",
+    "lr": "train.learning_rate",
+    "loss": "train.loss",
+    "negatives": "train.num_negatives",
+    "seed": "train.seed",
+}
+
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
+    """The resolved configuration and the parsed arguments.
+
+    Raises:
+        ValueError: an unknown preset, a bad ``--set``, or no data given.
+    """
     m, t = ModelConfig(), TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--data", required=True, help="interactions: ML-100K/1M folder, S3-Rec .txt, CSV or Parquet"
-    )
+    p.add_argument("--data", help="interactions: ML-100K/1M folder, S3-Rec .txt, CSV or Parquet")
     p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
     p.add_argument("--out", required=True, help="model artifact folder to create")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    p.add_argument("--model", default=m.tower, choices=tower_names(), help="user tower (default %(default)s)")
-    p.add_argument("--dim", type=int, default=m.dim, help="embedding size (default %(default)s)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace --out (and an interrupted run) if it exists"
+    )
+    p.add_argument("--resume", action="store_true", help="continue the interrupted run in OUT.partial")
+    p.add_argument("--preset", help=f"named hyper-parameters (and dataset): {', '.join(preset_names())}")
+    p.add_argument("--model", choices=tower_names(), help=f"user tower (default {m.tower})")
+    p.add_argument("--dim", type=int, help=f"embedding size (default {m.dim})")
     p.add_argument(
         "--num-interests", type=int, help="K (default: the tower's; 1 for sasrec, bert4rec, youtubednn)"
     )
-    p.add_argument("--max-len", type=int, default=m.max_len, help="history length read (default %(default)s)")
-    p.add_argument("--epochs", type=int, default=t.epochs, help="default %(default)s")
-    p.add_argument("--batch-size", type=int, default=t.batch_size, help="default %(default)s")
-    p.add_argument(
-        "--lr", type=float, default=t.learning_rate, help="Adam learning rate (default %(default)s)"
-    )
-    p.add_argument("--negatives", type=int, default=t.num_negatives, help="sampled negatives per batch")
-    p.add_argument("--seed", type=int, default=t.seed, help="default %(default)s")
+    p.add_argument("--max-len", type=int, help=f"history length read (default {m.max_len})")
+    p.add_argument("--epochs", type=int, help=f"default {t.epochs}")
+    p.add_argument("--batch-size", type=int, help=f"default {t.batch_size}")
+    p.add_argument("--lr", type=float, help=f"peak learning rate (default {t.learning_rate})")
+    p.add_argument("--loss", choices=LOSSES, help=f"training loss (default {t.loss})")
+    p.add_argument("--negatives", type=int, help=f"sampled negatives per batch (default {t.num_negatives})")
+    p.add_argument("--seed", type=int, help=f"default {t.seed}")
+    p.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard logs to DIR")
     p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="any other config field"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    config = Config(
-        DataConfig(path=args.data, format=args.format),
-        dataclasses.replace(
-            m, tower=args.model, dim=args.dim, num_interests=args.num_interests, max_len=args.max_len
-        ),
-        dataclasses.replace(
-            t,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            learning_rate=args.lr,
-            num_negatives=args.negatives,
-            seed=args.seed,
-        ),
-    )
-    return apply_overrides(config, args.set), args
+    config = Config()
+    if args.preset:
+        config = apply_preset(config, args.preset)
+    flags = [
+        f"{field}={getattr(args, dest)}"
+        for dest, field in FLAG_FIELDS.items()
+        if getattr(args, dest) is not None
+    ]
+    config = apply_overrides(config, [*flags, *args.set])
+    if not config.data.path:
+        raise ValueError("no data: give --data (or a --preset, which names its dataset)")
+    return config, args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config, args = parse_args(argv)
     try:
-        metrics = train(config, args.out, overwrite=args.overwrite, verbose=0 if args.quiet else "auto")
-    except (ValueError, FileExistsError) as e:
+        config, args = parse_args(argv)
+        metrics = train(
+            config,
+            args.out,
+            overwrite=args.overwrite,
+            verbose=0 if args.quiet else "auto",
+            resume=args.resume,
+            tensorboard=args.tensorboard,
+        )
+    except (ValueError, FileExistsError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = {k: metrics[k] for k in ("validation", "test", "baseline_popularity_test", "train_seconds")}
-    print(json.dumps({"out": args.out, **summary}, indent=2))
+    keys = ("validation", "test", "baseline_popularity_test", "train_seconds", "epochs_trained", "best_epoch")
+    print(json.dumps({"out": args.out, **{k: metrics[k] for k in keys}}, indent=2))
     return 0
 
 

@@ -1,0 +1,250 @@
+"""The training loop: seeding, per-epoch checkpoints and resume, early stopping, schedules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import retrieval.train
+from retrieval.callbacks import (
+    EarlyStopping,
+    EpochCheckpoint,
+    WarmupDecay,
+    load_checkpoint,
+    run_folder,
+    save_checkpoint,
+)
+from retrieval.config import Config, ModelConfig, TrainConfig, apply_overrides
+from retrieval.losses import CandidateSampler, SampledSoftmaxTask
+from retrieval.model import build_model
+from retrieval.train import epoch_batches, make_optimizer
+from tests.conftest import run_tool
+
+TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5"]
+TINY += ["train.batch_size=32", "train.epochs=2"]
+
+
+def tiny_config(data: Path, *extra: str) -> Config:
+    return apply_overrides(Config(), [f"data.path={data}", *TINY, *extra])
+
+
+class Interrupted(Exception):
+    """Stands for a crash (or Ctrl-C) in the middle of a run."""
+
+
+@pytest.fixture
+def exported(monkeypatch) -> list[list[np.ndarray]]:
+    """Replaces the artifact export (not under test here) by a record of the final weights."""
+    weights: list[list[np.ndarray]] = []
+
+    def record(model, *args: Any, **kwargs: Any) -> None:
+        weights.append([np.array(w) for w in model.get_weights()])
+
+    monkeypatch.setattr(retrieval.train, "save_model", record)
+    return weights
+
+
+@pytest.fixture(scope="module")
+def full_run(synthetic_csv, tmp_path_factory) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """An uninterrupted 2-epoch run: its metrics and final weights."""
+    weights: list[np.ndarray] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(retrieval.train, "save_model", lambda m, *a, **k: weights.extend(m.get_weights()))
+        metrics = retrieval.train.train(
+            tiny_config(synthetic_csv), tmp_path_factory.mktemp("full") / "m", verbose=0
+        )
+    return metrics, [np.array(w) for w in weights]
+
+
+def test_same_seed_gives_the_same_loss_trajectory(synthetic_csv, tmp_path, exported, full_run) -> None:
+    metrics, weights = full_run
+    again = retrieval.train.train(tiny_config(synthetic_csv), tmp_path / "m", verbose=0)
+    assert len(again["train_loss_per_epoch"]) == 2
+    np.testing.assert_allclose(again["train_loss_per_epoch"], metrics["train_loss_per_epoch"], rtol=1e-6)
+    for a, b in zip(exported[0], weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_resume_finishes_an_interrupted_run_like_an_uninterrupted_one(
+    synthetic_csv, tmp_path, monkeypatch, exported, full_run
+) -> None:
+    config, out = tiny_config(synthetic_csv), tmp_path / "m"
+    original = EpochCheckpoint.on_epoch_end
+
+    def crash_after_first_epoch(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        original(self, epoch, logs)
+        if epoch == 0:
+            raise Interrupted
+
+    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_first_epoch)
+    with pytest.raises(Interrupted):
+        retrieval.train.train(config, out, verbose=0)
+    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", original)
+    # A half-trained run is only a run folder, never an artifact.
+    assert not out.exists()
+    run = run_folder(out)
+    assert json.loads((run / "checkpoint" / "manifest.json").read_text())["epoch"] == 1
+    with pytest.raises(FileExistsError, match="--resume"):
+        retrieval.train.train(config, out, verbose=0)
+    with pytest.raises(ValueError, match=r"model.dim: 8 -> 16"):
+        retrieval.train.train(apply_overrides(config, ["model.dim=16"]), out, verbose=0, resume=True)
+
+    resumed = retrieval.train.train(config, out, verbose=0, resume=True)
+    assert resumed["epochs_trained"] == 2
+    assert [h["epoch"] for h in resumed["validation_per_epoch"]] == [1, 2]
+    metrics, weights = full_run
+    np.testing.assert_allclose(resumed["train_loss_per_epoch"], metrics["train_loss_per_epoch"], rtol=1e-6)
+    for a, b in zip(exported[-1], weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert not run.exists()  # done: the checkpoints are removed
+
+
+def test_resume_without_a_run_is_an_error(synthetic_csv, tmp_path) -> None:
+    with pytest.raises(ValueError, match="nothing to resume"):
+        retrieval.train.train(tiny_config(synthetic_csv), tmp_path / "m", resume=True)
+
+
+def test_early_stopping_exports_the_best_epoch_through_the_cli(synthetic_csv, tmp_path, monkeypatch) -> None:
+    """Validation NDCG@10 is scripted 0.3, 0.5, 0.2, 0.1: with patience 2 the run stops after
+    epoch 4 and exports epoch 2's weights, as a complete artifact (TensorBoard logs beside)."""
+    scripted = iter([0.3, 0.5, 0.2, 0.1])
+    tables: list[np.ndarray] = []
+
+    def evaluate(artifact, *args: Any, **kwargs: Any) -> dict[str, float]:
+        tables.append(np.array(artifact.item_embeddings))
+        value = next(scripted, 0.0)  # the last call is the test evaluation
+        return {"ndcg@10": value, "hr@10": value, "recall@50": value}
+
+    monkeypatch.setattr(retrieval.train, "evaluate_ranking", evaluate)
+    out, logs = tmp_path / "model", tmp_path / "tb"
+    code = run_tool(
+        "train", "--data", str(synthetic_csv), "--out", str(out), "--model", "youtubednn", "--dim", "8",
+        "--max-len", "6", "--epochs", "8", "--batch-size", "32", "--negatives", "5", "--loss", "in_batch",
+        "--set", "train.patience=2", "--tensorboard", str(logs), "--quiet",
+    )  # fmt: skip
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["epochs_trained"], metrics["best_epoch"], metrics["stopped_early"]) == (4, 2, True)
+    assert metrics["validation"]["ndcg@10"] == 0.5 and metrics["loss"] == "in_batch"
+    assert len(tables) == 5
+    np.testing.assert_allclose(tables[-1], tables[1])  # tested with epoch 2's weights
+    exported = np.load(out / "item_embeddings.npy")
+    np.testing.assert_allclose(exported[1:], tables[1][1:], rtol=1e-6)
+    assert json.loads((out / "config.json").read_text())["train"]["loss"] == "in_batch"
+    assert not run_folder(out).exists()
+    (events,) = logs.glob("events.out.tfevents*")
+    scalars = {
+        (v.tag, e.step): v.simple_value
+        for e in tf.compat.v1.train.summary_iterator(str(events))
+        for v in e.summary.value
+    }
+    assert scalars[("val_ndcg@10", 2)] == pytest.approx(0.5)
+    assert {("loss", 4), ("learning_rate", 1)} <= set(scalars)
+
+
+def test_checkpoint_restores_weights_optimizer_and_random_state(tmp_path) -> None:
+    """A sasrec model (dropout) and its task continue after a reload exactly as without it."""
+
+    def fresh(seed: int) -> Any:
+        keras.utils.set_random_seed(seed)
+        model = build_model(ModelConfig(tower="sasrec", dim=8, max_len=5, dropout=0.5), 21)
+        model.set_objective(None)
+        model.task = SampledSoftmaxTask(CandidateSampler.from_counts(np.ones(21), "uniform", seed=seed), 5)
+        model.compile(optimizer=make_optimizer(TrainConfig(), 100), jit_compile=False)
+        return model
+
+    rng = np.random.default_rng(0)
+    x = {"items": rng.integers(1, 21, (16, 5)).astype(np.int32)}
+    y = rng.integers(1, 21, (16, 5)).astype(np.int32)
+    a = fresh(0)
+    a.train_on_batch(x, y)
+    save_checkpoint(tmp_path / "ckpt", a, a.task.variables, {"epoch": 1})
+    b = fresh(1)  # other initial weights, seeds and sampler
+    state, best = load_checkpoint(tmp_path / "ckpt", b, b.task.variables)
+    assert state["epoch"] == 1 and best is None
+    assert int(b.optimizer.iterations.numpy()) == 1
+    np.testing.assert_array_equal(b.task.variables[0].numpy(), a.task.variables[0].numpy())
+    b.task.negatives[0].sampler.seeds.seed = a.task.negatives[0].sampler.seeds.seed  # the config's seed
+    assert float(a.train_on_batch(x, y)) == pytest.approx(float(b.train_on_batch(x, y)), rel=1e-6)
+    for va, vb in zip(a.variables, b.variables, strict=True):
+        np.testing.assert_allclose(np.asarray(va), np.asarray(vb), rtol=1e-6, atol=1e-8)
+    # A model with other variables refuses the checkpoint.
+    other = build_model(ModelConfig(tower="sasrec", dim=16, max_len=5), 21)
+    other.compile(optimizer=keras.optimizers.Adam(), jit_compile=False)
+    with pytest.raises(ValueError, match="different model"):
+        load_checkpoint(tmp_path / "ckpt", other, a.task.variables)
+
+
+def test_early_stopping_state_and_skipped_epochs() -> None:
+    model = keras.Sequential([keras.layers.Dense(1)])
+    model.build((None, 2))
+    stop = EarlyStopping("val_ndcg@10", patience=2)
+    stop.set_model(model)
+    for epoch, value in enumerate([0.2, None, 0.4, 0.3, None, 0.1]):
+        model.set_weights([np.full((2, 1), epoch, np.float32), np.zeros(1, np.float32)])
+        stop.on_epoch_end(epoch, {} if value is None else {"val_ndcg@10": value})
+    assert stop.get_state() == {"best": 0.4, "best_epoch": 3, "wait": 2, "stopped": True}
+    assert model.stop_training
+    stop.on_train_end()
+    assert model.get_weights()[0][0, 0] == 2.0  # epoch index 2 = epoch 3's weights
+    again = EarlyStopping(patience=2)
+    again.set_state(stop.get_state())
+    assert again.get_state() == stop.get_state()
+    with pytest.raises(ValueError, match="patience"):
+        EarlyStopping(patience=0)
+
+
+@pytest.mark.parametrize(
+    "kind, step, expected",
+    [
+        ("cosine", 0, 0.1),  # warm-up: (step + 1) / 10
+        ("cosine", 4, 0.5),
+        ("cosine", 10, 1.0),  # decay starts at the peak
+        ("cosine", 60, 0.5),  # half-way through the decay: (1 + cos(pi / 2)) / 2
+        ("cosine", 110, 0.0),
+        ("linear", 35, 0.75),
+        ("linear", 200, 0.0),
+        ("constant", 80, 1.0),
+    ],
+)
+def test_warmup_decay_schedule(kind: str, step: int, expected: float) -> None:
+    schedule = WarmupDecay(1.0, total_steps=110, warmup_steps=10, kind=kind)
+    assert float(schedule(step)) == pytest.approx(expected, abs=1e-6)
+
+
+def test_warmup_decay_config_round_trip_and_errors() -> None:
+    schedule = WarmupDecay(2e-3, 500, 20, "linear")
+    again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert isinstance(again, WarmupDecay) and again.get_config() == schedule.get_config()
+    assert float(again(300)) == pytest.approx(float(schedule(300)))
+    with pytest.raises(ValueError, match="unknown learning-rate schedule"):
+        WarmupDecay(1e-3, 100, 0, "step")
+
+
+def test_optimizer_options() -> None:
+    plain = make_optimizer(TrainConfig(learning_rate=0.01), 100)
+    assert type(plain) is keras.optimizers.Adam and float(plain.learning_rate) == pytest.approx(0.01)
+    decayed = make_optimizer(TrainConfig(weight_decay=0.1, lr_schedule="cosine", warmup_steps=5), 100)
+    assert isinstance(decayed, keras.optimizers.AdamW) and decayed.weight_decay == pytest.approx(0.1)
+    assert isinstance(decayed._learning_rate, WarmupDecay)
+
+
+def test_epoch_batches_are_seeded_per_epoch() -> None:
+    x, y = {"items": np.arange(10, dtype=np.int32)[:, None]}, np.arange(10, dtype=np.int32)
+
+    def epochs(first: int, last: int, seed: int = 3) -> list[list[int]]:
+        flat = [i for _, b in epoch_batches(x, y, 4, seed, first, last) for i in b.numpy().tolist()]
+        return [flat[i : i + 10] for i in range(0, len(flat), 10)]  # 10 examples per epoch
+
+    full = epochs(0, 3)
+    assert all(sorted(e) == list(range(10)) for e in full)  # every example once per epoch
+    assert full[0] != full[1]  # reshuffled every epoch
+    assert epochs(1, 3) == full[1:]  # a resumed run sees the same epochs
+    assert epochs(0, 1, seed=4) != full[:1]
+    assert tf.is_tensor(next(iter(epoch_batches(x, y, 4, 3, 0, 1)))[1])

@@ -14,10 +14,18 @@ from typing import Any
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the interactions come from. ``format`` None = detected from the path."""
+    """Where the interactions come from and how they are split.
+
+    ``format`` None = detected from the path. ``protocol`` is ``"loo"`` (leave-one-out: every
+    user trains on all but the last two events, validates on the second-to-last, tests on the
+    last) or ``"comirec"`` (ComiRec's: users split 8:1:1 by ``split_seed``; only training users
+    train; validation/test users' first 80% of events predict the remaining 20%).
+    """
 
     path: str = ""
     format: str | None = None
+    protocol: str = "loo"
+    split_seed: int = 42
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,9 @@ from retrieval.callbacks import (
     load_checkpoint,
     run_folder,
 )
-from retrieval.config import Config, TrainConfig
-from retrieval.data import LeaveOneOut, build_sequences, leave_one_out, load_interactions
-from retrieval.evaluate import evaluate_ranking, popularity_top_k
+from retrieval.config import Config, DataConfig, TrainConfig
+from retrieval.data import LeaveOneOut, SequenceData, build_sequences, leave_one_out, load_interactions
+from retrieval.evaluate import category_codes, evaluate_comirec, evaluate_ranking, popularity_top_k
 from retrieval.examples import make_examples, mask_items
 from retrieval.features import (
     SideVocab,
@@ -34,9 +35,10 @@ from retrieval.features import (
     user_event_features,
 )
 from retrieval.losses import CandidateSampler, RetrievalTask, build_task
-from retrieval.metrics import ranking_metrics
+from retrieval.metrics import comirec_metrics, ranking_metrics
 from retrieval.model import TwoTowerModel, build_model, export_user_tower
 from retrieval.model_artifact import KIND, SIDE_FILE, Features, ModelArtifact
+from retrieval.protocols import ComirecSplit, comirec_split
 from retrieval.vocab import ItemVocab
 
 log = logging.getLogger(__name__)
@@ -67,18 +69,71 @@ def history_features(
     }
 
 
+@dataclass(frozen=True)
+class Protocol:
+    """How a run splits its data and scores itself (``DataConfig.protocol``).
+
+    Attributes:
+        name: ``"loo-full"`` or ``"comirec"`` (as in ``tools/evaluate.py --protocol``).
+        split: the split (training sequences, validation and test histories and targets).
+        train_users: the users whose ``split.train`` sequences train the model.
+        evaluate: ``(model, histories, targets, features) -> metrics``.
+        baseline: ``(top-k of the most popular items, targets) -> metrics``.
+        shown: validation metrics shown per epoch; the first is the early-stopping monitor.
+    """
+
+    name: str
+    split: LeaveOneOut | ComirecSplit
+    train_users: Sequence[int] | np.ndarray
+    evaluate: Callable[[ModelArtifact, Sequence[np.ndarray], Any, Features | None], dict[str, float]]
+    baseline: Callable[[np.ndarray, Any], dict[str, float]]
+    shown: tuple[str, ...]
+
+
+def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
+    """The split and scoring of ``config.protocol``.
+
+    Raises:
+        ValueError: an unknown protocol.
+    """
+    if config.protocol == "loo":
+        return Protocol(
+            "loo-full",
+            leave_one_out(data),
+            range(len(data.users)),
+            lambda model, histories, targets, features: evaluate_ranking(
+                model, histories, targets, features=features
+            ),
+            ranking_metrics,
+            ("ndcg@10", "hr@10", "recall@50"),
+        )
+    if config.protocol == "comirec":
+        parts = comirec_split(data.sequences, seed=config.split_seed)
+        first = {i: str(a[0]) for i, a in (data.item_attributes or {}).items() if len(a)}
+        categories = category_codes(first, data.vocab.num_embeddings) if first else None
+        return Protocol(
+            "comirec",
+            parts,
+            parts.train_users,
+            lambda model, histories, targets, features: evaluate_comirec(
+                model, histories, targets, features, categories=categories
+            ),
+            comirec_metrics,
+            ("recall@50", "hitrate@50", "recall@20"),
+        )
+    raise ValueError(f"unknown protocol {config.protocol!r}; choose loo or comirec")
+
+
 class FullRankingValidation(keras.callbacks.Callback):
     """Computes full-ranking validation metrics after every ``every`` epochs.
 
-    ``val_ndcg@10``, ``val_hr@10`` and ``val_recall@50`` go into the epoch logs (and so the
+    The protocol's shown metrics (e.g. ``val_ndcg@10``) go into the epoch logs (and so the
     progress bar and any later callback); the full set per epoch is kept in ``history``.
     """
 
-    SHOWN = ("ndcg@10", "hr@10", "recall@50")
-
     def __init__(
         self,
-        split: LeaveOneOut,
+        protocol: Protocol,
         vocab: ItemVocab,
         max_len: int,
         side: SideVocab,
@@ -86,22 +141,20 @@ class FullRankingValidation(keras.callbacks.Callback):
         every: int = 1,
     ) -> None:
         super().__init__()
-        self.split, self.vocab, self.max_len, self.every = split, vocab, max_len, every
+        self.protocol, self.vocab, self.max_len, self.every = protocol, vocab, max_len, every
         self.side, self.features = side, features
         self.history: list[dict[str, float]] = []
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if (epoch + 1) % self.every or not len(self.split.valid_targets):
+        split = self.protocol.split
+        if (epoch + 1) % self.every or not len(split.valid_targets):
             return
         assert isinstance(self.model, TwoTowerModel)
         artifact = live_artifact(self.model, self.vocab, self.max_len, self.side)
-        split = self.split
-        metrics = evaluate_ranking(
-            artifact, split.valid_histories, split.valid_targets, features=self.features
-        )
+        metrics = self.protocol.evaluate(artifact, split.valid_histories, split.valid_targets, self.features)
         self.history.append({"epoch": epoch + 1, **metrics})
         if logs is not None:  # shown on the progress bar; every metric goes to metrics.json
-            logs.update({f"val_{k}": metrics[k] for k in self.SHOWN})
+            logs.update({f"val_{k}": metrics[k] for k in self.protocol.shown})
 
 
 def item_counts(sequences: Sequence[np.ndarray], num_embeddings: int) -> np.ndarray:
@@ -241,7 +294,8 @@ def train(
     load = _resume_state(config, run, resume, overwrite)
     keras.utils.set_random_seed(config.train.seed)
     data = build_sequences(load_interactions(config.data.path, config.data.format))
-    split = leave_one_out(data)
+    protocol = make_protocol(config.data, data)
+    split = protocol.split
     vocab, max_len = data.vocab, config.model.max_len
     t = config.train
     side = build_side_vocab(data, parse_side_features(config.model.side_features))
@@ -249,8 +303,7 @@ def train(
     attributes = attribute_table(side, data.item_attributes or {}, vocab.num_embeddings)
     model = build_model(config.model, vocab.num_embeddings, side, attributes)
     model.set_objective(t.objective)
-    everyone = range(len(data.users))
-    train_events = {"items": split.train, **history_features(features, everyone, split.train)}
+    train_events = {"items": split.train, **history_features(features, protocol.train_users, split.train)}
     x, y = make_examples(model.objective, train_events, max_len)
     if not len(y):
         raise ValueError(f"{config.data.path}: no training examples (every user needs >= 2 training events)")
@@ -266,8 +319,8 @@ def train(
     model.compile(optimizer=make_optimizer(t, t.epochs * steps), jit_compile=False)
 
     valid_features = history_features(features, split.valid_users, split.valid_histories)
-    validation = FullRankingValidation(split, vocab, max_len, side, valid_features, t.eval_every)
-    early = EarlyStopping("val_ndcg@10", t.patience) if t.patience > 0 else None
+    validation = FullRankingValidation(protocol, vocab, max_len, side, valid_features, t.eval_every)
+    early = EarlyStopping(f"val_{protocol.shown[0]}", t.patience) if t.patience > 0 else None
     state: dict[str, Any] = {}
     if load:
         state, best_weights = load_checkpoint(run / "checkpoint", model, model.task.variables)
@@ -309,8 +362,9 @@ def train(
     metrics = {
         "validation": _exported_validation(validation.history, early),
         "validation_per_epoch": validation.history,
-        "test": evaluate_ranking(artifact, split.test_histories, split.test_targets, features=test_features),
-        "baseline_popularity_test": ranking_metrics(
+        "protocol": protocol.name,
+        "test": protocol.evaluate(artifact, split.test_histories, split.test_targets, test_features),
+        "baseline_popularity_test": protocol.baseline(
             popularity_top_k(counts, split.test_histories, k_max), split.test_targets
         ),
         "train_loss_per_epoch": checkpoint.losses,

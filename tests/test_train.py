@@ -248,3 +248,20 @@ def test_epoch_batches_are_seeded_per_epoch() -> None:
     assert epochs(1, 3) == full[1:]  # a resumed run sees the same epochs
     assert epochs(0, 1, seed=4) != full[:1]
     assert tf.is_tensor(next(iter(epoch_batches(x, y, 4, 3, 0, 1)))[1])
+
+
+def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path, exported) -> None:
+    from retrieval.data import build_sequences, load_interactions
+    from retrieval.protocols import comirec_split
+
+    config = tiny_config(synthetic_csv, "data.protocol=comirec", "train.epochs=1")
+    metrics = retrieval.train.train(config, tmp_path / "m", verbose=0)
+    parts = comirec_split(build_sequences(load_interactions(synthetic_csv)).sequences, seed=42)
+    # Objective "last": one example per event after a user's first, training users only.
+    assert metrics["train_examples"] == sum(len(s) - 1 for s in parts.train)
+    assert metrics["protocol"] == "comirec"
+    assert {"recall@50", "hitrate@50", "ndcg@20"} <= set(metrics["test"])
+    assert {"recall@50", "hitrate@50"} <= set(metrics["baseline_popularity_test"])
+    assert metrics["validation"]["epoch"] == 1 and "recall@50" in metrics["validation"]
+    with pytest.raises(ValueError, match="unknown protocol"):
+        retrieval.train.train(tiny_config(synthetic_csv, "data.protocol=nope"), tmp_path / "x", verbose=0)

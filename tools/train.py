@@ -27,6 +27,7 @@ from towers import tower_names
 FLAG_FIELDS = {
     "data": "data.path",
     "format": "data.format",
+    "protocol": "data.protocol",
     "model": "model.tower",
     "dim": "model.dim",
     "num_interests": "model.num_interests",
@@ -50,6 +51,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="interactions: ML-100K/1M folder, S3-Rec .txt, CSV or Parquet")
     p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
+    p.add_argument(
+        "--protocol",
+        choices=["loo", "comirec"],
+        help="split: leave-one-out (default) or ComiRec's 8:1:1 users with 80/20 history/targets",
+    )
     p.add_argument("--out", required=True, help="model artifact folder to create")
     p.add_argument(
         "--overwrite", action="store_true", help="replace --out (and an interrupted run) if it exists"

@@ -94,7 +94,7 @@ def make_examples(objective: str, events: Events, max_len: int) -> tuple[dict[st
 
 
 def mask_items(
-    inputs: dict[str, Any], targets: Any, mask_id: int, ratio: float
+    inputs: dict[str, Any], targets: Any, mask_id: int, ratio: float, seed: Any = None
 ) -> tuple[dict[str, Any], Any]:
     """BERT4Rec's cloze masking for a batch: each item is replaced by ``mask_id`` with probability
     ``ratio`` and becomes a target; the rest get target 0. Rows with no masked item get their
@@ -102,10 +102,15 @@ def mask_items(
 
     Args:
         inputs: ``{"items": int32 [B, L], ...}``; targets: int32 ``[B, L]`` (the unmasked items).
+        seed: int ``[2]`` for a stateless draw (the same seed masks the same items: training
+            passes ``(run seed, step)`` so a resumed run masks like an uninterrupted one);
+            ``None`` draws from TensorFlow's global generator.
     """
     items = inputs["items"]
     real = items > 0
-    chosen = tf.logical_and(real, tf.random.uniform(tf.shape(items)) < ratio)
+    shape = tf.shape(items)
+    draw = tf.random.uniform(shape) if seed is None else tf.random.stateless_uniform(shape, seed)
+    chosen = tf.logical_and(real, draw < ratio)
     newest = tf.one_hot(tf.shape(items)[1] - 1, tf.shape(items)[1], on_value=True, off_value=False)
     none = tf.logical_not(tf.reduce_any(chosen, axis=1, keepdims=True))
     chosen = tf.logical_or(chosen, tf.logical_and(none, tf.logical_and(real, newest[None, :])))

@@ -340,9 +340,14 @@ def train(
 
     if first_epoch < t.epochs and not (early is not None and early.stopped):
         dataset = epoch_batches(x, y, t.batch_size, t.seed, first_epoch, t.epochs)
-        if model.objective == "cloze":  # fresh masks every epoch
+        if model.objective == "cloze":  # fresh masks every step, seeded by (run seed, step)
             mask_id = model.user_tower.mask_id
-            dataset = dataset.map(lambda x, y: mask_items(x, y, mask_id, t.mask_ratio), tf.data.AUTOTUNE)
+
+            def mask(step: Any, batch: tuple[dict[str, Any], Any]) -> tuple[dict[str, Any], Any]:
+                seed = tf.stack([tf.constant(t.seed, tf.int64), step])
+                return mask_items(*batch, mask_id, t.mask_ratio, seed=seed)
+
+            dataset = dataset.enumerate(start=first_epoch * steps).map(mask, tf.data.AUTOTUNE)
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
         model.fit(
             dataset,

@@ -87,6 +87,17 @@ def test_cloze_windows_and_masking() -> None:
     np.testing.assert_array_equal(y.numpy(), [[0, 0, 5]])
 
 
+def test_seeded_masking_is_repeatable() -> None:
+    x = {"items": tf.constant(np.tile(np.arange(1, 21), (50, 1)), tf.int32)}
+
+    def masked(seed: tuple[int, int]) -> np.ndarray:
+        return mask_items(x, x["items"], 99, 0.3, seed=tf.constant(seed, tf.int64))[0]["items"].numpy()
+
+    np.testing.assert_array_equal(masked((1, 7)), masked((1, 7)))
+    assert (masked((1, 7)) != masked((1, 8))).any()
+    assert abs((masked((2, 0)) == 99).mean() - 0.3) < 0.03
+
+
 def test_unknown_objective() -> None:
     import pytest
 

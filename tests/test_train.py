@@ -265,3 +265,11 @@ def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path,
     assert metrics["validation"]["epoch"] == 1 and "recall@50" in metrics["validation"]
     with pytest.raises(ValueError, match="unknown protocol"):
         retrieval.train.train(tiny_config(synthetic_csv, "data.protocol=nope"), tmp_path / "x", verbose=0)
+
+
+def test_bert4rec_masks_are_seeded(synthetic_csv, tmp_path, exported) -> None:
+    config = tiny_config(synthetic_csv, "model.tower=bert4rec", "model.num_blocks=1", "train.epochs=1")
+    runs = [retrieval.train.train(config, tmp_path / f"m{i}", verbose=0) for i in range(2)]
+    np.testing.assert_allclose(runs[0]["train_loss_per_epoch"], runs[1]["train_loss_per_epoch"], rtol=1e-6)
+    for a, b in zip(exported[0], exported[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -22,7 +22,7 @@ ROUND_ROBIN: MergeStrategy
 DIVERSITY: MergeStrategy
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("history", "k", "events", "merge", "diversity_lambda", "per_interest_k", "exclude_ids", "allow_ids", "return_interests", "user_id", "category")
+    __slots__ = ("history", "k", "events", "merge", "diversity_lambda", "per_interest_k", "exclude_ids", "allow_ids", "return_interests", "user_id", "category", "request_time")
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class RetrieveRequest(_message.Message):
     RETURN_INTERESTS_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TIME_FIELD_NUMBER: _ClassVar[int]
     history: _containers.RepeatedScalarFieldContainer[str]
     k: int
     events: _containers.RepeatedCompositeFieldContainer[Event]
@@ -45,7 +46,8 @@ class RetrieveRequest(_message.Message):
     return_interests: bool
     user_id: str
     category: str
-    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., merge: _Optional[_Union[MergeStrategy, str]] = ..., diversity_lambda: _Optional[float] = ..., per_interest_k: _Optional[int] = ..., exclude_ids: _Optional[_Iterable[str]] = ..., allow_ids: _Optional[_Iterable[str]] = ..., return_interests: _Optional[bool] = ..., user_id: _Optional[str] = ..., category: _Optional[str] = ...) -> None: ...
+    request_time: int
+    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., merge: _Optional[_Union[MergeStrategy, str]] = ..., diversity_lambda: _Optional[float] = ..., per_interest_k: _Optional[int] = ..., exclude_ids: _Optional[_Iterable[str]] = ..., allow_ids: _Optional[_Iterable[str]] = ..., return_interests: _Optional[bool] = ..., user_id: _Optional[str] = ..., category: _Optional[str] = ..., request_time: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("item_id", "timestamp", "action")

@@ -150,6 +150,7 @@ class RetrievalClient:
         return_interests: bool = False,
         user_id: str = "",
         category: str = "",
+        request_time: int = 0,
     ) -> Retrieved:
         """Top-``k`` items for a history of external ids (oldest first).
 
@@ -160,7 +161,7 @@ class RetrievalClient:
         """
         query = Query(
             history, k, timestamps, actions, merge, diversity_lambda,  # type: ignore[arg-type]
-            per_interest_k, exclude, allow, return_interests, user_id, category,
+            per_interest_k, exclude, allow, return_interests, user_id, category, request_time,
         )  # fmt: skip
         response = self._stub.Retrieve(request_from_query(query), timeout=self.timeout)
         return result_from_response(response)

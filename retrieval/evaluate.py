@@ -17,7 +17,7 @@ import numpy as np
 
 from index import VectorIndex
 from retrieval.data import Interactions, build_sequences, leave_one_out, load_interactions
-from retrieval.features import user_event_features
+from retrieval.features import history_features, user_event_features
 from retrieval.metrics import (
     COMIREC_KS,
     DEFAULT_KS,
@@ -301,10 +301,8 @@ def _model_histories(
     not know dropped, with each side feature cut and filtered alike."""
     raw = [to_model[h] for h in histories]
     known = [h != PAD for h in raw]
-    features = {
-        name: [values[u][: len(k)][k] for u, k in zip(users, known, strict=True)]
-        for name, values in per_user.items()
-    }
+    cut = history_features(per_user, users, [len(h) for h in histories])
+    features = {name: [v[k] for v, k in zip(values, known, strict=True)] for name, values in cut.items()}
     return [h[k] for h, k in zip(raw, known, strict=True)], features
 
 

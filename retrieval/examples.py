@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from retrieval.features import gap_buckets
+
 OBJECTIVES = ("last", "all_positions", "cloze")
 Events = Mapping[str, Sequence[np.ndarray]]
 
@@ -42,12 +44,21 @@ def _gather(events: Events, users: np.ndarray, starts: np.ndarray, ends: np.ndar
 
 
 def next_item_examples(events: Events, max_len: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Objective ``last``: for each user and ``t`` in ``1..n-1``, events ``[t - L, t)`` -> item ``t``."""
+    """Objective ``last``: for each user and ``t`` in ``1..n-1``, events ``[t - L, t)`` -> item ``t``.
+
+    A ``gap_now`` entry holds raw event timestamps; it comes out as the bucketised time from
+    each input event to the target event (the request time of that example).
+    """
     lengths = np.array([len(s) for s in events["items"]])
     users = np.repeat(np.arange(len(lengths)), np.maximum(lengths - 1, 0))
     ends = np.concatenate([np.arange(1, n) for n in lengths]) if len(lengths) else np.zeros(0, int)
     inputs = _gather(events, users, np.maximum(ends - max_len, 0), ends, max_len)
     targets = _gather({"items": events["items"]}, users, ends, ends + 1, 1)["items"][:, 0]
+    if "gap_now" in events:
+        now = _gather({"t": events["gap_now"]}, users, ends, ends + 1, 1)["t"]  # [N, 1]
+        inputs["gap_now"] = np.where(inputs["items"] > 0, gap_buckets(now - inputs["gap_now"]), 0).astype(
+            np.int32
+        )
     return inputs, targets
 
 
@@ -90,6 +101,9 @@ def make_examples(objective: str, events: Events, max_len: int) -> tuple[dict[st
     builders = {"last": next_item_examples, "all_positions": shifted_windows, "cloze": cloze_windows}
     if objective not in builders:
         raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
+    if "gap_now" in events and objective != "last":
+        # One window serves every position's prediction, each at another request time.
+        raise ValueError(f"side feature 'gap_now' needs objective 'last', not {objective!r}")
     return builders[objective](events, max_len)
 
 

@@ -68,6 +68,7 @@ class Query:
     return_interests: bool = False
     user_id: str = ""
     category: str = ""
+    request_time: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.merge, str):
@@ -238,6 +239,7 @@ class Retriever:
         return_interests: bool = False,
         user_id: str = "",
         category: str = "",
+        request_time: int = 0,
     ) -> Retrieved:
         """Top-``k`` items for one user.
 
@@ -245,7 +247,7 @@ class Retriever:
             history: external item ids, oldest first (unknown ids are skipped and counted).
             k: number of items wanted, ``1..MAX_K``.
             timestamps, actions: per history event, for models trained with side features
-                (``gap_prev``, ``action``); ignored by models without them.
+                (``gap_prev``, ``gap_now``, ``action``); ignored by models without them.
             merge: how the K interests' lists become one (see ``retrieval.merge``).
             diversity_lambda: ``λ >= 0`` of the DIVERSITY merge (0 = max-score); only with it.
             per_interest_k: candidates per interest, ``k..MAX_PER_INTEREST_K``; 0 = ``k``.
@@ -253,6 +255,8 @@ class Retriever:
             allow: when non-empty, the only external ids that may be returned; unknown ids ignored.
             category: when non-empty, only items with this attribute (e.g. a genre) are returned
                 (with ``allow``: items in both).
+            request_time: seconds since the epoch the items are asked for, for models with the
+                ``gap_now`` feature (0 = now, by the server's clock).
             return_interests: also return the user's ``[K, d]`` interest vectors.
             user_id: for the log only.
 
@@ -261,7 +265,7 @@ class Retriever:
         """
         query = Query(
             history, k, timestamps, actions, merge, diversity_lambda, per_interest_k,
-            exclude, allow, return_interests, user_id, category,
+            exclude, allow, return_interests, user_id, category, request_time,
         )  # fmt: skip
         return self.retrieve_many([query])[0]
 
@@ -368,7 +372,8 @@ class Retriever:
         # not), then follow their items, exactly as in training and evaluation. A feature the
         # request does not carry is unknown (0) at every event.
         timestamps = None if query.timestamps is None else np.asarray(query.timestamps, np.int64)
-        events = encode_events(self.model.side, timestamps, query.actions)
+        now = query.request_time or int(time.time())
+        events = encode_events(self.model.side, timestamps, query.actions, request_time=now)
         features = {
             name: values[is_known] if len(values) == len(history) else np.zeros(len(known), np.int32)
             for name, values in events.items()

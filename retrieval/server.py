@@ -109,6 +109,7 @@ def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
         return_interests=request.return_interests,
         user_id=request.user_id,
         category=request.category,
+        request_time=request.request_time,
     )
 
 
@@ -132,6 +133,7 @@ def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
         return_interests=query.return_interests,
         user_id=query.user_id,
         category=query.category,
+        request_time=query.request_time,
     )
     if query.timestamps is None and query.actions is None:
         request.history.extend(query.history)

@@ -31,6 +31,7 @@ from retrieval.features import (
     SideVocab,
     attribute_table,
     build_side_vocab,
+    history_features,
     parse_side_features,
     user_event_features,
 )
@@ -54,19 +55,6 @@ def live_artifact(model: TwoTowerModel, vocab: ItemVocab, max_len: int, side: Si
         return predict({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
 
     return ModelArtifact(None, manifest, vocab, table, user_vectors, side)
-
-
-def history_features(
-    features: dict[str, tuple[np.ndarray, ...]],
-    users: Sequence[int] | np.ndarray,
-    histories: Sequence[np.ndarray],
-) -> dict[str, list[np.ndarray]]:
-    """Each history's side inputs: user ``u``'s features cut to the history's length (histories
-    are prefixes of the users' sequences)."""
-    return {
-        name: [per_user[u][: len(h)] for u, h in zip(users, histories, strict=True)]
-        for name, per_user in features.items()
-    }
 
 
 @dataclass(frozen=True)
@@ -303,7 +291,9 @@ def train(
     attributes = attribute_table(side, data.item_attributes or {}, vocab.num_embeddings)
     model = build_model(config.model, vocab.num_embeddings, side, attributes)
     model.set_objective(t.objective)
-    train_events = {"items": split.train, **history_features(features, protocol.train_users, split.train)}
+    lengths = [len(s) for s in split.train]
+    train_features = history_features(features, protocol.train_users, lengths, request_time=False)
+    train_events = {"items": split.train, **train_features}
     x, y = make_examples(model.objective, train_events, max_len)
     if not len(y):
         raise ValueError(f"{config.data.path}: no training examples (every user needs >= 2 training events)")
@@ -318,7 +308,7 @@ def train(
     # XLA has no kernel for the sampler and was slower on CPU (MEASURED.md): keep it off.
     model.compile(optimizer=make_optimizer(t, t.epochs * steps), jit_compile=False)
 
-    valid_features = history_features(features, split.valid_users, split.valid_histories)
+    valid_features = history_features(features, split.valid_users, [len(h) for h in split.valid_histories])
     validation = FullRankingValidation(protocol, vocab, max_len, side, valid_features, t.eval_every)
     early = EarlyStopping(f"val_{protocol.shown[0]}", t.patience) if t.patience > 0 else None
     state: dict[str, Any] = {}
@@ -362,7 +352,7 @@ def train(
         early.restore_best(model)
 
     artifact = live_artifact(model, vocab, max_len, side)
-    test_features = history_features(features, split.test_users, split.test_histories)
+    test_features = history_features(features, split.test_users, [len(h) for h in split.test_histories])
     k_max = 50
     metrics = {
         "validation": _exported_validation(validation.history, early),

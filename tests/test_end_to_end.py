@@ -196,3 +196,44 @@ def test_evaluate_tool_reproduces_training_metrics_with_side_features(side_info_
     evaluated = json.loads(capsys.readouterr().out)
     trained_test = json.loads((model_dir / "metrics.json").read_text())["test"]
     assert evaluated["ndcg@50"] == pytest.approx(trained_test["ndcg@50"], abs=1e-6)
+
+
+def test_gap_to_request_time_is_the_same_in_training_evaluation_and_serving(
+    synthetic_csv, tmp_path, capsys
+) -> None:
+    from retrieval.features import history_features, user_event_features
+
+    model_dir, index_dir = tmp_path / "model", tmp_path / "index"
+    args = ["--data", str(synthetic_csv), "--model", "sa", "--out", str(model_dir), "--epochs", "2"]
+    args += ["--dim", "16", "--max-len", "12", "--negatives", "20", "--quiet"]
+    args += ["--set", "model.fusion=nova", "--set", "model.side_features=gap_now,gap_prev"]
+    assert run_tool("train", *args) == 0
+    capsys.readouterr()
+    # tools/evaluate.py measures the gaps as training did: the same test metrics.
+    assert run_tool("evaluate", "--model", str(model_dir), "--data", str(synthetic_csv)) == 0
+    trained_test = json.loads((model_dir / "metrics.json").read_text())["test"]
+    assert json.loads(capsys.readouterr().out)["ndcg@50"] == pytest.approx(trained_test["ndcg@50"], abs=1e-6)
+
+    assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
+    model = load_model(model_dir)
+    data = build_sequences(load_interactions(synthetic_csv))
+    per_user = user_event_features(data, model.side)
+    server, port = create_server(Retriever.from_dirs(model_dir, index_dir), port=0)
+    try:
+        with RetrievalClient(f"127.0.0.1:{port}") as client:
+            for u in range(4):
+                n = len(data.sequences[u]) - 1  # the history before the user's last event
+                history = data.vocab.external(data.sequences[u][:n])
+                times = data.event_columns["timestamp"][u]
+                request_time = int(times[n])
+                got = client.retrieve(history, 10, timestamps=times[:n].tolist(), request_time=request_time)
+                dense = model.vocab.lookup(history)
+                features = history_features(per_user, [u], [n])  # gaps to the next event: times[n]
+                expected = exact_top_k(model.encode([dense], features), model.item_embeddings, [dense], 10)[0]
+                assert [item for item, _, _ in got.items] == model.vocab.external(expected)
+                later = client.retrieve(
+                    history, 10, timestamps=times[:n].tolist(), request_time=request_time + 10**8
+                )
+                assert [s for _, s, _ in later.items] != [s for _, s, _ in got.items]  # the gaps matter
+    finally:
+        server.stop(None)

@@ -103,3 +103,21 @@ def test_unknown_objective() -> None:
 
     with pytest.raises(ValueError, match="unknown objective"):
         make_examples("nope", {"items": []}, 3)
+
+
+def test_gap_now_is_measured_to_each_examples_target() -> None:
+    import pytest
+
+    from retrieval.features import gap_buckets
+
+    t = np.array([100, 160, 1_000, 5_000])
+    events = {"items": [np.array([1, 2, 3, 4])], "gap_now": [t]}
+    inputs, targets = make_examples("last", events, max_len=3)
+    np.testing.assert_array_equal(targets, [2, 3, 4])
+    # Example 2 predicts item 4 at t=5000 from items 1..3 (at 100, 160, 1000).
+    np.testing.assert_array_equal(inputs["gap_now"][2], gap_buckets(np.array([4_900, 4_840, 4_000])))
+    np.testing.assert_array_equal(inputs["gap_now"][0], [0, 0, gap_buckets(np.array([60]))[0]])
+    assert gap_buckets(np.array([0, 1, 3, -5, 10**12])).tolist() == [2, 3, 4, 2, 24]
+    for objective in ("all_positions", "cloze"):
+        with pytest.raises(ValueError, match="gap_now' needs objective 'last'"):
+            make_examples(objective, events, max_len=3)

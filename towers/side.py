@@ -1,7 +1,8 @@
 """Side information per history event, and how it is fused into the sequence towers.
 
 Side features are categorical per event: ``action`` (e.g. the rating or the behaviour type),
-``gap_prev`` (bucketised time since the previous event), and the item's ``attributes`` (read
+``gap_prev`` (bucketised time since the previous event), ``gap_now`` (bucketised time from the
+event to the request), and the item's ``attributes`` (read
 from the item tower). Each is embedded in ``d`` dimensions and the embeddings are summed.
 
 Fusion modes (``FUSIONS``):
@@ -23,7 +24,7 @@ from keras import ops
 
 FUSIONS = ("none", "sum", "concat", "gated", "nova")
 INVASIVE = ("sum", "concat", "gated")
-EVENT_FEATURES = ("action", "gap_prev")
+EVENT_FEATURES = ("action", "gap_prev", "gap_now")
 """Per-event side inputs a request or a training example may carry (``inputs[name]``: int ``[B, L]``)."""
 
 

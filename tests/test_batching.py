@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,31 +17,16 @@ from retrieval.client import RetrievalClient
 from retrieval.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from retrieval.index_artifact import build_index_from_model
 from retrieval.merge import MergeStrategy
-from retrieval.retriever import Query, Retrieved, Retriever
+from retrieval.retriever import Query, Retrieved
 from retrieval.server import create_server
 from tests.test_server import ITEMS, assert_same, brute_force, make_model
-
-
-class RecordingRetriever(Retriever):
-    """Records each call's batch size; a cleared ``gate`` holds calls so queries pile up."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sizes: list[int] = []
-        self.entered, self.gate = threading.Event(), threading.Event()
-        self.gate.set()
-
-    def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
-        self.sizes.append(len(queries))
-        self.entered.set()
-        assert self.gate.wait(10)
-        return super().retrieve_many(queries)
+from tests.test_serving_ops import GatedRetriever
 
 
 @pytest.fixture
-def retriever() -> RecordingRetriever:
+def retriever() -> GatedRetriever:
     model = make_model()
-    return RecordingRetriever(model, build_index_from_model(model, "Flat"))
+    return GatedRetriever(model, build_index_from_model(model, "Flat"))
 
 
 def queries(n: int) -> list[Query]:
@@ -54,7 +38,7 @@ def queries(n: int) -> list[Query]:
     ]
 
 
-def submit_held(batcher: MicroBatcher, retriever: RecordingRetriever, batch: Sequence[Query]) -> list[Any]:
+def submit_held(batcher: MicroBatcher, retriever: GatedRetriever, batch: Sequence[Query]) -> list[Any]:
     """Submits ``batch`` from one thread each while the first call is held, so the rest queue up
     and form a batch; returns each thread's answer or exception."""
     retriever.gate.clear()
@@ -70,7 +54,7 @@ def submit_held(batcher: MicroBatcher, retriever: RecordingRetriever, batch: Seq
         return [f.exception() or f.result() for f in futures]
 
 
-def test_batched_answers_equal_unbatched_ones(retriever: RecordingRetriever) -> None:
+def test_batched_answers_equal_unbatched_ones(retriever: GatedRetriever) -> None:
     batch = queries(12)
     alone = [retriever.retrieve_many([q])[0] for q in batch]
     retriever.sizes.clear()
@@ -88,7 +72,7 @@ def test_batched_answers_equal_unbatched_ones(retriever: RecordingRetriever) -> 
             assert_same(got.items, brute_force(retriever.model, list(q.history), q.k))
 
 
-def test_batches_are_bounded(retriever: RecordingRetriever) -> None:
+def test_batches_are_bounded(retriever: GatedRetriever) -> None:
     batcher = MicroBatcher(lambda: retriever, max_batch=4)
     try:
         answers = submit_held(batcher, retriever, queries(11))
@@ -98,7 +82,7 @@ def test_batches_are_bounded(retriever: RecordingRetriever) -> None:
     assert retriever.sizes == [1, 4, 4, 2]
 
 
-def test_a_bad_query_fails_alone(retriever: RecordingRetriever) -> None:
+def test_a_bad_query_fails_alone(retriever: GatedRetriever) -> None:
     batch = queries(6)
     batch[3] = Query(["item01"], k=0)  # k out of range
     batcher = MicroBatcher(lambda: retriever)
@@ -112,7 +96,7 @@ def test_a_bad_query_fails_alone(retriever: RecordingRetriever) -> None:
             assert answer == retriever.retrieve_many([batch[i]])[0]
 
 
-def test_a_query_whose_deadline_passes_in_the_queue_is_not_computed(retriever: RecordingRetriever) -> None:
+def test_a_query_whose_deadline_passes_in_the_queue_is_not_computed(retriever: GatedRetriever) -> None:
     batcher = MicroBatcher(lambda: retriever)
     retriever.gate.clear()
     retriever.entered.clear()
@@ -131,7 +115,7 @@ def test_a_query_whose_deadline_passes_in_the_queue_is_not_computed(retriever: R
     assert retriever.sizes == [1, 1]  # the held query and the last one: the late one was dropped
 
 
-def test_a_full_queue_refuses_and_a_closed_batcher_is_unavailable(retriever: RecordingRetriever) -> None:
+def test_a_full_queue_refuses_and_a_closed_batcher_is_unavailable(retriever: GatedRetriever) -> None:
     batcher = MicroBatcher(lambda: retriever, max_queue=2)
     retriever.gate.clear()
     retriever.entered.clear()
@@ -156,7 +140,7 @@ def test_bounds_are_checked() -> None:
 
 
 def test_server_batches_concurrent_calls_and_reports_not_serving_on_stop(
-    retriever: RecordingRetriever,
+    retriever: GatedRetriever,
 ) -> None:
     server, port = create_server(retriever, port=0, max_batch=16)
     batch = queries(24)

@@ -28,16 +28,21 @@ from tools import serve as serve_tool
 
 
 class GatedRetriever(Retriever):
-    """Counts calls; each waits for ``gate`` once ``entered`` is set, so tests can hold a call."""
+    """Records each call's batch size; each call waits for ``gate`` once ``entered`` is set, so
+    tests can hold a call (and let queries pile up behind it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.calls = 0
+        self.sizes: list[int] = []
         self.entered, self.gate = threading.Event(), threading.Event()
         self.gate.set()
 
+    @property
+    def calls(self) -> int:
+        return len(self.sizes)
+
     def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
-        self.calls += 1
+        self.sizes.append(len(queries))
         self.entered.set()
         assert self.gate.wait(10)
         return super().retrieve_many(queries)

@@ -8,7 +8,11 @@ Formats read by :func:`load_interactions`:
   the ``<stem>_item2attributes.json`` beside it when present.
 * ``table``: a CSV or Parquet file with columns ``user, item, timestamp`` (+ side columns).
 
-Every problem with the input is raised as :class:`DataError`, naming the file and the line.
+Every problem with the input is raised as :class:`DataError`, naming the file and the line
+(the row for Parquet): truncated lines, wrong field counts, non-numeric or out-of-range numbers,
+text that is not UTF-8 (MovieLens files are Latin-1, where every byte is a character), empty
+files, duplicate ids or columns, a user without items. Nothing is silently reinterpreted. The
+one thing skipped is blank lines, counted in the log (INFO) when they are not at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import contextlib
 import csv
 import io
 import json
+import logging
+import math
+import re
 import shutil
 import tempfile
 import urllib.request
@@ -31,6 +38,8 @@ import pandas as pd
 
 from retrieval.artifacts import sha256_file
 from retrieval.vocab import ItemVocab
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("movielens", "s3rec", "table")
 REQUIRED_COLUMNS = ("user", "item", "timestamp")
@@ -48,6 +57,11 @@ ML100K_SHA256 = {
     "u.user": "f120e114da2e8cf314fd28f99417c94ae9ddf1cb6db8ce0e4b5995d40e90e62c",
 }
 ML100K_EVENTS = 100_000
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
+"""An integer field: ASCII digits with an optional sign (no ``_`` separators, no other scripts' digits)."""
+_BLANK_LINE = re.compile(r"^[^\S\n]*$", re.MULTILINE)
 
 
 class DataError(ValueError):
@@ -212,7 +226,9 @@ def load_s3rec(path: Path | str, attributes: Path | str | None = None) -> Intera
         DataError: a malformed line, a user on two lines, or a malformed attributes file.
     """
     path = Path(path)
-    rows = [(lineno, line.split()) for lineno, line in _lines(_read_text(path, "utf-8-sig"))]
+    text = _read_text(path, "utf-8-sig")
+    rows = [(lineno, line.split()) for lineno, line in _lines(text)]
+    _log_blank_lines(path, text)
     if not rows:
         raise DataError(f"{path}: empty file")
     first_line: dict[str, int] = {}
@@ -250,18 +266,21 @@ def load_table(path: Path | str) -> Interactions:
 
     Other columns are kept in the events as they are (CSV columns that are all numbers become
     numeric); a ``title`` column moves to the items (the first non-empty title of each item).
+    Timestamps are integers (Unix seconds by convention; ``1e3`` is read as 1000); a Parquet
+    datetime column is converted to Unix seconds (naive times taken as UTC). Parquet ids that are
+    whole floats (integer columns with gaps become float) are written without ``.0``.
 
     Raises:
-        DataError: unreadable file, missing columns, wrong field count, empty ids, or a
-            timestamp that is not an integer.
+        DataError: unreadable file, missing or duplicate columns, wrong field count, empty or
+            non-scalar ids, or a timestamp that is not an integer in the int64 range.
     """
     path = Path(path)
     if path.suffix.lower() == ".parquet":
         frame, lines = _read_parquet(path), None
         header_at = str(path)
     else:
-        frame, lines = _read_csv(path)
-        header_at = f"{path}, line 1"
+        frame, lines, header_line = _read_csv(path)
+        header_at = f"{path}, line {header_line}"
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise DataError(
@@ -275,17 +294,21 @@ def load_table(path: Path | str) -> Interactions:
         return f"{path}, line {lines[row]}" if lines is not None else f"{path}, row {row + 1}"
 
     for column in ("user", "item"):
+        if lines is None:
+            frame[column] = _scalar_ids(frame[column], column, where)
         values = frame[column].astype(str).str.strip()
         bad = frame[column].isna().to_numpy() | (values == "").to_numpy()
         if bad.any():
             raise DataError(f"{where(int(np.argmax(bad)))}: empty {column} id")
         frame[column] = values
-    timestamps = pd.to_numeric(frame["timestamp"], errors="coerce")
-    bad = (timestamps.isna() | (timestamps % 1 != 0)).to_numpy()
+    timestamps, bad = _integer_timestamps(frame["timestamp"], from_text=lines is not None)
     if bad.any():
         row = int(np.argmax(bad))
-        raise DataError(f"{where(row)}: timestamp '{frame['timestamp'].iloc[row]}' is not an integer")
-    frame["timestamp"] = timestamps.astype(np.int64)
+        raise DataError(
+            f"{where(row)}: timestamp '{frame['timestamp'].iloc[row]}' is not an integer "
+            "(or is outside the int64 range)"
+        )
+    frame["timestamp"] = timestamps
     if lines is not None:
         for column in frame.columns.difference([*REQUIRED_COLUMNS, "title"]):
             with contextlib.suppress(ValueError, TypeError):  # not all numbers: keep the text
@@ -438,6 +461,15 @@ def _lines(text: str) -> list[tuple[int, str]]:
     return [(n, line.rstrip("\r")) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
 
 
+def _log_blank_lines(path: Path, text: str) -> None:
+    """Logs how many blank lines were skipped before the last non-blank one (trailing ones are
+    the usual end of a file and not counted)."""
+    body = text.rstrip()
+    skipped = len(_BLANK_LINE.findall(body)) if body else 0
+    if skipped:
+        log.info("%s: skipped %d blank line(s)", path, skipped)
+
+
 def _field_count_error(path: Path, lineno: int, names: Sequence[str], found: int) -> DataError:
     return DataError(
         f"{path}, line {lineno}: expected {len(names)} fields ({', '.join(names)}), found {found}"
@@ -445,14 +477,85 @@ def _field_count_error(path: Path, lineno: int, names: Sequence[str], found: int
 
 
 def _parse_int(path: Path, lineno: int, name: str, value: str) -> int:
-    """A 64-bit integer field, or a DataError naming the line."""
-    try:
-        number = int(value)
-    except ValueError:
-        number = None
-    if number is None or not -(2**63) <= number < 2**63:
+    """A 64-bit integer field (ASCII digits, optional sign), or a DataError naming the line."""
+    number = int(value) if _INTEGER.fullmatch(value) else None
+    if number is None or not INT64_MIN <= number <= INT64_MAX:
         raise DataError(f"{path}, line {lineno}: {name} {value!r} is not an integer")
     return number
+
+
+def _text_to_int(value: Any) -> int | None:
+    """An int64 written as an integer (``-12``) or a whole number (``1e3``, ``5.0``); else ``None``.
+
+    Numbers written with a decimal point or exponent are exact only below 2^53, so larger ones
+    are refused rather than rounded.
+    """
+    text = str(value).strip()
+    if _INTEGER.fullmatch(text):
+        number = int(text)
+    else:
+        try:
+            real = float(text)
+        except ValueError:
+            return None
+        if not math.isfinite(real) or not real.is_integer() or abs(real) >= 2**53:
+            return None
+        number = int(real)
+    return number if INT64_MIN <= number <= INT64_MAX else None
+
+
+def _integer_timestamps(values: pd.Series, from_text: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Timestamps as int64 ``[n]`` and a bool ``[n]`` mask of the values that are not integers.
+
+    Args:
+        values: the column as read.
+        from_text: the values are CSV text (parsed exactly); else a Parquet column, where
+            datetimes become Unix seconds and booleans are refused.
+    """
+    n = len(values)
+    if not from_text and pd.api.types.is_bool_dtype(values):
+        return np.zeros(n, np.int64), np.ones(n, bool)
+    if not from_text and pd.api.types.is_datetime64_any_dtype(values):
+        utc = pd.to_datetime(values, utc=True)
+        bad = utc.isna().to_numpy()
+        seconds = (utc - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(seconds=1)
+        return np.where(bad, 0, seconds.fillna(0).to_numpy()).astype(np.int64), bad
+    numeric = pd.to_numeric(values, errors="coerce")
+    if pd.api.types.is_integer_dtype(numeric):
+        bad = numeric.isna().to_numpy(bool).copy()
+        if pd.api.types.is_unsigned_integer_dtype(numeric):
+            bad |= (numeric > INT64_MAX).to_numpy(bool)
+        return np.where(bad, 0, numeric.fillna(0).to_numpy()).astype(np.int64), bad
+    if from_text:  # some value is not a plain integer: parse each one exactly
+        parsed = [_text_to_int(v) for v in values.tolist()]
+        bad = np.array([v is None for v in parsed], bool)
+        return np.array([0 if v is None else v for v in parsed], np.int64), bad
+    real = numeric.to_numpy(np.float64, na_value=np.nan)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(real) | (real % 1 != 0) | (real < INT64_MIN) | (real >= 2.0**63)
+    return np.where(bad, 0, real).astype(np.int64), bad
+
+
+def _scalar_ids(values: pd.Series, column: str, where: Any) -> pd.Series:
+    """A Parquet id column as text-ready values: whole floats lose their ``.0``; lists, bytes and
+    other non-scalars are refused."""
+    if pd.api.types.is_float_dtype(values):
+        real = values.to_numpy(np.float64, na_value=np.nan)
+        finite = np.isfinite(real)
+        if (real[finite] % 1 == 0).all() and (np.abs(real[finite]) < 2**63).all():
+            text = np.where(finite, np.where(finite, real, 0).astype(np.int64).astype(str), "")
+            return pd.Series(text, index=values.index, dtype=object).where(finite)
+        return values
+    if pd.api.types.is_object_dtype(values):
+        scalar = (str, int, float, np.number, type(None))
+        odd = np.array([not isinstance(v, scalar) for v in values.tolist()], bool)
+        if odd.any():
+            row = int(np.argmax(odd))
+            raise DataError(
+                f"{where(row)}: {column} id {values.iloc[row]!r} is a {type(values.iloc[row]).__name__}, "
+                "not text or a number"
+            )
+    return values
 
 
 def _check_ids(path: Path, name: str, ids: list[str], lines: np.ndarray) -> None:
@@ -466,24 +569,31 @@ def _check_ids(path: Path, name: str, ids: list[str], lines: np.ndarray) -> None
 def _read_int_records(path: Path, sep: str | None, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Lines of ``len(names)`` integer fields split on ``sep`` (whitespace when ``None``) -> int64 columns.
 
-    pandas' C parser reads well-formed files fast; when it fails, the file is parsed line by line,
-    which either reads it or names the line at fault.
+    pandas' C parser reads well-formed files fast; when it fails, or the file holds anything but
+    digits, signs, separators and line breaks, or a line has another field count, the file is
+    parsed line by line, which either reads it or names the line at fault.
     """
     text = _read_text(path, "latin-1")
+    _log_blank_lines(path, text)
+    allowed = r"[0-9+\-\s]*" if sep is None else r"[0-9+\- \r\n:]*"  # a tab in a "::" file is an error
     try:
+        if not re.fullmatch(allowed, text):
+            raise ValueError("not only integers")
         # The C parser takes no multi-character separator, so "::" becomes a tab.
         fast = io.StringIO(text if sep is None else text.replace(sep, "\t"))
         frame = pd.read_csv(
             fast,
             sep=r"\s+" if sep is None else "\t",
             header=None,
-            names=list(names),
+            index_col=False,
             dtype=np.int64,
             quoting=csv.QUOTE_NONE,
             engine="c",
         )
-        if len(frame):
-            return {name: frame[name].to_numpy() for name in names}
+        # Without names the first line sets the field count and any other count fails, so
+        # every line has exactly len(names) fields (with names, extra fields became an index).
+        if len(frame) and frame.shape[1] == len(names):
+            return {name: frame[j].to_numpy() for j, name in enumerate(names)}
     except (ValueError, OverflowError, pd.errors.ParserError, pd.errors.EmptyDataError):
         pass  # malformed somewhere: the line-by-line parse below says where
     rows: list[list[int]] = []
@@ -503,17 +613,24 @@ def _read_ml100k_items(folder: Path) -> pd.DataFrame:
     if (folder / "u.genre").is_file():
         path = folder / "u.genre"
         named: dict[int, str] = {}
-        for lineno, line in _lines(_read_text(path, "latin-1")):
+        genre_lines: dict[int, int] = {}
+        for lineno, line in _read_lines(path, "latin-1"):
             fields = line.split("|")
             if len(fields) != 2:
                 raise DataError(f"{path}, line {lineno}: expected 'name|index', found {len(fields)} fields")
-            named[_parse_int(path, lineno, "genre index", fields[1])] = fields[0]
+            index = _parse_int(path, lineno, "genre index", fields[1])
+            if index in named:
+                raise DataError(
+                    f"{path}, line {lineno}: genre index {index} already used on line {genre_lines[index]}"
+                )
+            named[index], genre_lines[index] = fields[0], lineno
         if sorted(named) != list(range(len(named))):
             raise DataError(f"{path}: genre indices must run 0..{len(named) - 1}")
         genres = tuple(named[i] for i in range(len(named)))
     path = folder / "u.item"
     ids, titles, attributes = [], [], []
-    for lineno, line in _lines(_read_text(path, "latin-1")):
+    first_line: dict[str, int] = {}
+    for lineno, line in _read_lines(path, "latin-1"):
         fields = line.split("|")
         if len(fields) != 5 + len(genres):
             raise DataError(
@@ -523,7 +640,7 @@ def _read_ml100k_items(folder: Path) -> pd.DataFrame:
         flags = fields[5:]
         if any(f not in ("0", "1") for f in flags):
             raise DataError(f"{path}, line {lineno}: genre flags must be 0 or 1")
-        ids.append(str(_parse_int(path, lineno, "movie id", fields[0])))
+        ids.append(_movie_id(path, lineno, fields[0], first_line))
         titles.append(fields[1])
         attributes.append([g for g, f in zip(genres, flags, strict=True) if f == "1"])
     return pd.DataFrame({"item": ids, "title": titles, "attributes": attributes})
@@ -531,16 +648,36 @@ def _read_ml100k_items(folder: Path) -> pd.DataFrame:
 
 def _read_ml1m_items(path: Path) -> pd.DataFrame:
     ids, titles, attributes = [], [], []
-    for lineno, line in _lines(_read_text(path, "latin-1")):
+    first_line: dict[str, int] = {}
+    for lineno, line in _read_lines(path, "latin-1"):
         fields = line.split("::")
         if len(fields) != 3:
             raise DataError(
                 f"{path}, line {lineno}: expected 3 fields (id::title::genres), found {len(fields)}"
             )
-        ids.append(str(_parse_int(path, lineno, "movie id", fields[0])))
+        ids.append(_movie_id(path, lineno, fields[0], first_line))
         titles.append(fields[1])
         attributes.append(fields[2].split("|") if fields[2] else [])
     return pd.DataFrame({"item": ids, "title": titles, "attributes": attributes})
+
+
+def _read_lines(path: Path, encoding: str) -> list[tuple[int, str]]:
+    """:func:`_lines` of a file that must have at least one (else an "empty file" error)."""
+    text = _read_text(path, encoding)
+    lines = _lines(text)
+    if not lines:
+        raise DataError(f"{path}: empty file")
+    _log_blank_lines(path, text)
+    return lines
+
+
+def _movie_id(path: Path, lineno: int, value: str, first_line: dict[str, int]) -> str:
+    """A movie id field, refused when an earlier line (recorded in ``first_line``) has it."""
+    item = str(_parse_int(path, lineno, "movie id", value))
+    if item in first_line:
+        raise DataError(f"{path}, line {lineno}: movie id {item} already on line {first_line[item]}")
+    first_line[item] = lineno
+    return item
 
 
 def _read_item_attributes(path: Path) -> dict[str, list[str]]:
@@ -549,40 +686,59 @@ def _read_item_attributes(path: Path) -> dict[str, list[str]]:
         payload: Any = json.loads(_read_text(path, "utf-8-sig"))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}, line {e.lineno}: invalid JSON: {e.msg}") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to be an attributes file") from None
     if not isinstance(payload, dict):
         raise DataError(f'{path}: expected a JSON object {{"<item_id>": [attribute ids]}}')
     attributes = {}
     for item, values in payload.items():
-        if not isinstance(values, list) or not all(isinstance(v, str | int) for v in values):
+        if not isinstance(values, list) or not all(
+            isinstance(v, str | int) and not isinstance(v, bool) for v in values
+        ):
             raise DataError(f"{path}: item {item!r}: attributes must be a list of ids")
         attributes[str(item)] = [str(v) for v in values]
     return attributes
 
 
-def _read_csv(path: Path) -> tuple[pd.DataFrame, list[int]]:
-    """A CSV with a header -> string columns, and the 1-based line where each row starts."""
+def _read_csv(path: Path) -> tuple[pd.DataFrame, list[int], int]:
+    """A CSV with a header -> string columns, the 1-based line where each row starts, and the
+    header's line (blank lines before it are skipped)."""
     reader = csv.reader(io.StringIO(_read_text(path, "utf-8-sig"), newline=""))
     rows: list[list[str]] = []
     lines: list[int] = []
+    blank, pending = -1, 0  # blank lines before the last row (the loop below counts the header)
     try:
-        header = next(reader, None)
+        header: list[str] | None = []
+        while header == []:  # blank lines before the header
+            header = next(reader, None)
+            blank += 1
         if header is None:
             raise DataError(f"{path}: empty file")
+        header_line = reader.line_num
         header = [h.strip() for h in header]
+        repeated = sorted({h for h in header if header.count(h) > 1})
+        if repeated:
+            raise DataError(
+                f"{path}, line {header_line}: column(s) {', '.join(map(repr, repeated))} repeated"
+            )
         while True:
             start = reader.line_num + 1
             row = next(reader, None)
             if row is None:
                 break
             if not row:
-                continue  # blank line
+                pending += 1
+                continue
             if len(row) != len(header):
                 raise _field_count_error(path, start, header, len(row))
             rows.append(row)
             lines.append(start)
+            blank, pending = blank + pending, 0
     except csv.Error as e:
         raise DataError(f"{path}, line {reader.line_num}: {e}") from None
-    return pd.DataFrame(rows, columns=header, dtype=object), lines
+    if blank:
+        log.info("%s: skipped %d blank line(s)", path, blank)
+    return pd.DataFrame(rows, columns=header, dtype=object), lines, header_line
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from retrieval.artifacts import ArtifactError, publish, read_manifest, resolve_current
+from retrieval.artifacts import PUBLISH_GRACE, ArtifactError, publish, read_manifest, resolve_current
 from retrieval.index_artifact import KIND as INDEX_KIND
 from retrieval.model_artifact import KIND as MODEL_KIND
 
@@ -32,7 +32,9 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def publish_deployment(model_dir: Path, index_dir: Path, root: Path, keep: int = 3) -> Path:
+def publish_deployment(
+    model_dir: Path, index_dir: Path, root: Path, keep: int = 3, grace: float = PUBLISH_GRACE
+) -> Path:
     """Publishes a model and its index as the new current version of ``root``.
 
     Both artifacts are verified (checksums, and the index built from this very model) before
@@ -41,7 +43,7 @@ def publish_deployment(model_dir: Path, index_dir: Path, root: Path, keep: int =
     Args:
         model_dir: a model artifact folder.
         index_dir: an index artifact folder (or a published index root) built from that model.
-        keep: versions kept on disk.
+        keep, grace: which old versions stay on disk (:func:`retrieval.artifacts.publish`).
 
     Returns:
         The new version folder.
@@ -61,7 +63,7 @@ def publish_deployment(model_dir: Path, index_dir: Path, root: Path, keep: int =
         shutil.copytree(model_dir, folder / MODEL_DIR, copy_function=_link_or_copy)
         shutil.copytree(index_dir, folder / INDEX_DIR, copy_function=_link_or_copy)
 
-    return publish(root, write, keep)
+    return publish(root, write, keep, grace)
 
 
 def deployment_dirs(root: Path) -> tuple[Path, Path]:

@@ -23,7 +23,16 @@ import numpy as np
 
 from index import FaissIndex, VectorIndex, exact_neighbours, recall_of, tune
 from index.tuning import TuningResult, measure_latency
-from retrieval.artifacts import ArtifactError, publish, read_manifest, resolve_current, write_artifact
+from retrieval.artifacts import (
+    PUBLISH_GRACE,
+    ArtifactError,
+    contained_file,
+    derived_version,
+    publish,
+    read_manifest,
+    resolve_current,
+    write_artifact,
+)
 from retrieval.model_artifact import ModelArtifact
 
 log = logging.getLogger(__name__)
@@ -193,31 +202,36 @@ def publish_index(
     measured: dict[str, Any] | None = None,
     tuning: dict[str, Any] | None = None,
     keep: int = 3,
+    grace: float = PUBLISH_GRACE,
 ) -> Path:
     """Writes ``index`` as a new version under ``root`` and atomically makes it the current one
-    (:func:`retrieval.artifacts.publish`); :func:`load_index` on ``root`` loads the current one.
+    (:func:`retrieval.artifacts.publish`, with its ``keep`` and ``grace``); :func:`load_index`
+    on ``root`` loads the current one.
 
     Returns:
         The new version folder.
     """
     return publish(
-        root, lambda folder: save_index(index, folder, model, measured=measured, tuning=tuning), keep
+        root, lambda folder: save_index(index, folder, model, measured=measured, tuning=tuning), keep, grace
     )
 
 
 def load_index(path: Path, expected_model_version: str | None = None) -> tuple[VectorIndex, dict[str, Any]]:
     """Loads an index artifact (or the current version of a published root).
 
-    Checksums are verified and the file's size and header checked before FAISS parses it, so
-    a truncated, corrupted or mismatched file is refused with an :class:`ArtifactError`.
+    The manifest's fields are checked (types, a plain ``index_file`` name listed with a
+    checksum), then the file's size, checksum and header before FAISS parses anything, so a
+    truncated, corrupted or mismatched file is refused with an :class:`ArtifactError`.
 
     Raises:
-        ArtifactError: missing, incomplete or corrupted folder, an index that disagrees with its
-            manifest, or an index built from another model than ``expected_model_version``.
+        ArtifactError: missing, incomplete or corrupted folder, a malformed manifest, an index
+            that disagrees with its manifest, or an index built from another model than
+            ``expected_model_version``.
     """
     path = resolve_current(Path(path))
     manifest = read_manifest(path, KIND, verify=False)
-    file = path / manifest.get("index_file", INDEX_FILE)
+    _check_index_manifest(path, manifest)
+    file = contained_file(path, manifest["index_file"])
     expected_bytes = manifest.get("index_bytes")
     if expected_bytes is not None and file.is_file() and file.stat().st_size != expected_bytes:
         raise ArtifactError(
@@ -225,26 +239,31 @@ def load_index(path: Path, expected_model_version: str | None = None) -> tuple[V
             f"the manifest says {expected_bytes}"
         )
     manifest = read_manifest(path, KIND)
+    _check_index_manifest(path, manifest)  # read again: the file may have changed in between
     if expected_model_version is not None and manifest["model_version"] != expected_model_version:
         raise ArtifactError(
             f"{path} was built from model {manifest['model_version']!r}, not from model "
             f"{expected_model_version!r}: rebuild it with tools/build_index.py"
         )
-    backend = manifest.get("backend", "faiss")
+    backend = manifest["backend"]
     index: VectorIndex
     try:
         if backend == "faiss":
             index = FaissIndex.load(
                 file, manifest["factory"], manifest["search_params"], mips_norm=manifest.get("mips_norm")
             )
-        elif backend == "milvus":
+        else:
             from index.milvus_index import MilvusIndex
 
             index = MilvusIndex.load(file)
-        else:
-            raise ValueError(f"unknown index backend {backend!r}")
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
         raise ArtifactError(f"{path} holds an unusable index: {e}") from e
+    if isinstance(index, FaissIndex):
+        _check_factory(path, manifest, index)
+    if manifest.get("metric", index.describe()["metric"]) != index.describe()["metric"]:
+        raise ArtifactError(
+            f"{path}: the manifest says metric {manifest['metric']!r}, the index uses another"
+        )
     if manifest.get("is_exact", index.is_exact) != index.is_exact:
         raise ArtifactError(
             f"{path}: the manifest describes {manifest['factory']!r}, the file holds another index type"
@@ -254,7 +273,71 @@ def load_index(path: Path, expected_model_version: str | None = None) -> tuple[V
             f"{path}: index has dim {index.dim} and {index.ntotal} items, "
             f"manifest says dim {manifest['dim']} and {manifest['count']}"
         )
+    if manifest["version"] != derived_version(manifest["files"]):  # save_index never names one
+        raise ArtifactError(f"{path}: version {manifest['version']!r} does not match the files' checksums")
     return index, manifest
+
+
+def _check_factory(path: Path, manifest: dict[str, Any], index: FaissIndex) -> None:
+    """The file holds the index type (and IVF list count) the manifest's factory string builds."""
+    try:
+        empty = FaissIndex.empty(manifest["dim"], manifest["factory"])
+    except ValueError as e:
+        raise ArtifactError(
+            f"{path}: the manifest's factory {manifest['factory']!r} is not valid: {e}"
+        ) from e
+    # ``empty`` and ``index`` own the FAISS objects: they must outlive the downcast views.
+    expected = faiss.downcast_index(empty.faiss_index.index)
+    found = faiss.downcast_index(index.faiss_index.index)
+    # Built and read back, the same index can differ by a subclass (IndexFlat / IndexFlatIP).
+    related = isinstance(found, type(expected)) or isinstance(expected, type(found))
+    if not related or getattr(expected, "nlist", None) != getattr(found, "nlist", None):
+        raise ArtifactError(
+            f"{path}: the manifest describes {manifest['factory']!r} ({type(expected).__name__}), "
+            f"the file holds a {type(found).__name__}"
+        )
+    del expected, found, empty
+
+
+_INDEX_FIELDS: dict[str, tuple[type, ...]] = {
+    "model_version": (str,),
+    "factory": (str,),
+    "search_params": (str,),
+    "dim": (int,),
+    "count": (int,),
+}
+_BACKEND_FILES = {"faiss": INDEX_FILE, "milvus": MILVUS_FILE}
+
+
+def _check_index_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """Refuses a manifest whose fields have the wrong type or range, or whose index file is not a
+    plain file name listed (with a checksum) in it. Fills the defaults of older manifests."""
+    where = path / "manifest.json"
+    manifest.setdefault("backend", "faiss")
+    manifest.setdefault("index_file", _BACKEND_FILES.get(manifest["backend"], INDEX_FILE))
+    for key, types in _INDEX_FIELDS.items():
+        value = manifest.get(key)
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise ArtifactError(f"{where}: {key} must be a {types[0].__name__}, found {value!r}")
+    if manifest["dim"] < 1 or manifest["count"] < 0:
+        raise ArtifactError(f"{where}: dim {manifest['dim']} and count {manifest['count']} are out of range")
+    if manifest["backend"] not in _BACKEND_FILES:
+        raise ArtifactError(f"{where}: unknown index backend {manifest['backend']!r}")
+    name = manifest["index_file"]
+    if not isinstance(name, str) or "/" in name or name != _BACKEND_FILES[manifest["backend"]]:
+        raise ArtifactError(
+            f"{where}: index_file {name!r} is not the {manifest['backend']} index file "
+            f"{_BACKEND_FILES[manifest['backend']]!r}"
+        )
+    if name not in manifest.get("files", {}):
+        raise ArtifactError(f"{path} is incomplete: {name} is not listed in the manifest")
+    for key in ("index_bytes",):
+        value = manifest.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ArtifactError(f"{where}: {key} must be a non-negative integer, found {value!r}")
+    norm = manifest.get("mips_norm")
+    if norm is not None and (isinstance(norm, bool) or not isinstance(norm, int | float) or not norm > 0):
+        raise ArtifactError(f"{where}: mips_norm must be a positive number, found {norm!r}")
 
 
 def recall_against_exact(

@@ -15,6 +15,7 @@ Folder layout (``tools/train.py --out DIR``)::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.artifacts import read_manifest
+from retrieval.artifacts import MANIFEST, ArtifactError, contained_file, read_manifest
 from retrieval.features import SideVocab
 from retrieval.vocab import ItemVocab
 
@@ -104,21 +105,156 @@ def pad_left(histories: Sequence[np.ndarray], max_len: int) -> np.ndarray:
 def load_model(path: Path, verify: bool = True) -> ModelArtifact:
     """Loads a model artifact written by ``tools/train.py`` (checksums verified by default).
 
+    Nothing is read that the manifest does not list (so every byte read is covered by a
+    checksum), and what is read must agree with the manifest before the model is returned:
+    the vocabulary (unique string ids), the embeddings (``.npy`` without pickle, float32
+    ``[num_items + 1, dim]``, finite) and the user tower, which is called once on a probe
+    history and must answer ``[1, num_interests, dim]`` finite vectors.
+
     Raises:
-        retrieval.artifacts.ArtifactError: missing, incomplete or corrupted folder.
+        retrieval.artifacts.ArtifactError: missing, incomplete, corrupted or inconsistent folder.
     """
     import tensorflow as tf
 
     path = Path(path)
     manifest = read_manifest(path, KIND, verify=verify)
-    vocab = ItemVocab.load(path / "vocab.json")
-    item_embeddings = np.load(path / "item_embeddings.npy", allow_pickle=False)
+    max_len = _positive_int(path, manifest, "max_len")
+    num_interests = _positive_int(path, manifest, "num_interests")
+    dim = _positive_int(path, manifest, "dim")
+    num_items = _positive_int(path, manifest, "num_items")
+    if not isinstance(manifest.get("tower"), str) or not manifest["tower"]:
+        raise ArtifactError(f"{path / MANIFEST}: tower must be a tower name, found {manifest.get('tower')!r}")
+    listed = set(manifest.get("files", {}))
+    for name in (VOCAB_FILE, EMBEDDINGS_FILE, f"{TOWER_DIR}/saved_model.pb"):
+        _listed_file(path, listed, name)
+    unlisted = sorted(
+        p.relative_to(path).as_posix()
+        for p in [*(path / TOWER_DIR).rglob("*"), path / SIDE_FILE, path / ATTRIBUTES_FILE]
+        if (p.is_file() or p.is_symlink()) and p.relative_to(path).as_posix() not in listed
+    )
+    if unlisted:
+        raise ArtifactError(
+            f"{path}: {', '.join(unlisted)} not listed in the manifest (added after writing?)"
+        )
+
+    try:
+        vocab = ItemVocab.load(path / VOCAB_FILE)
+    except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path / VOCAB_FILE} is not a valid vocabulary: {e}") from e
+    if not all(isinstance(i, str) for i in vocab.ids) or (
+        vocab.titles is not None and not all(isinstance(t, str) for t in vocab.titles)
+    ):
+        raise ArtifactError(f"{path / VOCAB_FILE}: item ids and titles must be strings")
+    if num_items != len(vocab):
+        raise ArtifactError(f"{path}: the manifest says {num_items} items, {VOCAB_FILE} has {len(vocab)}")
+    item_embeddings = _load_embeddings(path / EMBEDDINGS_FILE, len(vocab) + 1, dim)
+
+    side = SideVocab()
+    if (path / SIDE_FILE).is_file():
+        try:
+            side = SideVocab.load(path / SIDE_FILE)
+        except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as e:
+            raise ArtifactError(f"{path / SIDE_FILE} is not a valid side-feature vocabulary: {e}") from e
+
+    _check_against_config(path, manifest, side, listed)  # before the (slow) TensorFlow load
+    try:
+        exported = tf.saved_model.load(str(path / TOWER_DIR))
+        if not hasattr(exported, "user_vectors"):
+            raise ValueError("the SavedModel has no user_vectors endpoint")
+    except Exception as e:  # TensorFlow raises many types for unreadable or foreign SavedModels
+        raise ArtifactError(f"{path / TOWER_DIR} is not a readable user tower: {_first_line(e)}") from e
+
     # The closure holds the loaded object itself: its endpoint alone does not keep the
     # variables alive, and TensorFlow frees them once the object is collected.
-    exported = tf.saved_model.load(str(path / "user_tower"))
-
     def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
         return exported.user_vectors({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
 
-    side = SideVocab.load(path / SIDE_FILE) if (path / SIDE_FILE).is_file() else SideVocab()
-    return ModelArtifact(path, manifest, vocab, item_embeddings, user_vectors, side)
+    model = ModelArtifact(path, manifest, vocab, item_embeddings, user_vectors, side)
+    _check_tower(model, num_interests, max_len)
+    return model
+
+
+VOCAB_FILE = "vocab.json"
+CONFIG_FILE = "config.json"
+EMBEDDINGS_FILE = "item_embeddings.npy"
+TOWER_DIR = "user_tower"
+ATTRIBUTES_FILE = "item_attributes.json"
+
+
+def _positive_int(path: Path, manifest: dict[str, Any], key: str) -> int:
+    value = manifest.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArtifactError(f"{path / MANIFEST}: {key} must be a positive integer, found {value!r}")
+    return value
+
+
+def _listed_file(path: Path, listed: set[str], name: str) -> Path:
+    """``path / name``, which the manifest must list (so that a checksum covers it)."""
+    if name not in listed:
+        raise ArtifactError(f"{path} is incomplete: {name} is not listed in the manifest")
+    return contained_file(path, name)
+
+
+def _load_embeddings(file: Path, rows: int, dim: int) -> np.ndarray:
+    """The ``.npy`` item table, read without pickle and checked: float32 ``[rows, dim]``, finite."""
+    try:
+        table = np.load(file, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:  # a bad header, pickled objects, a short file
+        raise ArtifactError(f"{file} is not a readable .npy array: {e}") from e
+    if table.dtype != np.float32 or table.ndim != 2 or table.shape[0] != rows:
+        raise ArtifactError(f"{file} holds {table.dtype} {list(table.shape)}, expected float32 [{rows}, d]")
+    if table.shape[1] != dim:
+        raise ArtifactError(f"{file} has dimension {table.shape[1]}, the manifest says {dim}")
+    if not np.isfinite(table).all():
+        raise ArtifactError(f"{file} holds NaN or infinite values")
+    return table
+
+
+def _check_against_config(path: Path, manifest: dict[str, Any], side: SideVocab, listed: set[str]) -> None:
+    """The manifest repeats what ``config.json`` and the side vocabulary say (tower, sizes, data,
+    inputs); both are checksummed, so a manifest field that disagrees was damaged."""
+    pairs: list[tuple[str, Any, Any]] = [
+        ("inputs", manifest.get("inputs"), ["items", *side.event_features]),
+        ("side_features", manifest.get("side_features"), list(side.features)),
+    ]
+    if CONFIG_FILE in listed:
+        try:
+            config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+            section, data = dict(config["model"]), dict(config["data"])
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise ArtifactError(f"{path / CONFIG_FILE} is not a valid configuration: {e}") from e
+        pairs += [(key, manifest.get(key), section.get(key)) for key in ("tower", "max_len", "fusion")]
+        pairs += [
+            ("dim", manifest.get("dim"), section.get("dim")),
+            ("data", manifest.get("data"), data.get("path")),
+        ]
+        if section.get("num_interests") is not None:
+            pairs.append(("num_interests", manifest.get("num_interests"), section["num_interests"]))
+    for key, in_manifest, expected in pairs:
+        if key in manifest and in_manifest != expected:
+            raise ArtifactError(
+                f"{path / MANIFEST}: {key} is {in_manifest!r}, the artifact's files say {expected!r}"
+            )
+
+
+def _check_tower(model: ModelArtifact, num_interests: int, max_len: int) -> None:
+    """Calls the tower on a one-item history; it must answer finite ``[1, num_interests, dim]``."""
+    probe = [np.array([1 if len(model.vocab) else 0], np.int64)]
+    try:
+        out = np.asarray(model.encode(probe))
+    except Exception as e:  # a signature that does not fit the manifest fails inside TensorFlow
+        raise ArtifactError(
+            f"{model.path}: the user tower does not take a [1, {max_len}] history as "
+            f"{{'items': int32, ...}} (exported by another version of the code?): {_first_line(e)}"
+        ) from e
+    if out.shape != (1, num_interests, model.dim) or not np.isfinite(out).all():
+        raise ArtifactError(
+            f"{model.path}: the user tower answers {list(out.shape)}, the manifest and embeddings "
+            f"say [1, {num_interests}, {model.dim}] finite vectors"
+        )
+
+
+def _first_line(error: BaseException) -> str:
+    """``Type: first line of the message`` (TensorFlow's messages run to pages)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"

@@ -25,6 +25,7 @@ import faiss
 import grpc
 import numpy as np
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -68,6 +69,40 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
             return code, str(error)
     logger.error("internal error while serving a request", exc_info=error)
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}), see the server log"
+
+
+M = TypeVar("M", bound=Message)
+
+
+def parse(request: M | bytes, message: type[M]) -> M:
+    """``request`` itself, or parsed from the bytes the server received.
+
+    The servicer is registered with raw-bytes handlers (:func:`add_servicer`) so that a request
+    that does not parse (truncated, invalid UTF-8 in a string) is answered INVALID_ARGUMENT;
+    grpcio's own deserializer would answer INTERNAL.
+
+    Raises:
+        InvalidArgument: the bytes are not a valid ``message``.
+    """
+    if not isinstance(request, bytes):
+        return request
+    try:
+        return message.FromString(request)
+    except DecodeError as e:
+        raise InvalidArgument(f"the request is not a valid {message.DESCRIPTOR.full_name}: {e}") from None
+
+
+def add_servicer(servicer: RetrievalServicer, server: grpc.Server) -> None:
+    """Registers ``servicer``'s methods as the generated ``add_RetrievalServiceServicer_to_server``
+    does, but with requests handed over as bytes (parsed by :func:`parse` inside the call)."""
+    service = retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"]
+    handlers = {
+        method.name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name), response_serializer=lambda response: response.SerializeToString()
+        )
+        for method in service.methods
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
 _MERGE_FROM_PROTO: dict[int, MergeStrategy] = {
@@ -313,42 +348,48 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self._batcher = batcher
 
     def Retrieve(
-        self, request: retrieval_pb2.RetrieveRequest, context: grpc.ServicerContext
+        self, request: retrieval_pb2.RetrieveRequest | bytes, context: grpc.ServicerContext
     ) -> retrieval_pb2.RetrieveResponse:
         def work() -> retrieval_pb2.RetrieveResponse:
-            query = query_from_request(request)
+            query = query_from_request(parse(request, retrieval_pb2.RetrieveRequest))
             if self._batcher is not None:
                 return response_from_result(self._batcher.submit(query, context.time_remaining()))
+            self._observe_batch(1)
             (result,) = self._slot.current.retrieve_many([query])
             return response_from_result(result)
 
-        return self._call("Retrieve", context, work, batch_size=None if self._batcher else 1)
+        return self._call("Retrieve", context, work)
 
     def BatchRetrieve(
-        self, request: retrieval_pb2.BatchRetrieveRequest, context: grpc.ServicerContext
+        self, request: retrieval_pb2.BatchRetrieveRequest | bytes, context: grpc.ServicerContext
     ) -> retrieval_pb2.BatchRetrieveResponse:
         def work() -> retrieval_pb2.BatchRetrieveResponse:
             queries = []
-            for i, one in enumerate(request.requests):
+            for i, one in enumerate(parse(request, retrieval_pb2.BatchRetrieveRequest).requests):
                 try:
                     queries.append(query_from_request(one))
                 except InvalidArgument as e:
                     raise InvalidArgument(f"requests[{i}]: {e}") from None
+            self._observe_batch(len(queries))
             results = self._slot.current.retrieve_many(queries)
             return retrieval_pb2.BatchRetrieveResponse(responses=[response_from_result(r) for r in results])
 
-        return self._call("BatchRetrieve", context, work, batch_size=len(request.requests))
+        return self._call("BatchRetrieve", context, work)
 
     def GetModelInfo(
-        self, request: retrieval_pb2.GetModelInfoRequest, context: grpc.ServicerContext
+        self, request: retrieval_pb2.GetModelInfoRequest | bytes, context: grpc.ServicerContext
     ) -> retrieval_pb2.ModelInfo:
-        return self._call(
-            "GetModelInfo", context, lambda: model_info_message(self._slot.current.model_info())
-        )
+        def work() -> retrieval_pb2.ModelInfo:
+            parse(request, retrieval_pb2.GetModelInfoRequest)
+            return model_info_message(self._slot.current.model_info())
 
-    def _call(
-        self, method: str, context: grpc.ServicerContext, work: Callable[[], T], batch_size: int | None = None
-    ) -> T:
+        return self._call("GetModelInfo", context, work)
+
+    def _observe_batch(self, size: int) -> None:
+        if self._metrics is not None and size:
+            self._metrics.batch_size.observe(size)
+
+    def _call(self, method: str, context: grpc.ServicerContext, work: Callable[[], T]) -> T:
         """Runs ``work`` under the deadline and concurrency checks; every error becomes a status."""
         started = time.perf_counter()
         code = grpc.StatusCode.OK
@@ -363,8 +404,6 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                     raise ResourceExhausted(
                         f"server busy: {self._max_concurrent} requests in flight, retry with backoff"
                     )
-            if batch_size is not None and self._metrics is not None:
-                self._metrics.batch_size.observe(batch_size)
             return work()
         except Exception as error:  # every error must become a status, none a crash
             code, details = status_for(error)
@@ -491,7 +530,7 @@ def create_server(
         batcher = MicroBatcher(lambda: slot.current, max_batch, max_wait, observe_batch=observe)
     servicer = RetrievalServicer(slot, max_concurrent, metrics, batcher)
     health_servicer = health.HealthServicer()
-    retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(servicer, server)
+    add_servicer(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{host}:{port}"

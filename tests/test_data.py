@@ -189,6 +189,26 @@ def test_load_table_parquet(tmp_path: Path) -> None:
     assert records(data.items) == [{"item": "100"}, {"item": "200"}]
 
 
+def test_load_table_parquet_datetimes_and_whole_float_ids(tmp_path: Path) -> None:
+    path = tmp_path / "log.parquet"
+    frame = pd.DataFrame(
+        {
+            "user": [1.0, 2.0],  # an integer column with a gap elsewhere comes back as float
+            "item": [10, 20],
+            "timestamp": pd.to_datetime(["1970-01-01 00:01:40", "2020-01-01 00:00:00"]),  # naive: UTC
+        }
+    )
+    frame.to_parquet(path)
+    data = load_table(path)
+    assert records(data.events) == [
+        {"user": "1", "item": "10", "timestamp": 100},
+        {"user": "2", "item": "20", "timestamp": 1577836800},
+    ]
+    aware = frame.assign(timestamp=pd.to_datetime(["2020-01-01 01:00"]).tz_localize("Europe/Paris").repeat(2))
+    aware.to_parquet(path)
+    assert load_table(path).events["timestamp"].tolist() == [1577836800, 1577836800]
+
+
 def test_load_interactions_detects_the_format(ml100k: Path, ml1m: Path, s3rec: Path, tmp_path: Path) -> None:
     csv_path = write(tmp_path / "log.csv", "user,item,timestamp\nu,i,1\n")
     assert load_interactions(ml100k).events.columns.tolist() == ["user", "item", "timestamp", "rating"]

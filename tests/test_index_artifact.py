@@ -160,6 +160,8 @@ def test_publish_swaps_versions_atomically(model: ModelArtifact, tmp_path: Path)
     thread.join()
     assert not errors
     assert load_index(root)[1]["factory"] == "HNSW16"
+    assert len(list((root / "versions").iterdir())) == 5  # none retired long enough to go
+    publish_index(build_index_from_model(model, "HNSW16"), root, model, keep=2, grace=0)
     assert len(list((root / "versions").iterdir())) == 2  # older versions pruned
     assert seen <= {"Flat", "HNSW16", "IVF8,Flat"}
     with pytest.raises(ArtifactError, match="plain artifact folder"):

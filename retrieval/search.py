@@ -1,10 +1,10 @@
 """Multi-interest search: K interest vectors per user, one batched index search, max-score merge.
 
-Filters (a user's history, an allow-list, a category) are handed to the index, which applies
-them inside the search (FAISS ``IDSelector``, Milvus expressions) so that ``k`` results come
-back whenever ``k`` items pass. A batch of users with different histories is searched in one
-batched call instead, over-fetching by the longest history and dropping each user's own ids;
-users that come back short are searched again alone with their filter.
+An allow-list or a category is handed to the index, which applies it inside the search (FAISS
+``IDSelector``, Milvus expressions) so that ``k`` results come back whenever ``k`` items pass.
+Users' histories are dropped from one batched search over-fetching by the longest history
+(testing every scanned candidate against an in-index filter costs more); users that come back
+short are searched again alone with their history filtered inside the index.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def search_interests(
     categories: ItemCategories | None = None,
     merge: MergeFn | None = None,
     per_interest_k: int | None = None,
+    filter_inside: bool = False,
 ) -> SearchResult:
     """Top-``k`` items per user, scored by the max over the user's interests.
 
@@ -122,6 +123,9 @@ def search_interests(
             the max-score merge. Scores and interests are then those the merge reports.
         per_interest_k: candidates each interest fetches, at least ``k`` (the default); more
             gives round-robin and diversity merges deeper lists to choose from.
+        filter_inside: apply ``exclude`` inside the index search (exact, but an IVF index then
+            tests every scanned candidate against it) instead of over-fetching and dropping;
+            for a single user only.
 
     Returns:
         The merged result, ``[B, k]`` each; fewer than ``k`` items exist when too few ids
@@ -140,6 +144,8 @@ def search_interests(
     batch = interests.shape[0]
     if exclude is not None and len(exclude) != batch:
         raise ValueError(f"exclude has {len(exclude)} entries for a batch of {batch}")
+    if filter_inside and batch != 1:
+        raise ValueError(f"filter_inside is for a single user, got a batch of {batch}")
     allowed = _allowed(allow, category, categories)
 
     result = SearchResult(
@@ -152,15 +158,15 @@ def search_interests(
         return result
     queries = np.ascontiguousarray(interests[users, slots])
 
-    if exclude is None or batch == 1:
+    if exclude is None or filter_inside:
         # One filter for the whole batch: the index applies it inside the search.
         shared = SearchFilter.of(exclude[0] if exclude is not None else None, allowed)
         scores, ids = index.search(queries, max(k, per_interest_k or k), shared)
         _combine(merge, result, users, slots, scores, ids, ids >= 0, k, per_interest_k)
         return result
 
-    # Users with different histories: one batched search over-fetching by the longest history,
-    # each user's own history dropped afterwards.
+    # Histories are dropped after one batched search over-fetching by the longest history:
+    # cheaper than an in-index filter, which tests every scanned candidate against it.
     excluded = [as_id_array(e) for e in exclude]
     fetch = min(max(k, per_interest_k or k) + max(len(e) for e in excluded), index.ntotal)
     scores, ids = index.search(queries, fetch, SearchFilter.of(allow=allowed))
@@ -188,6 +194,7 @@ def search_interests(
                     allow=allowed,
                     merge=merge,
                     per_interest_k=per_interest_k,
+                    filter_inside=True,
                 )
                 result.ids[user], result.scores[user] = alone.ids[0], alone.scores[0]
                 result.interests[user] = alone.interests[0]

@@ -16,16 +16,22 @@ from typing import Any
 class DataConfig:
     """Where the interactions come from and how they are split.
 
-    ``format`` None = detected from the path. ``protocol`` is ``"loo"`` (leave-one-out: every
-    user trains on all but the last two events, validates on the second-to-last, tests on the
-    last) or ``"comirec"`` (ComiRec's: users split 8:1:1 by ``split_seed``; only training users
-    train; validation/test users' first 80% of events predict the remaining 20%).
+    ``format`` None = detected from the path: ``movielens``, ``s3rec`` or ``table``
+    (:func:`retrieval.data.load_interactions`, loaded in memory), or ``prepared``, a folder
+    written by ``tools/prepare_data.py`` and streamed (:mod:`retrieval.parquet_data`; the
+    leave-one-out split only). ``protocol`` is ``"loo"`` (leave-one-out: every user trains on
+    all but the last two events, validates on the second-to-last, tests on the last) or
+    ``"comirec"`` (ComiRec's: users split 8:1:1 by ``split_seed``; only training users train;
+    validation/test users' first 80% of events predict the remaining 20%). ``shuffle_buffer``:
+    ``prepared`` only, the examples gathered before each shuffle (memory ~ ``shuffle_buffer``
+    × ``max_len`` × 4 bytes per input).
     """
 
     path: str = ""
     format: str | None = None
     protocol: str = "loo"
     split_seed: int = 42
+    shuffle_buffer: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,14 @@ class TrainConfig:
     stopping after ``patience`` validations (one every ``eval_every`` epochs) without a better
     NDCG@10 (0 = off), the best weights exported. ``seed`` fixes initial weights, data order,
     negatives and dropout: the same seed repeats a run, also across a resume.
+
+    Under a ``tf.distribute`` strategy (``tools/train.py --strategy``) ``batch_size`` is the
+    global batch, split over the replicas; ``lr_scaling`` multiplies the learning rate by the
+    number of replicas (``linear``) or its square root (``sqrt``), for runs whose global batch
+    grows with the replicas (``none``, the default, keeps the single-device run's).
+    ``dense_gradients`` sums each embedding gradient's rows per item before Adam: Keras 3's
+    Adam squares the rows one by one, which makes the update depend on how a batch is split
+    (one device and several replicas then diverge); off by default until re-benchmarked.
     """
 
     objective: str | None = None
@@ -89,6 +103,8 @@ class TrainConfig:
     patience: int = 0  # early stopping on validation NDCG@10 (0 = off)
     seed: int = 42
     eval_every: int = 1
+    lr_scaling: str = "none"  # none | linear | sqrt: learning rate × replicas (or √replicas)
+    dense_gradients: bool = False  # sum embedding gradients per item before Adam (retrieval.train)
 
 
 @dataclass(frozen=True)

@@ -740,6 +740,18 @@ def open_prepared(folder: str | Path | Prepared, filesystem: pafs.FileSystem | N
     return Prepared(fs, root, manifest, files)
 
 
+def is_prepared(path: str | Path) -> bool:
+    """Whether ``path`` (a local path or a URI) is a prepared folder: its manifest's kind is
+    :data:`KIND` (what format detection asks; :func:`open_prepared` checks the rest)."""
+    try:
+        fs, root = resolve(path)
+        with fs.open_input_stream(f"{root.rstrip('/')}/{MANIFEST}") as f:
+            manifest = json.loads(f.read())
+    except (OSError, ValueError):  # no such file, not a folder, not JSON, not a URI Arrow reads
+        return False
+    return isinstance(manifest, dict) and manifest.get("kind") == KIND
+
+
 def read_vocab(folder: str | Path | Prepared) -> ItemVocab:
     """The prepared folder's item vocabulary (``vocab.json``, :meth:`ItemVocab.save`'s format)."""
     payload = json.loads(open_prepared(folder).read_bytes(VOCAB_FILE))

@@ -45,9 +45,11 @@ from retrieval.parquet_data import (
     iter_eval_batches,
     iter_pieces,
     open_prepared,
+    read_vocab,
     side_columns,
     user_sequences,
 )
+from retrieval.vocab import PAD
 
 SHUFFLE_BUFFER = 100_000
 """Examples gathered before a shuffle (~20 MB of ``last`` examples at ``max_len`` 50)."""
@@ -210,15 +212,61 @@ def streaming_dataset(
     )
 
 
-def _user_mean(batches: Iterator[tuple[int, dict[str, float]]]) -> dict[str, float]:
-    """Per-user means from per-batch means weighted by the batches' user counts."""
+def _user_mean(batches: Iterator[tuple[int, dict[str, float]]]) -> tuple[dict[str, float], int]:
+    """Per-user means from per-batch means weighted by the batches' user counts, and the users."""
     totals: dict[str, float] = {}
     users = 0
     for n, metrics in batches:
         for name, value in metrics.items():
             totals[name] = totals.get(name, 0.0) + value * n
         users += n
-    return {name: total / users for name, total in totals.items()} if users else {}
+    return ({name: total / users for name, total in totals.items()} if users else {}), users
+
+
+def _to_model(model: ModelArtifact, prepared: Prepared) -> np.ndarray | None:
+    """The folder's dense ids -> the model's (``[num_embeddings]``, 0 = unknown to the model), or
+    None when the two vocabularies are the same (a model trained on this folder or its source)."""
+    vocab = read_vocab(prepared)
+    if model.vocab is None or model.vocab.ids == vocab.ids:
+        return None
+    return np.concatenate([[PAD], model.vocab.lookup(list(vocab.ids))]).astype(np.int64)
+
+
+def _in_model_ids(batch: EvalBatch, to_model: np.ndarray | None) -> EvalBatch:
+    """``batch`` in the model's ids: history items it does not know dropped (with their side
+    features), unknown targets 0 (a miss), as :func:`retrieval.evaluate.evaluate_protocol` does."""
+    if to_model is None:
+        return batch
+    raw = [to_model[h] for h in batch.histories]
+    known = [h != PAD for h in raw]
+    features = {
+        name: [v[k] for v, k in zip(values, known, strict=True)] for name, values in batch.features.items()
+    }
+    histories = tuple(h[k] for h, k in zip(raw, known, strict=True))
+    return EvalBatch(batch.users, histories, to_model[batch.targets], features)
+
+
+def evaluate_prepared_users(
+    model: ModelArtifact,
+    folder: str | Path | Prepared,
+    split: str = "valid",
+    ks: Sequence[int] = DEFAULT_KS,
+    batch_size: int = 1024,
+    index: VectorIndex | None = None,
+) -> tuple[dict[str, float], int]:
+    """:func:`evaluate_prepared` and the number of users evaluated."""
+    prepared = open_prepared(folder)
+    side = model.side if model.side.event_features else None
+    to_model = _to_model(model, prepared)
+
+    def per_batch(batch: EvalBatch) -> tuple[int, dict[str, float]]:
+        batch = _in_model_ids(batch, to_model)
+        features = batch.features or None
+        return len(batch.targets), evaluate_ranking(
+            model, batch.histories, batch.targets, ks, features, index
+        )
+
+    return _user_mean(per_batch(b) for b in iter_eval_batches(prepared, split, batch_size, side))
 
 
 def evaluate_prepared(
@@ -231,20 +279,14 @@ def evaluate_prepared(
 ) -> dict[str, float]:
     """Full-ranking metrics (:func:`~retrieval.evaluate.evaluate_ranking`, history excluded) of
     the ``valid`` or ``test`` users of a prepared folder, ``batch_size`` users in memory at a
-    time; the model's side features are encoded from the folder's event columns.
+    time; the model's side features are encoded from the folder's event columns. A model with
+    another vocabulary is evaluated through it: history items it does not know are dropped,
+    unknown targets count as misses.
 
     Returns:
         ``{"hr@10": …, "ndcg@10": …, …}``, means over all the split's users ({} when none).
     """
-    side = model.side if model.side.event_features else None
-
-    def per_batch(batch: EvalBatch) -> tuple[int, dict[str, float]]:
-        features = batch.features or None
-        return len(batch.targets), evaluate_ranking(
-            model, batch.histories, batch.targets, ks, features, index
-        )
-
-    return _user_mean(per_batch(b) for b in iter_eval_batches(folder, split, batch_size, side))
+    return evaluate_prepared_users(model, folder, split, ks, batch_size, index)[0]
 
 
 def popularity_prepared(
@@ -257,4 +299,4 @@ def popularity_prepared(
         top = popularity_top_k(counts, batch.histories, max(ks))
         return len(batch.targets), ranking_metrics(top, batch.targets, ks)
 
-    return _user_mean(per_batch(b) for b in iter_eval_batches(folder, split, batch_size))
+    return _user_mean(per_batch(b) for b in iter_eval_batches(folder, split, batch_size))[0]

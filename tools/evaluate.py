@@ -3,6 +3,7 @@
     python tools/evaluate.py --model runs/ml100k-sa --data ../shared/data/ml-100k \\
         [--protocol loo-full|loo-sampled|comirec] [--index runs/ml100k-sa-index] \\
         [--split test] [--seed 42] [--negatives 100] [--out runs/ml100k-sa-comirec] [--table]
+    python tools/evaluate.py --model runs/big-sa --data runs/big-prepared [--split test]
     python tools/evaluate.py --compare runs/a runs/b runs/c/metrics.json [--metrics hr@10,ndcg@10]
 
 Protocols (retrieval/protocols.py):
@@ -13,6 +14,9 @@ Protocols (retrieval/protocols.py):
   comirec      users split 8:1:1 with --seed, history = first 80% of a held-out user's
                sequence, targets = the rest: recall, hitrate, ndcg, diversity @ 20, 50
                (ComiRec's definitions; diversity needs item attributes, first = category)
+
+--data may also be a prepared folder (tools/prepare_data.py, detected, or --format prepared):
+its users are read a batch at a time; it holds the leave-one-out split, so loo-full only.
 
 Prints the result as JSON (default) or a Markdown table (--table). --out DIR also writes it
 to DIR/metrics.json; the model folder itself is never written to (its files are checksummed).
@@ -31,6 +35,7 @@ from pathlib import Path
 from retrieval.artifacts import ArtifactError
 from retrieval.evaluate import (
     METRICS_FILE,
+    ProtocolResult,
     comparison_markdown,
     evaluate_protocol,
     load_run_rows,
@@ -38,14 +43,20 @@ from retrieval.evaluate import (
 )
 from retrieval.index_artifact import load_index
 from retrieval.model_artifact import load_model
+from retrieval.parquet_data import is_prepared
 from retrieval.protocols import DEFAULT_SEED, PROTOCOLS
+from retrieval.streaming import evaluate_prepared_users
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model artifact folder (tools/train.py --out)")
     p.add_argument("--data", help="interactions, same formats as tools/train.py")
-    p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
+    p.add_argument(
+        "--format",
+        choices=["movielens", "s3rec", "table", "prepared"],
+        help="override format detection (prepared: a tools/prepare_data.py folder)",
+    )
     p.add_argument("--protocol", choices=PROTOCOLS, default="loo-full", help="default %(default)s")
     p.add_argument("--index", help="index folder (tools/build_index.py --out); default exact search")
     p.add_argument("--split", choices=["test", "valid"], default="test", help="default %(default)s")
@@ -68,6 +79,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--compare tabulates finished runs: give it without --model/--data")
     if args.negatives < 1:
         p.error("--negatives must be at least 1")
+    if args.data is not None and args.format is None and is_prepared(args.data):
+        args.format = "prepared"
+    if args.format == "prepared" and args.protocol != "loo-full":
+        p.error(f"a prepared folder holds the leave-one-out split only: use --protocol loo-full, or give "
+                f"--protocol {args.protocol} the raw interactions")  # fmt: skip
     return args
 
 
@@ -92,16 +108,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.index is not None:
             index, index_manifest = load_index(args.index, model.version)
             search = str(index_manifest.get("factory", index_manifest.get("backend", "faiss")))
-        result = evaluate_protocol(
-            model,
-            args.data,
-            args.protocol,
-            args.format,
-            args.split,
-            index,
-            seed=args.seed,
-            num_negatives=args.negatives,
-        )
+        if args.format == "prepared":
+            metrics, users = evaluate_prepared_users(model, args.data, args.split, index=index)
+            result = ProtocolResult(args.protocol, args.split, metrics, users)
+        else:
+            result = evaluate_protocol(
+                model,
+                args.data,
+                args.protocol,
+                args.format,
+                args.split,
+                index,
+                seed=args.seed,
+                num_negatives=args.negatives,
+            )
     except (ArtifactError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

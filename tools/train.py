@@ -2,9 +2,16 @@
 
 python tools/train.py --data ../shared/data/ml-100k --model sa --epochs 20 --out runs/ml100k-sa
 python tools/train.py --preset beauty-sasrec --out runs/beauty-sasrec --loss gbce
+python tools/train.py --data runs/big-prepared --out runs/big-sa     # a tools/prepare_data.py folder
+TF_CONFIG='{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}' \
+    python tools/train.py --data runs/big-prepared --out /shared/runs/big-sa --strategy multi-worker
 
 Settings are applied in order: the defaults (retrieval/config.py), --preset, the flags below,
 then every --set. An interrupted run continues with the same command plus --resume.
+
+--strategy multi-worker runs one process per host, each with its own TF_CONFIG (the cluster's
+workers and this one's index) and otherwise the same command; worker 0 (or the "chief" task)
+writes --out. --batch-size is the global batch, shared by the replicas.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from retrieval.artifacts import ArtifactError
 from retrieval.config import Config, ModelConfig, TrainConfig, apply_overrides
 from retrieval.losses import LOSSES
 from retrieval.presets import apply_preset, preset_names
-from retrieval.train import train
+from retrieval.train import LR_SCALINGS, STRATEGIES, is_chief, make_strategy, train
 from towers import tower_names
 
 # flag dest -> config field; a flag overrides its field only when given.
@@ -38,6 +45,7 @@ FLAG_FIELDS = {
     "loss": "train.loss",
     "negatives": "train.num_negatives",
     "seed": "train.seed",
+    "lr_scaling": "train.lr_scaling",
 }
 
 
@@ -50,7 +58,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     m, t = ModelConfig(), TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="interactions: ML-100K/1M folder, S3-Rec .txt, CSV or Parquet")
-    p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
+    p.add_argument(
+        "--format",
+        choices=["movielens", "s3rec", "table", "prepared"],
+        help="override format detection (prepared: a tools/prepare_data.py folder, streamed)",
+    )
     p.add_argument(
         "--protocol",
         choices=["loo", "comirec"],
@@ -76,6 +88,24 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--seed", type=int, help=f"default {t.seed}")
     p.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard logs to DIR")
     p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="default",
+        help="tf.distribute: one device (default), the replicas of this machine (mirrored), "
+        "or one process per host configured by TF_CONFIG (multi-worker)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        help="mirrored: replicas on this machine (default: every GPU; without GPUs, this many logical "
+        "CPU devices, default 1)",
+    )
+    p.add_argument(
+        "--lr-scaling",
+        choices=LR_SCALINGS,
+        help="multiply the learning rate by the replicas (linear) or their square root (default none)",
+    )
+    p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="any other config field"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -91,6 +121,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     config = apply_overrides(config, [*flags, *args.set])
     if not config.data.path:
         raise ValueError("no data: give --data (or a --preset, which names its dataset)")
+    if args.replicas is not None and args.strategy != "mirrored":
+        raise ValueError("--replicas is for --strategy mirrored")
     return config, args
 
 
@@ -98,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         config, args = parse_args(argv)
+        # The process's first TensorFlow op: a multi-worker strategy must precede all others.
+        strategy = make_strategy(args.strategy, args.replicas)
         metrics = train(
             config,
             args.out,
@@ -105,12 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             verbose=0 if args.quiet else "auto",
             resume=args.resume,
             tensorboard=args.tensorboard,
+            strategy=strategy,
         )
     except (ValueError, FileExistsError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     keys = ("validation", "test", "baseline_popularity_test", "train_seconds", "epochs_trained", "best_epoch")
-    print(json.dumps({"out": args.out, **{k: metrics[k] for k in keys}}, indent=2))
+    out = args.out if is_chief(strategy) else None  # other workers write nothing
+    print(json.dumps({"out": out, **{k: metrics[k] for k in keys}}, indent=2))
     return 0
 
 

@@ -632,6 +632,7 @@ def ours_worker(spec_file: Path) -> int:
     training users' whole sequences) instead of leave-one-out.
     """
     import retrieval.train as training
+    import retrieval.training_data as training_data
     from retrieval.config import Config
     from retrieval.data import build_sequences, load_interactions
     from retrieval.evaluate import encode_histories
@@ -656,7 +657,7 @@ def ours_worker(spec_file: Path) -> int:
     data = build_sequences(load_interactions(config.data.path, config.data.format))
     split = make_split(data, protocol, int(spec["seed"]))
     if protocol == "comirec":
-        training.leave_one_out = lambda _data: as_leave_one_out(split)  # type: ignore[assignment]
+        training_data.leave_one_out = lambda _data: as_leave_one_out(split)  # type: ignore[assignment]
     metrics = training.train(config, out / "model", overwrite=True, verbose=2)
 
     model = load_model(out / "model")

@@ -782,7 +782,7 @@ def target_counts(folder: str | Path | Prepared, objective: str) -> np.ndarray:
 
     ``last`` and ``all_positions`` target every training event but each user's first once,
     ``cloze`` every training event (before masking), so no pass over the examples is needed;
-    ``counts / counts.sum()`` is :func:`retrieval.train.target_probabilities` of the targets.
+    ``counts / counts.sum()`` is :func:`retrieval.training_data.target_probabilities` of the targets.
     """
     counts = item_counts(folder, "train")
     if objective in ("last", "all_positions"):

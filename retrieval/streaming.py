@@ -6,7 +6,7 @@ examples with :func:`retrieval.examples.make_examples` (so every objective's ``(
 exactly the in-memory one), and shuffles them through a buffer: examples gather until there
 are ``shuffle_buffer`` of them, are permuted, and leave as batches of ``batch_size``; what is
 short of a batch waits for the next round, and the epoch's last batch may be short, so an epoch
-is ``ceil(examples / batch_size)`` batches, as :func:`retrieval.train.epoch_batches` gives.
+is ``ceil(examples / batch_size)`` batches, as :func:`retrieval.training_data.epoch_batches` gives.
 
 Memory: the buffer (``shuffle_buffer`` examples of ``[max_len]`` int32 per input), one row
 group's columns and the examples of ``chunk_events`` events, whatever the data size. The shuffle

@@ -37,9 +37,9 @@ import tensorflow as tf
 import retrieval.train
 from retrieval.callbacks import EpochCheckpoint, run_folder
 from retrieval.config import Config, TrainConfig, apply_overrides
+from retrieval.distribute import GlobalBatchTask, is_chief, make_strategy, peak_learning_rate
 from retrieval.losses import CandidateSampler, SampledSoftmaxTask
 from retrieval.model_artifact import MANIFEST
-from retrieval.train import GlobalBatchTask, is_chief, make_strategy, peak_learning_rate
 from tests.conftest import REPO_ROOT
 
 FLAGS = ["--model", "youtubednn", "--dim", "8", "--max-len", "6", "--epochs", "2"]

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import retrieval.train
+import retrieval.training_data
 from retrieval.callbacks import (
     EarlyStopping,
     EpochCheckpoint,
@@ -23,7 +24,8 @@ from retrieval.callbacks import (
 from retrieval.config import Config, ModelConfig, TrainConfig, apply_overrides
 from retrieval.losses import CandidateSampler, SampledSoftmaxTask
 from retrieval.model import build_model
-from retrieval.train import epoch_batches, make_optimizer
+from retrieval.train import make_optimizer
+from retrieval.training_data import epoch_batches
 from tests.conftest import run_tool
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5"]
@@ -121,7 +123,7 @@ def test_early_stopping_exports_the_best_epoch_through_the_cli(synthetic_csv, tm
         value = next(scripted, 0.0)  # the last call is the test evaluation
         return {"ndcg@10": value, "hr@10": value, "recall@50": value}
 
-    monkeypatch.setattr(retrieval.train, "evaluate_ranking", evaluate)
+    monkeypatch.setattr(retrieval.training_data, "evaluate_ranking", evaluate)
     out, logs = tmp_path / "model", tmp_path / "tb"
     code = run_tool(
         "train", "--data", str(synthetic_csv), "--out", str(out), "--model", "youtubednn", "--dim", "8",

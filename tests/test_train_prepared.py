@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import retrieval.train
+import retrieval.training_data
 from retrieval.artifacts import ArtifactError
 from retrieval.callbacks import EpochCheckpoint, run_folder
 from retrieval.config import Config, apply_overrides
@@ -60,9 +61,9 @@ def weights(monkeypatch: pytest.MonkeyPatch) -> list[list[np.ndarray]]:
 def test_detection(prepared: Path, synthetic_csv: Path) -> None:
     assert is_prepared(prepared) and is_prepared(prepared.resolve().as_uri())
     assert not is_prepared(synthetic_csv) and not is_prepared(prepared / "missing")
-    opened = retrieval.train.open_training_data
-    assert isinstance(opened(config_for(prepared)), retrieval.train.PreparedData)
-    assert isinstance(opened(config_for(synthetic_csv)), retrieval.train.InMemoryData)
+    opened = retrieval.training_data.open_training_data
+    assert isinstance(opened(config_for(prepared)), retrieval.training_data.PreparedData)
+    assert isinstance(opened(config_for(synthetic_csv)), retrieval.training_data.InMemoryData)
 
 
 def test_one_batch_per_epoch_trains_as_the_csv_does(

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from retrieval.artifacts import ArtifactError
 from retrieval.config import Config, ModelConfig, TrainConfig, apply_overrides
+from retrieval.distribute import LR_SCALINGS, STRATEGIES, is_chief, make_strategy
 from retrieval.losses import LOSSES
 from retrieval.presets import apply_preset, preset_names
-from retrieval.train import LR_SCALINGS, STRATEGIES, is_chief, make_strategy, train
+from retrieval.train import train
 from towers import tower_names
 
 # flag dest -> config field; a flag overrides its field only when given.

@@ -1,7 +1,8 @@
-"""Robustness benchmark: property-based fuzzing of every RPC against a real server.
+"""Robustness benchmark: property-based fuzzing of every RPC against a real server, and a soak.
 
     python -m bench.robustness --fuzz 10000                 # synthetic model, server in a child process
     python -m bench.robustness --fuzz 1000 --model MODEL_DIR --index INDEX_DIR --max-message-mb 4
+    python -m bench.robustness --soak 600                   # 10 min at 80% of max QPS, a reload halfway
 
 Requests come from one Hypothesis generator (:func:`calls`, shared with
 ``tests/test_fuzz_rpc.py``): ``Retrieve``, ``BatchRetrieve`` and ``GetModelInfo`` with random,
@@ -19,20 +20,42 @@ a good request is checked every 100 calls and at the end, and the process must s
 Prints the counts per method and status code, the violations by kind (one example of each in
 full; ``--violations FILE`` keeps all, with their request bytes), the time and the rate; exits 1
 on any violation.
+
+``--soak SECONDS`` (:func:`run_soak`) trains two versions of a model (``--soak-tower``, one epoch on
+ML-100K by default, seeds 1 and 2; cached in ``--out``/soak-versions) with a Flat index each,
+publishes the first to a deployment root and serves it with ``tools/serve.py --watch ROOT`` in a
+child process. It measures the server's max QPS (32 calls in flight for ``--probe-seconds``), then
+sends 80% of it (``--load-fraction``) on a fixed schedule for SECONDS, the requests being the
+data's users' histories; halfway, ``tools/deploy.py`` publishes the second version, which the
+server must swap in without a failed call. Prints one row per tenth of the run (requests, errors,
+p50/p99/max latency, send lag, which versions answered, the server's RSS from
+``/proc/PID/status``), the totals, and the checks: no errors, the new version answering after the
+swap and only the old one before, RSS growth under 5%, and the rate held (95% of the scheduled
+calls answered within the run: on a shared machine the capacity measured by the probe may not
+last); writes ``soak-<SECONDS>s.json`` and ``.md`` to ``--out`` (default
+``runs/bench-robustness``). Exits 1 if a check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import math
 import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 if not __package__:  # run as ``python bench/robustness.py``: make the repository importable
@@ -45,6 +68,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from proto import retrieval_pb2
+
+log = logging.getLogger("bench.robustness")
 
 FUZZ_MAX_MESSAGE_BYTES = 1 << 20
 """Request and response limit of the fuzzed server: small, so oversized requests are cheap to make."""
@@ -844,6 +869,449 @@ def _violation_kind(violation: str) -> str:
     return problems.split(";")[0].split(",")[0][:80]
 
 
+# --------------------------------------------------------------------------------------- the soak
+
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "runs" / "bench-robustness"
+DEFAULT_SOAK_DATA = REPO.parent / "shared" / "data" / "ml-100k"
+RSS_GROWTH_LIMIT = 0.05
+"""The issue's bound on the server's resident memory growth over a soak (end against start)."""
+
+
+@dataclass(frozen=True)
+class Version:
+    """A model artifact, the index built from it, and the model's version."""
+
+    model: Path
+    index: Path
+    version: str
+
+
+def _tool_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def run_tool_process(name: str, *args: str) -> str:
+    """Runs ``tools/<name>.py ARGS`` in a child process, as users run it; returns its stdout.
+
+    Raises:
+        RuntimeError: the tool failed (the end of its stderr is in the message).
+    """
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / f"{name}.py"), *args],
+        cwd=REPO,
+        env=_tool_env(),
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"tools/{name}.py {' '.join(args)} failed ({done.returncode}): {done.stderr[-3000:]}"
+        )
+    return done.stdout
+
+
+def build_versions(
+    out: Path, data: Path, train_args: Sequence[str], seeds: Sequence[int] = (1, 2)
+) -> list[Version]:
+    """One model per seed (``tools/train.py --data DATA TRAIN_ARGS --seed S``) and its Flat index
+    (``tools/build_index.py``), built in child processes under ``out`` once, then reused."""
+    from retrieval.artifacts import read_manifest
+
+    name = "-".join([data.stem, *(a.lstrip("-") for a in train_args)])
+    built = []
+    for seed_value in seeds:
+        folder = out / name / f"seed{seed_value}"
+        model_dir, index_dir = folder / "model", folder / "index"
+        if not (model_dir / "manifest.json").is_file():
+            log.info("training %s (seed %d)", model_dir, seed_value)
+            run_tool_process(
+                "train", "--data", str(data), "--out", str(model_dir), "--seed", str(seed_value),
+                "--overwrite", "--quiet", *train_args,
+            )  # fmt: skip
+        if not (index_dir / "manifest.json").is_file():
+            run_tool_process("build_index", "--model", str(model_dir), "--out", str(index_dir), "--overwrite")
+        built.append(
+            Version(model_dir, index_dir, str(read_manifest(model_dir, "model", verify=False)["version"]))
+        )
+    if len({v.version for v in built}) != len(built):
+        raise RuntimeError(f"the models under {out / name} share a version: a reload would change nothing")
+    return built
+
+
+def rss_kb(pid: int) -> int:
+    """The resident set size of process ``pid`` in KiB (``VmRSS`` of ``/proc/PID/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def model_version_of(address: str, timeout: float = 5.0) -> str:
+    """The ``model_version`` a server reports (``GetModelInfo``)."""
+    with grpc.insecure_channel(address) as channel:
+        info = channel.unary_unary(
+            SERVICE + "GetModelInfo",
+            retrieval_pb2.GetModelInfoRequest.SerializeToString,
+            retrieval_pb2.ModelInfo.FromString,
+        )(retrieval_pb2.GetModelInfoRequest(), timeout=timeout)
+    return str(info.model_version)
+
+
+def start_watching_server(
+    root: Path, log_file: Path, interval: float, startup_seconds: float = 300.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Starts ``tools/serve.py --watch ROOT`` on a free port (its log to ``log_file``) and waits
+    until it answers; returns the process and its address."""
+    from bench.serving import free_port
+
+    port = free_port()
+    command = [
+        sys.executable, str(REPO / "tools" / "serve.py"), "--watch", str(root),
+        "--watch-interval", str(interval), "--port", str(port),
+    ]  # fmt: skip
+    with open(log_file, "wb") as log_handle:
+        process = subprocess.Popen(
+            command, cwd=REPO, env=_tool_env(), stdout=log_handle, stderr=subprocess.STDOUT
+        )
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + startup_seconds
+    while True:
+        try:
+            model_version_of(address)
+            return process, address
+        except grpc.RpcError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                raise RuntimeError(
+                    f"the server did not start (exit code {process.poll()}); log: {log_file}"
+                ) from None
+            time.sleep(0.3)
+
+
+@dataclass
+class SoakTrace:
+    """What a paced run saw.
+
+    Attributes:
+        calls: one ``(due, sent, latency, status name, model version)`` per request; times in
+            seconds from the start of the run, ``due`` when the schedule wanted it sent.
+        rss: ``(seconds, KiB)`` samples of the server's resident memory.
+        deploy: the reload's start and end times, exit code and output.
+        seconds: the run's length.
+    """
+
+    calls: list[tuple[float, float, float, str, str]] = field(default_factory=list)
+    rss: list[tuple[float, int]] = field(default_factory=list)
+    deploy: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+async def hold_rate(
+    address: str,
+    batch: Sequence[retrieval_pb2.RetrieveRequest],
+    rate: float,
+    seconds: float,
+    pid: int,
+    reload_at: float | None = None,
+    reload_command: Sequence[str] = (),
+    workers: int = 64,
+    timeout: float = 10.0,
+    rss_every: float = 1.0,
+) -> SoakTrace:
+    """Sends ``rate`` Retrieve calls per second for ``seconds`` on a fixed schedule (call ``i`` is
+    due at ``i / rate``), runs ``reload_command`` at ``reload_at`` seconds, and samples the
+    resident memory of process ``pid`` every ``rss_every`` seconds.
+
+    At most ``workers`` calls are in flight; a call that cannot be sent when due is sent as soon
+    as a worker is free, so a server that falls behind shows as send lag, not as a lower rate.
+    """
+    trace = SoakTrace(seconds=seconds)
+    counter = iter(range(1 << 62))
+    async with grpc.aio.insecure_channel(address) as channel:
+        retrieve = channel.unary_unary(
+            SERVICE + "Retrieve",
+            retrieval_pb2.RetrieveRequest.SerializeToString,
+            retrieval_pb2.RetrieveResponse.FromString,
+        )
+        start = time.perf_counter()
+
+        async def worker() -> None:
+            while True:
+                i = next(counter)
+                due = i / rate
+                if due >= seconds:
+                    return
+                delay = start + due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                sent = time.perf_counter()
+                try:
+                    response = await retrieve(batch[i % len(batch)], timeout=timeout)
+                    code, version = "OK", str(response.model_version)
+                except grpc.aio.AioRpcError as error:
+                    code, version = error.code().name, ""
+                done = time.perf_counter()
+                trace.calls.append((due, sent - start, done - sent, code, version))
+
+        async def sample_rss() -> None:
+            while (now := time.perf_counter() - start) < seconds:
+                trace.rss.append((now, rss_kb(pid)))
+                await asyncio.sleep(rss_every)
+            trace.rss.append((time.perf_counter() - start, rss_kb(pid)))
+
+        async def reload() -> None:
+            if reload_at is None:
+                return
+            await asyncio.sleep(max(0.0, start + reload_at - time.perf_counter()))
+            began = time.perf_counter() - start
+            process = await asyncio.create_subprocess_exec(
+                *reload_command, cwd=REPO, env=_tool_env(), stdout=PIPE, stderr=PIPE
+            )
+            stdout, stderr = await process.communicate()
+            trace.deploy = {
+                "start_s": round(began, 3),
+                "end_s": round(time.perf_counter() - start, 3),
+                "returncode": process.returncode,
+                "stdout": stdout.decode().strip(),
+                "stderr": stderr.decode()[-2000:],
+            }
+
+        await asyncio.gather(*(worker() for _ in range(workers)), sample_rss(), reload())
+    return trace
+
+
+def _ms(values: np.ndarray, q: float) -> float:
+    return round(float(np.percentile(values, q)) * 1000, 2) if len(values) else float("nan")
+
+
+def summarise_soak(
+    trace: SoakTrace, old: str, new: str, windows: int, rss_limit: float = RSS_GROWTH_LIMIT
+) -> dict[str, Any]:
+    """Per-window and whole-run figures of a soak, and its checks.
+
+    Windows split the run by when calls were due; a window's RSS is the last sample in it.
+    The swap is the first call answered by ``new``. The rate is held when the calls answered
+    within the run are at least 95% of those it scheduled (a server that cannot keep up makes
+    the send lag grow instead).
+    """
+    due = np.array([c[0] for c in trace.calls])
+    sent = np.array([c[1] for c in trace.calls])
+    latency = np.array([c[2] for c in trace.calls])
+    codes = [c[3] for c in trace.calls]
+    versions = [c[4] for c in trace.calls]
+    lag = sent - due
+    width = trace.seconds / windows
+    rows: list[dict[str, Any]] = []
+    for w in range(windows):
+        inside = np.flatnonzero((due >= w * width) & (due < (w + 1) * width))
+        rss_in = [kb for t, kb in trace.rss if t < (w + 1) * width]
+        rows.append(
+            {
+                "from_s": round(w * width, 1),
+                "to_s": round((w + 1) * width, 1),
+                "requests": len(inside),
+                "errors": int(sum(codes[i] != "OK" for i in inside)),
+                "p50_ms": _ms(latency[inside], 50),
+                "p99_ms": _ms(latency[inside], 99),
+                "max_ms": round(float(latency[inside].max()) * 1000, 2) if len(inside) else float("nan"),
+                "send_lag_p99_ms": _ms(lag[inside], 99),
+                "versions": dict(Counter(versions[i] for i in inside if codes[i] == "OK")),
+                "rss_mb": round(rss_in[-1] / 1024, 1) if rss_in else None,
+            }
+        )
+    answered_new = sent[[v == new for v in versions]]
+    swap_s = float(answered_new.min()) if len(answered_new) else None
+    before = Counter(
+        v
+        for s, v, c in zip(sent, versions, codes, strict=True)
+        if c == "OK" and (swap_s is None or s < swap_s)
+    )
+    after = Counter(
+        v
+        for s, v, c in zip(sent, versions, codes, strict=True)
+        if c == "OK" and swap_s is not None and s >= swap_s
+    )
+    last_old = max((float(s) for s, v in zip(sent, versions, strict=True) if v == old), default=None)
+    rss_start, rss_end = trace.rss[0][1], trace.rss[-1][1]
+    errors = Counter(c for c in codes if c != "OK")
+    growth = rss_end / rss_start - 1
+    summary = {
+        "requests": len(trace.calls),
+        "errors": sum(errors.values()),
+        "errors_by_status": dict(errors),
+        "scheduled_qps": round(len(trace.calls) / trace.seconds, 1),
+        "qps": round(float(np.sum(sent + latency < trace.seconds)) / trace.seconds, 1),
+        "p50_ms": _ms(latency, 50),
+        "p99_ms": _ms(latency, 99),
+        "max_ms": round(float(latency.max()) * 1000, 2) if len(latency) else float("nan"),
+        "send_lag_p99_ms": _ms(lag, 99),
+        "send_lag_max_ms": round(float(lag.max()) * 1000, 2) if len(lag) else float("nan"),
+        "old_version": old,
+        "new_version": new,
+        "swap_at_s": None if swap_s is None else round(swap_s, 3),
+        "last_old_answer_at_s": None if last_old is None else round(last_old, 3),
+        "versions_before_swap": dict(before),
+        "versions_after_swap": dict(after),
+        "rss_start_mb": round(rss_start / 1024, 1),
+        "rss_end_mb": round(rss_end / 1024, 1),
+        "rss_max_mb": round(max(kb for _, kb in trace.rss) / 1024, 1),
+        "rss_growth": round(growth, 4),
+        "windows": rows,
+    }
+    deploy = trace.deploy
+    summary["checks"] = {
+        "no_errors": not errors,
+        "deploy_ok": deploy.get("returncode") == 0,
+        "swapped": swap_s is not None and set(rows[-1]["versions"]) == {new},
+        "only_old_before_swap": set(before) <= {old},
+        "rss_growth_ok": growth < rss_limit,
+        "rate_held": float(np.sum(sent + latency < trace.seconds)) >= 0.95 * len(trace.calls),
+    }
+    return summary
+
+
+def run_soak(
+    versions: Sequence[Version],
+    batch: Sequence[retrieval_pb2.RetrieveRequest],
+    seconds: float,
+    out: Path,
+    load_fraction: float = 0.8,
+    probe_seconds: float = 4.0,
+    probe_concurrency: int = 32,
+    windows: int = 10,
+    watch_interval: float = 1.0,
+    rss_limit: float = RSS_GROWTH_LIMIT,
+) -> dict[str, Any]:
+    """Serves ``versions[0]`` from a fresh deployment root under ``out`` with ``tools/serve.py
+    --watch`` in a child process, measures its max QPS (``probe_concurrency`` calls in flight
+    for ``probe_seconds``, after a 1 s warm-up), then holds ``load_fraction`` of it for
+    ``seconds`` while ``tools/deploy.py`` publishes ``versions[1]`` halfway through.
+
+    Returns:
+        The run's settings, the probe, :func:`summarise_soak`'s figures and checks, and the
+        server's reload log lines.
+    """
+    from bench.serving import load
+
+    old, new = versions[0], versions[1]
+    out.mkdir(parents=True, exist_ok=True)
+    root = out / "soak-root"
+    shutil.rmtree(root, ignore_errors=True)
+    run_tool_process("deploy", "--model", str(old.model), "--index", str(old.index), "--root", str(root))
+    server_log = out / "soak-server.log"
+    server, address = start_watching_server(root, server_log, watch_interval)
+    try:
+        rss_loaded = rss_kb(server.pid)
+        probe = asyncio.run(load(address, batch, probe_concurrency, probe_seconds, 10**7))
+        rate = load_fraction * probe["qps"]
+        log.info("max QPS %.0f at concurrency %d: holding %.0f QPS for %.0f s", probe["qps"],
+                 probe_concurrency, rate, seconds)  # fmt: skip
+        deploy = [
+            sys.executable, str(REPO / "tools" / "deploy.py"), "--model", str(new.model), "--index",
+            str(new.index), "--root", str(root),
+        ]  # fmt: skip
+        trace = asyncio.run(hold_rate(address, batch, rate, seconds, server.pid, seconds / 2, deploy))
+        alive = server.poll() is None
+        final_version = model_version_of(address, timeout=30) if alive else None
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    summary = summarise_soak(trace, old.version, new.version, windows, rss_limit)
+    summary["checks"]["server_alive"] = alive
+    summary["checks"]["serves_new_at_end"] = final_version == new.version
+    reloads = [
+        line
+        for line in server_log.read_text(errors="replace").splitlines()
+        if "serving model" in line or "refused" in line
+    ]
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": seconds,
+        "load_fraction": load_fraction,
+        "probe": probe,
+        "target_qps": round(rate, 1),
+        "requests_per_call": {"k": batch[0].k, "distinct_histories": len(batch)},
+        "rss_after_load_mb": round(rss_loaded / 1024, 1),
+        "server_exit_code": server.returncode,
+        "deploy": trace.deploy,
+        "server_reload_log": reloads,
+        "rss_samples_mb": [[round(t, 1), round(kb / 1024, 1)] for t, kb in trace.rss],
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        **summary,
+    }
+
+
+def soak_table(result: dict[str, Any]) -> str:
+    """The soak's result as Markdown: one row per window, then the totals and checks."""
+    lines = [
+        f"soak {result['seconds']:.0f} s at {result['target_qps']:.0f} QPS "
+        f"({result['load_fraction']:.0%} of the {result['probe']['qps']:.0f} QPS measured at concurrency "
+        f"{result['probe']['concurrency']}, p99 {result['probe']['p99_ms']} ms); reload at "
+        f"{result['deploy'].get('start_s')} s, first answer of the new version at {result['swap_at_s']} s; "
+        f"{result['date']}, load average {', '.join(f'{x:.1f}' for x in result['load_average'])}",
+        "",
+        "| window s | requests | errors | p50 ms | p99 ms | max ms | send lag p99 ms | versions | RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    short = {result["old_version"]: "old", result["new_version"]: "new"}
+    for r in result["windows"]:
+        versions = ", ".join(
+            f"{short.get(v, v)} {n}"
+            for v, n in sorted(r["versions"].items(), key=lambda x: short.get(x[0], x[0]), reverse=True)
+        )
+        lines.append(
+            f"| {r['from_s']:g}-{r['to_s']:g} | {r['requests']} | {r['errors']} | {r['p50_ms']} | "
+            f"{r['p99_ms']} | {r['max_ms']} | {r['send_lag_p99_ms']} | {versions} | {r['rss_mb']} |"
+        )
+    checks = result["checks"]
+    lines += [
+        "",
+        f"requests {result['requests']:,} ({result['scheduled_qps']:.0f}/s scheduled, "
+        f"{result['qps']:.0f}/s answered within the run), errors {result['errors']} "
+        f"{result['errors_by_status'] or ''}; p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
+        f"max {result['max_ms']} ms; send lag p99 {result['send_lag_p99_ms']} ms, max "
+        f"{result['send_lag_max_ms']} ms",
+        f"versions before the swap {result['versions_before_swap']}, after {result['versions_after_swap']} "
+        f"(old {result['old_version']}, new {result['new_version']}; last old answer at "
+        f"{result['last_old_answer_at_s']} s)",
+        f"server RSS {result['rss_start_mb']} MB at start, {result['rss_end_mb']} MB at end "
+        f"({result['rss_growth']:+.2%}), max {result['rss_max_mb']} MB",
+        "checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in checks.items()),
+    ]
+    return "\n".join(lines)
+
+
+def soak_main(args: argparse.Namespace) -> int:
+    """``--soak``: builds (or reuses) two versions, runs :func:`run_soak`, prints and saves it."""
+    from bench.serving import requests
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    train_args = ["--model", args.soak_tower, "--epochs", str(args.soak_epochs)]
+    versions = build_versions(args.out / "soak-versions", args.soak_data, train_args)
+    batch = requests(args.soak_data, args.k)
+    result = run_soak(
+        versions, batch, args.soak, args.out, args.load_fraction, args.probe_seconds, args.probe_concurrency
+    )
+    result["command"] = "python -m bench.robustness " + " ".join(sys.argv[1:])
+    result["data"] = str(args.soak_data)
+    result["train_args"] = train_args
+    text = soak_table(result)
+    stem = f"soak-{args.soak:g}s"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{stem}.md").write_text(text + "\n")
+    print(text)
+    print(f"written to {args.out / stem}.json and .md")
+    return 0 if all(result["checks"].values()) else 1
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fuzz", type=int, default=10_000, help="generated requests to send")
@@ -859,7 +1327,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--violations", type=Path, help="write every violation and its request bytes (hex) to this file"
     )
+    soak = p.add_argument_group("soak (instead of fuzzing)")
+    soak.add_argument(
+        "--soak",
+        type=float,
+        nargs="?",
+        const=20.0,
+        metavar="SECONDS",
+        help="hold 80%% of the max QPS for SECONDS (20 if no value) with a hot reload halfway",
+    )
+    soak.add_argument(
+        "--soak-data", type=Path, default=DEFAULT_SOAK_DATA, help="training data of both models"
+    )
+    soak.add_argument("--soak-tower", default="sa", help="user tower of both models (default %(default)s)")
+    soak.add_argument("--soak-epochs", type=int, default=1, help="training epochs (default %(default)s)")
+    soak.add_argument("--k", type=int, default=50, help="items per request (default %(default)s)")
+    soak.add_argument("--load-fraction", type=float, default=0.8, help="of the max QPS (default %(default)s)")
+    soak.add_argument(
+        "--probe-seconds", type=float, default=4.0, help="max-QPS measurement (default %(default)s)"
+    )
+    soak.add_argument("--probe-concurrency", type=int, default=32, help="calls in flight while measuring it")
+    soak.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="results and cached models (default %(default)s)"
+    )
     args = p.parse_args(argv)
+    if args.soak is not None:
+        if args.soak <= 0 or not 0 < args.load_fraction <= 1 or args.probe_seconds <= 0 or args.k < 1:
+            p.error("need --soak > 0, 0 < --load-fraction <= 1, --probe-seconds > 0 and --k >= 1")
+        return args
     if (args.model is None) != (args.index is None):
         p.error("--model and --index go together")
     if args.fuzz < 1:
@@ -869,6 +1364,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.soak is not None:
+        return soak_main(args)
     max_bytes = int(args.max_message_mb * 2**20)
     context = multiprocessing.get_context("spawn")
     ports = context.Queue()

@@ -165,6 +165,19 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def remove_folder(path: Path) -> None:
+    """Deletes a folder so that it is never seen half-deleted under its name: it is renamed to
+    a hidden temporary name first (removed by :func:`remove_stale_temporaries` if the deletion
+    is cut short). A missing folder is fine."""
+    path = Path(path)
+    hidden = path.with_name(f".{path.name}.old-{os.getpid()}@{_HOST}-{os.urandom(4).hex()}")
+    try:
+        os.rename(path, hidden)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
 def remove_stale_temporaries(folder: Path) -> list[Path]:
     """Removes the temporary folders of :func:`write_artifact` calls on this host whose process
     has died (killed mid-write); those of live processes and anything else stay.

@@ -10,6 +10,7 @@ one keeps serving. Both versions are in memory for the moment of the swap.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Callable
@@ -119,6 +120,10 @@ class DeploymentWatcher:
         logger.info(
             "now serving model %s from %s (was %s)", retriever.model_version, folder, old.model_version
         )
+        # The old version's TensorFlow objects sit in reference cycles that only a full collection
+        # frees, and a busy server seldom runs one: each reload would keep the old model's memory.
+        del old, retriever
+        gc.collect()
         return True
 
     def start(self) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from retrieval.artifacts import write_artifact
+from retrieval.artifacts import (
+    ArtifactError,
+    read_manifest,
+    remove_folder,
+    remove_stale_temporaries,
+    write_artifact,
+)
 from retrieval.callbacks import (
     EarlyStopping,
     EpochCheckpoint,
@@ -163,7 +168,7 @@ def _resume_state(config: Config, run: Path, resume: bool, overwrite: bool) -> b
                     f"{run} holds an interrupted run: "
                     "pass --resume to continue it or --overwrite to start over"
                 )
-            shutil.rmtree(run)
+            remove_folder(run)
         return False
     if not (run / "config.json").is_file():
         raise ValueError(f"nothing to resume: {run} does not exist (train without --resume)")
@@ -179,6 +184,23 @@ def _resume_state(config: Config, run: Path, resume: bool, overwrite: bool) -> b
         log.info("%s has no checkpoint yet: training from the first epoch", run)
         return False
     return True
+
+
+def _finished_run(config: Config, out: Path) -> dict[str, Any] | None:
+    """The metrics of ``out`` when it is the finished artifact of this very configuration (a run
+    killed after its artifact was in place, before its run folder was gone): the run folder is
+    cleared and there is nothing left to train. ``None`` when ``out`` is not that."""
+    try:
+        read_manifest(out, KIND)
+        same = json.loads((out / "config.json").read_text()) == config.to_dict()
+    except (ArtifactError, OSError, ValueError):
+        return None
+    if not same:
+        return None
+    log.info("%s is already complete: clearing its run folder", out)
+    remove_folder(run_folder(out))
+    remove_stale_temporaries(out.parent)
+    return dict(json.loads((out / "metrics.json").read_text()))
 
 
 @dataclass(frozen=True)
@@ -259,6 +281,8 @@ def train(
         raise ValueError("model.attention_penalty is not supported with several replicas yet")
     if not is_chief(strategy):
         tensorboard = None
+    elif resume and not overwrite and (finished := _finished_run(config, Path(out))) is not None:
+        return finished
     with _outputs(config, Path(out), strategy, resume, overwrite) as where:
         return _train(config, where, overwrite, verbose, tensorboard, strategy)
 
@@ -360,7 +384,7 @@ def _train(
         "stopped_early": bool(early is not None and early.stopped),
     }
     save_model(model, config, data.vocab, data.side, metrics, where.out, overwrite, data.item_attributes)
-    shutil.rmtree(where.run, ignore_errors=True)  # the artifact is complete: the checkpoints are done with
+    remove_folder(where.run)  # the artifact is complete: the checkpoints are done with
     wait_for_workers(strategy)
     return metrics
 

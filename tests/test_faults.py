@@ -11,6 +11,7 @@ must leave the previous artifact (or the new one, whole) where readers look.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import gc
 import io
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -705,3 +707,393 @@ def test_kill_9_at_every_file_system_step_leaves_a_whole_artifact(tmp_path: Path
         assert not leftovers, (kill_at, leftovers)
         shutil.rmtree(out.parent)
     assert seen == {"old", "new"}  # kills landed both before and after the switch
+
+
+# --- kill -9 during training --------------------------------------------------------------------
+
+TRAIN_CHILD = """
+import json, os, signal, sys, threading
+sys.path.insert(0, {repo!r})
+import retrieval.callbacks, retrieval.train
+from tests.conftest import run_tool
+phase_to_kill, call_to_kill, kill_at, report = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+calls = {{"checkpoint": [], "artifact": []}}  # per call of the phase: its file-system events
+active = None
+main_thread = threading.get_ident()
+def hook(event, args):
+    if active is None or threading.get_ident() != main_thread or not event.startswith({prefixes!r}):
+        return
+    events = calls[active][-1]
+    events.append([event, str(args[0]) if args else ""])
+    if active == phase_to_kill and len(calls[active]) == call_to_kill and len(events) == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+def watched(phase, function, last):
+    def run(*args, **kwargs):
+        global active
+        calls[phase].append([])
+        active = phase
+        try:
+            return function(*args, **kwargs)
+        finally:
+            active = None if not last else active  # the artifact phase lasts until the exit
+    return run
+retrieval.callbacks.save_checkpoint = watched("checkpoint", retrieval.callbacks.save_checkpoint, False)
+retrieval.train.save_model = watched("artifact", retrieval.train.save_model, True)
+sys.addaudithook(hook)
+code = run_tool("train", *sys.argv[5:])
+active = None
+with open(report, "w") as f:
+    json.dump(calls, f)
+sys.exit(code)
+"""
+FS_EVENTS = ("open", "os.", "shutil.", "ctypes.")
+"""Audit events of file-system calls (``open``, ``os.rename``, ``os.remove``, ``shutil.rmtree``, ...);
+``renameat2``, called through ctypes, raises none itself, but its ``ctypes.dlopen``/``dlsym`` come
+right before it, so a kill lands on each side of the atomic exchange."""
+
+TRAIN_EPOCHS = 5
+TRAIN_ARGS = [
+    "--model", "youtubednn", "--epochs", str(TRAIN_EPOCHS), "--dim", "8", "--max-len", "8",
+    "--negatives", "10", "--batch-size", "4", "--set", "train.patience=3", "--quiet",
+]  # fmt: skip
+"""A tiny run of 124 steps per epoch (~0.5-1 s here) with early stopping's state in every checkpoint."""
+
+
+def start_training(
+    data: Path, out: Path, report: Path, phase: str = "none", call: int = 0, kill_at: int = 0, *extra: str
+) -> subprocess.Popen[str]:
+    """``tools/train.py --data DATA --out OUT TRAIN_ARGS EXTRA`` in a child process that writes the
+    file-system events of each checkpoint and of the artifact write (to the exit) to ``report``,
+    and SIGKILLs itself at the ``kill_at``-th event of the ``call``-th write of ``phase``."""
+    child = TRAIN_CHILD.format(repo=str(REPO_ROOT), prefixes=FS_EVENTS)
+    argv = [phase, str(call), str(kill_at), str(report), "--data", str(data), "--out", str(out)]
+    return subprocess.Popen(
+        [sys.executable, "-c", child, *argv, *TRAIN_ARGS, *extra],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def training_reference(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An uninterrupted run: its losses, and the file-system events of every checkpoint and of
+    the artifact write, where the kills are drawn from."""
+    base = tmp_path_factory.mktemp("train-reference")
+    process = start_training(synthetic_csv, base / "model", base / "events.json")
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    events = json.loads((base / "events.json").read_text())
+    assert len(events["checkpoint"]) == TRAIN_EPOCHS and len(events["artifact"]) == 1
+    metrics = json.loads((base / "model" / "metrics.json").read_text())
+    return {"events": events, "losses": metrics["train_loss_per_epoch"], "out": base / "model"}
+
+
+def checkpoint_epoch(run: Path) -> int:
+    """Epochs completed in the run's checkpoint (verified: every checksum), 0 without one."""
+    if not (run / "checkpoint").exists():
+        return 0
+    return int(read_manifest(run / "checkpoint", "checkpoint")["epoch"])
+
+
+def assert_nothing_half_written_is_visible(out: Path, pid: int) -> int:
+    """After a kill: no artifact at ``out``; the run folder holds a whole checkpoint or none; every
+    other folder is a temporary of the killed writer (hidden, removed by the next write).
+
+    Returns:
+        The epochs of the checkpoint a resume will start from.
+    """
+    assert not out.exists()
+    run = out.with_name(out.name + ".partial")
+    assert (run / "config.json").is_file()
+    hidden = [p for p in [*run.iterdir(), *out.parent.iterdir()] if p.name.startswith(".")]
+    for folder in hidden:
+        match = artifacts._TEMPORARY.match(folder.name)
+        assert match is not None and int(match["pid"]) == pid, folder
+    assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".")) in (
+        ["config.json"],
+        ["checkpoint", "config.json"],
+    )
+    return checkpoint_epoch(run)
+
+
+def resume_and_check(data: Path, out: Path, epoch: int, reference: dict[str, Any]) -> None:
+    """``--resume`` continues from the checkpoint's epoch, writes an artifact that loads, trained
+    exactly as the uninterrupted run, and removes the run folder and every leftover."""
+    started = time.monotonic()
+    process = start_training(data, out, out.parent / "resume-events.json", "none", 0, 0, "--resume")
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    run = out.with_name(out.name + ".partial")
+    expected = f"resuming {run} after epoch {epoch}" if epoch else "has no checkpoint yet"
+    assert expected in stderr
+    load_model(out)  # verifies every checksum and loads the tower
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["epochs_trained"] == TRAIN_EPOCHS
+    np.testing.assert_allclose(metrics["train_loss_per_epoch"], reference["losses"], rtol=1e-5)
+    assert sorted(p.name for p in out.parent.iterdir() if p.name != "resume-events.json") == [out.name]
+    print(f"resumed after epoch {epoch} in {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kill_9_mid_epoch_then_resume(
+    synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any], seed: int
+) -> None:
+    """SIGKILL from outside at a random moment of the third epoch (timed from the second: a
+    machine that speeds up may move it into the fourth)."""
+    out = tmp_path / "model"
+    process = start_training(synthetic_csv, out, tmp_path / "events.json")
+    run = out.with_name(out.name + ".partial")
+    seen: dict[int, float] = {}
+    deadline = time.monotonic() + 240
+    while 2 not in seen and process.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            epoch = json.loads((run / "checkpoint" / "manifest.json").read_text())["epoch"]
+            seen.setdefault(epoch, time.monotonic())
+        time.sleep(0.002)
+    assert 1 in seen and 2 in seen, f"no checkpoints of epochs 1 and 2 seen: {seen}"
+    epoch_seconds = seen[2] - seen[1]
+    delay = float(np.random.default_rng(seed).uniform(0, epoch_seconds))
+    time.sleep(max(0.0, seen[2] + delay - time.monotonic()))
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    epoch = assert_nothing_half_written_is_visible(out, process.pid)
+    print(f"seed {seed}: killed {delay:.3f} s after checkpoint 2 (epochs take {epoch_seconds:.3f} s): "
+          f"checkpoint of epoch {epoch}")  # fmt: skip
+    assert 2 <= epoch < TRAIN_EPOCHS
+    resume_and_check(synthetic_csv, out, epoch, training_reference)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kill_9_mid_checkpoint_write_then_resume(
+    synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any], seed: int
+) -> None:
+    """SIGKILL at a random file-system step of a random epoch's checkpoint write (the first one
+    has no previous checkpoint; the others replace one)."""
+    rng = np.random.default_rng(seed)
+    writes = training_reference["events"]["checkpoint"]
+    call = int(rng.integers(1, 3))  # 1 or 2: a first checkpoint, or one that replaces another
+    kill_at = int(rng.integers(1, len(writes[call - 1]) + 1))
+    out = tmp_path / "model"
+    process = start_training(synthetic_csv, out, tmp_path / "events.json", "checkpoint", call, kill_at)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == -signal.SIGKILL, stderr[-3000:]
+    epoch = assert_nothing_half_written_is_visible(out, process.pid)
+    step = writes[call - 1][kill_at - 1]
+    print(f"seed {seed}: killed at step {kill_at}/{len(writes[call - 1])} ({step[0]}) of checkpoint "
+          f"{call}: checkpoint of epoch {epoch}")  # fmt: skip
+    assert epoch in (call - 1, call)  # the previous checkpoint, or the new one whole
+    resume_and_check(synthetic_csv, out, epoch, training_reference)
+
+
+def artifact_steps(reference: dict[str, Any]) -> tuple[list[list[str]], int, int]:
+    """The artifact phase's file-system events, the (1-based) step that renames the finished
+    artifact into place, and the first step on the run folder after it (its removal)."""
+    steps = reference["events"]["artifact"][0]
+    out = str(reference["out"])
+    rename = next(i for i, (event, arg) in enumerate(steps, 1) if event == "os.rename" and ".tmp-" in arg)
+    assert steps[rename - 1][1].startswith(str(reference["out"].parent)) and out not in steps[rename - 1][1]
+    cleanup = next(i for i, (_, arg) in enumerate(steps, 1) if i > rename and arg == out + ".partial")
+    return steps, rename, cleanup
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kill_9_mid_artifact_write_then_resume(
+    synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any], seed: int
+) -> None:
+    """SIGKILL at a random file-system step of writing the finished model artifact, up to the
+    rename that puts it in place: no artifact appears, and the resume only exports it."""
+    steps, rename, _ = artifact_steps(training_reference)
+    kill_at = int(np.random.default_rng(seed).integers(1, rename + 1))
+    out = tmp_path / "model"
+    process = start_training(synthetic_csv, out, tmp_path / "events.json", "artifact", 1, kill_at)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == -signal.SIGKILL, stderr[-3000:]
+    print(f"seed {seed}: killed at step {kill_at}/{rename} ({steps[kill_at - 1][0]}) of the artifact write")
+    assert assert_nothing_half_written_is_visible(out, process.pid) == TRAIN_EPOCHS
+    resume_and_check(synthetic_csv, out, TRAIN_EPOCHS, training_reference)
+
+
+def test_kill_9_after_the_artifact_is_in_place_then_resume(
+    synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any]
+) -> None:
+    """SIGKILL while the finished run removes its run folder (the artifact already in place):
+    the artifact is whole, the half-removed checkpoint is never loaded, and the same command with
+    ``--resume`` finishes the run (nothing left to train) and clears the run folder."""
+    steps, _, cleanup = artifact_steps(training_reference)
+    removals = [i for i, (event, _) in enumerate(steps, 1) if event == "os.remove" and i > cleanup]
+    kill_at = removals[1]  # the checkpoint's first file is gone, the others are still there
+    out = tmp_path / "model"
+    process = start_training(synthetic_csv, out, tmp_path / "events.json", "artifact", 1, kill_at)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == -signal.SIGKILL, stderr[-3000:]
+    load_model(out)  # the artifact is whole
+    run = out.with_name(out.name + ".partial")
+    if run.exists():  # what is left of the checkpoint is refused, never loaded
+        with pytest.raises(ArtifactError):
+            checkpoint_epoch(run)
+    resumed = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "train.py"), "--data", str(synthetic_csv), "--out",
+         str(out), *TRAIN_ARGS, "--resume"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    load_model(out)
+    assert [p.name for p in tmp_path.iterdir() if p.name != "events.json"] == [out.name]  # no run folder
+
+
+# --- kill -9 during a hot reload ----------------------------------------------------------------
+
+DEPLOY_CHILD = """
+import importlib.util, json, os, signal, sys
+sys.path.insert(0, {repo!r})
+kill_at, argv = int(sys.argv[1]), sys.argv[2:]
+spec = importlib.util.spec_from_file_location("deploy_tool", {tool!r})
+tool = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tool)  # imports done before counting: only the publication's steps count
+steps = []
+def hook(event, args):
+    if event.startswith({prefixes!r}):
+        steps.append([event, str(args[0]) if args else ""])
+        if len(steps) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+sys.addaudithook(hook)
+code = tool.main(argv)
+print(json.dumps(steps))
+sys.exit(code)
+"""
+
+
+def run_deploy(version: tuple[Path, Path, str], root: Path, kill_at: int) -> subprocess.CompletedProcess[str]:
+    """``tools/deploy.py --model M --index I --root ROOT`` in a child process that SIGKILLs itself
+    at the ``kill_at``-th file-system step of the publication (0: never; it then prints the steps,
+    ``[event, first argument]``, as JSON on its last line)."""
+    child = DEPLOY_CHILD.format(
+        repo=str(REPO_ROOT), tool=str(REPO_ROOT / "tools" / "deploy.py"), prefixes=FS_EVENTS
+    )
+    model_dir, index_dir, _ = version
+    argv = [str(kill_at), "--model", str(model_dir), "--index", str(index_dir), "--root", str(root)]
+    return subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def two_versions(
+    synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory
+) -> list[tuple[Path, Path, str]]:
+    """Two tiny models (seeds 1 and 2) with a Flat index each: ``(model dir, index dir, version)``."""
+    out = tmp_path_factory.mktemp("versions")
+    built = []
+    for seed in ("1", "2"):
+        model_dir, index_dir = out / f"model-{seed}", out / f"index-{seed}"
+        code = run_tool(
+            "train",
+            "--data", str(synthetic_csv), "--model", "youtubednn", "--out", str(model_dir), "--epochs", "1",
+            "--dim", "8", "--max-len", "8", "--negatives", "10", "--seed", seed, "--quiet",
+        )  # fmt: skip
+        assert code == 0
+        assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
+        built.append((model_dir, index_dir, read_manifest(model_dir, "model")["version"]))
+    assert built[0][2] != built[1][2]
+    return built
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kill_9_during_a_hot_reload_keeps_serving(
+    two_versions: list[tuple[Path, Path, str]], tmp_path: Path, seed: int
+) -> None:
+    """A server watches a root under load while ``tools/deploy.py`` is killed at random steps of
+    publishing the other version: no call fails, the server serves the version ``current`` names
+    (the old one unless the kill came after the switch, then the new one whole), no version is
+    refused (none half-written was ever current), and a later whole publication is picked up."""
+    from retrieval.client import RetrievalClient
+    from retrieval.deployment import deployment_dirs, publish_deployment
+    from retrieval.reload import DeploymentWatcher, RetrieverSlot, load_deployment
+    from retrieval.server import create_server
+
+    by_version = {v[2]: v for v in two_versions}
+    root = tmp_path / "live"
+    publish_deployment(two_versions[0][0], two_versions[0][1], root)
+    calibration = tmp_path / "calibration"
+    publish_deployment(two_versions[0][0], two_versions[0][1], calibration)
+    dry = run_deploy(two_versions[1], calibration, 0)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    events = json.loads(dry.stdout.splitlines()[-1])
+    steps = len(events)
+    # The switch: the rename of the new ``current`` link over the old one (killed at that step,
+    # the rename has not happened: audit hooks run before the call).
+    switch = next(
+        i for i, (event, arg) in enumerate(events, 1) if event == "os.rename" and ".current.tmp-" in arg
+    )
+    assert switch < steps
+    slot = RetrieverSlot(load_deployment(root))
+    server, port = create_server(slot, port=0)
+    watcher = DeploymentWatcher(root, slot, interval=0.05)
+    watcher.start()
+    history = list(slot.current.model.vocab.ids[:5])
+    seen: list[str] = []
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with RetrievalClient(f"127.0.0.1:{port}", retries=0) as client:  # every failure shows
+            while not stop.is_set():
+                try:
+                    seen.append(client.retrieve(history, k=5).model_version)
+                except Exception as e:  # any failure fails the test
+                    errors.append(e)
+
+    def serving_settles_on(version: str) -> None:
+        deadline = time.monotonic() + 30
+        while slot.current.model_version != version and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert slot.current.model_version == version
+        count = len(seen)
+        while len(seen) < count + 20 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert seen[-1] == version
+
+    rng = np.random.default_rng(seed)
+    # Three kills anywhere up to the switch, one in the clean-up after it, in a random order.
+    kills = [*rng.integers(1, switch + 1, size=3), rng.integers(switch + 1, steps + 1)]
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    outcomes = []
+    try:
+        for t in threads:
+            t.start()
+        for kill_at in map(int, rng.permutation(kills)):
+            old = read_manifest(deployment_dirs(root)[0], "model")["version"]
+            new = next(v for v in by_version if v != old)
+            done = run_deploy(by_version[new], root, kill_at)
+            assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+            model_dir, index_dir = deployment_dirs(root)  # whole: every checksum verifies
+            current = read_manifest(model_dir, "model")["version"]
+            assert read_manifest(index_dir, "index")["model_version"] == current
+            assert current in (old, new)
+            time.sleep(0.3)  # several polls of the watcher
+            serving_settles_on(current)
+            assert (current == new) == (kill_at > switch)
+            step = f"{events[kill_at - 1][0]} {Path(events[kill_at - 1][1]).name}"
+            outcomes.append(
+                f"step {kill_at}/{steps} ({step}): {'old kept' if current == old else 'new, whole'}"
+            )
+        assert watcher.refused == 0
+        # A whole publication, by the unmodified tool, is picked up.
+        old = slot.current.model_version
+        new = next(v for v in by_version if v != old)
+        model_dir, index_dir, _ = by_version[new]
+        assert (
+            run_tool("deploy", "--model", str(model_dir), "--index", str(index_dir), "--root", str(root)) == 0
+        )
+        serving_settles_on(new)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        watcher.stop()
+        server.stop(None)
+    print(f"seed {seed}: {'; '.join(outcomes)}; then {old} -> {new}; {len(seen)} calls answered")
+    assert not errors, errors[:3]
+    assert set(seen) == set(by_version)
+    assert watcher.refused == 0

@@ -10,6 +10,7 @@ python tools/serve.py --watch runs/live --log-format json
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # Objects loaded so far live as long as the process: keep them out of every later
+    # collection, which would otherwise pause the request threads for much longer.
+    gc.freeze()
     slot = RetrieverSlot(retriever)
     watcher = DeploymentWatcher(args.watch, slot, args.watch_interval) if args.watch else None
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None

@@ -51,3 +51,27 @@ def synthetic_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("synthetic") / "log.csv"
     path.write_text("\n".join(rows) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def model_versions(
+    synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory
+) -> list[tuple[Path, Path, str]]:
+    """Two tiny trained models (seeds 1 and 2) with a Flat index each, for the hot-reload tests:
+    ``(model dir, index dir, model version)``."""
+    from retrieval.artifacts import read_manifest
+
+    out = tmp_path_factory.mktemp("versions")
+    built = []
+    for seed in ("1", "2"):
+        model_dir, index_dir = out / f"model-{seed}", out / f"index-{seed}"
+        code = run_tool(
+            "train",
+            "--data", str(synthetic_csv), "--model", "youtubednn", "--out", str(model_dir), "--epochs", "1",
+            "--dim", "8", "--max-len", "8", "--negatives", "10", "--seed", seed, "--quiet",
+        )  # fmt: skip
+        assert code == 0
+        assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
+        built.append((model_dir, index_dir, str(read_manifest(model_dir, "model")["version"])))
+    assert built[0][2] != built[1][2]
+    return built

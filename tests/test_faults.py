@@ -978,25 +978,9 @@ def run_deploy(version: tuple[Path, Path, str], root: Path, kill_at: int) -> sub
     return subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def two_versions(
-    synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory
-) -> list[tuple[Path, Path, str]]:
-    """Two tiny models (seeds 1 and 2) with a Flat index each: ``(model dir, index dir, version)``."""
-    out = tmp_path_factory.mktemp("versions")
-    built = []
-    for seed in ("1", "2"):
-        model_dir, index_dir = out / f"model-{seed}", out / f"index-{seed}"
-        code = run_tool(
-            "train",
-            "--data", str(synthetic_csv), "--model", "youtubednn", "--out", str(model_dir), "--epochs", "1",
-            "--dim", "8", "--max-len", "8", "--negatives", "10", "--seed", seed, "--quiet",
-        )  # fmt: skip
-        assert code == 0
-        assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
-        built.append((model_dir, index_dir, read_manifest(model_dir, "model")["version"]))
-    assert built[0][2] != built[1][2]
-    return built
+@pytest.fixture
+def two_versions(model_versions: list[tuple[Path, Path, str]]) -> list[tuple[Path, Path, str]]:
+    return model_versions
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -20,23 +20,9 @@ from tests.test_serving_ops import scrape
 from tools import serve as serve_tool
 
 
-@pytest.fixture(scope="module")
-def versions(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Path, str]]:
-    """Two trained models (different seeds) with their indexes: ``(model dir, index dir, version)``."""
-    out = tmp_path_factory.mktemp("reload")
-    built = []
-    for seed in ("1", "2"):
-        model_dir, index_dir = out / f"model-{seed}", out / f"index-{seed}"
-        code = run_tool(
-            "train",
-            "--data", str(synthetic_csv), "--model", "youtubednn", "--out", str(model_dir), "--epochs", "1",
-            "--dim", "8", "--max-len", "8", "--negatives", "10", "--seed", seed, "--quiet",
-        )  # fmt: skip
-        assert code == 0
-        assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
-        built.append((model_dir, index_dir, read_manifest(model_dir, "model", verify=False)["version"]))
-    assert built[0][2] != built[1][2]
-    return built
+@pytest.fixture
+def versions(model_versions: list[tuple[Path, Path, str]]) -> list[tuple[Path, Path, str]]:
+    return model_versions
 
 
 def test_deploy_refuses_an_index_of_another_model(

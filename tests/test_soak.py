@@ -11,9 +11,7 @@ import pytest
 
 from bench.robustness import Version, model_version_of, rss_kb, run_soak, soak_table, start_watching_server
 from bench.serving import requests
-from retrieval.artifacts import read_manifest
 from retrieval.deployment import publish_deployment
-from tests.conftest import run_tool
 
 SOAK_SECONDS = 10.0
 
@@ -27,23 +25,9 @@ swap and half at it). 5% leaves room for three times that, and a leak of ~3 KB p
 still exceed it on its own (~10,000 calls)."""
 
 
-@pytest.fixture(scope="module")
-def versions(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Version]:
-    """Two tiny models (seeds 1 and 2) with a Flat index each, trained in this process."""
-    out = tmp_path_factory.mktemp("soak")
-    built = []
-    for seed in ("1", "2"):
-        model_dir, index_dir = out / f"model-{seed}", out / f"index-{seed}"
-        code = run_tool(
-            "train",
-            "--data", str(synthetic_csv), "--model", "youtubednn", "--out", str(model_dir), "--epochs", "1",
-            "--dim", "8", "--max-len", "8", "--negatives", "10", "--seed", seed, "--quiet",
-        )  # fmt: skip
-        assert code == 0
-        assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
-        built.append(Version(model_dir, index_dir, read_manifest(model_dir, "model")["version"]))
-    assert built[0].version != built[1].version
-    return built
+@pytest.fixture
+def versions(model_versions: list[tuple[Path, Path, str]]) -> list[Version]:
+    return [Version(*v) for v in model_versions]
 
 
 def test_a_short_soak_with_a_hot_reload(versions: list[Version], synthetic_csv: Path, tmp_path: Path) -> None:

@@ -25,10 +25,13 @@ from retrieval.server import (
 
 
 def service_config(retries: int) -> str:
-    """The channel's gRPC service config: round-robin over the resolved addresses, and up to
-    ``retries`` retries (with exponential backoff) of calls refused with UNAVAILABLE (a replica
-    stopping or restarting) or RESOURCE_EXHAUSTED (a replica's overload bound). gRPC retries
-    only calls that a server refused, never one that was answered, within the call's deadline.
+    """The channel's gRPC service config: round-robin over the resolved addresses that report
+    SERVING on the health service (client-side health checking: a draining replica gets no new
+    calls), and up to ``retries`` retries (with exponential backoff) of calls refused with
+    UNAVAILABLE (a replica stopping or restarting), CANCELLED (a call a stopping replica had
+    received but not started) or RESOURCE_EXHAUSTED (a replica's overload bound). Retrieval
+    calls are idempotent, and gRPC retries only calls that were not answered, within the call's
+    deadline; calls the client cancels itself are never retried.
     """
     method: dict[str, Any] = {"name": [{"service": SERVICE_NAME}]}
     if retries:
@@ -37,9 +40,15 @@ def service_config(retries: int) -> str:
             "initialBackoff": "0.01s",
             "maxBackoff": "0.5s",
             "backoffMultiplier": 2,
-            "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"],
+            "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED", "RESOURCE_EXHAUSTED"],
         }
-    return json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": [method]})
+    return json.dumps(
+        {
+            "loadBalancingConfig": [{"round_robin": {}}],
+            "healthCheckConfig": {"serviceName": SERVICE_NAME},
+            "methodConfig": [method],
+        }
+    )
 
 
 def channel_target(address: str | Sequence[str]) -> str:
@@ -101,7 +110,7 @@ class RetrievalClient:
 
         Args:
             timeout: each call's deadline in seconds (retries included).
-            retries: retries of a call refused with UNAVAILABLE or RESOURCE_EXHAUSTED, 0..4.
+            retries: retries of a call refused with UNAVAILABLE, CANCELLED or RESOURCE_EXHAUSTED, 0..4.
             tls_ca: PEM of the CA that signed the server's certificate: the channel uses TLS.
             tls_cert, tls_key: the client's certificate and key, for servers that require mutual
                 TLS (both or neither; they need ``tls_ca``).

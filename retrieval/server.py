@@ -453,14 +453,29 @@ class RetrievalServer:
         for service in ("", SERVICE_NAME):  # "" is the whole server, which most probes ask for
             self._health.set(service, status)
 
-    def stop(self, grace: float | None) -> threading.Event:
-        """Reports NOT_SERVING, refuses new calls and gives in-flight ones ``grace`` seconds
-        (``None``: cancels them at once).
+    def stop(self, grace: float | None, drain: float = 0.0) -> threading.Event:
+        """Reports NOT_SERVING, keeps answering for ``drain`` seconds (clients that watch health,
+        as :class:`~retrieval.client.RetrievalClient` over replicas does, move their calls to
+        other replicas meanwhile), then refuses new calls and gives in-flight ones ``grace``
+        seconds (``None``: cancels them at once). Does not block.
 
         Returns:
             An event set once every call has finished.
         """
         self.set_serving(False)
+        if drain <= 0:
+            return self._shut_down(grace)
+        done = threading.Event()
+
+        def shut_down_later() -> None:
+            time.sleep(drain)
+            self._shut_down(grace).wait()
+            done.set()
+
+        threading.Thread(target=shut_down_later, name="drain", daemon=True).start()
+        return done
+
+    def _shut_down(self, grace: float | None) -> threading.Event:
         if self._batcher is not None:
             self._batcher.close()  # calls already in it are still answered
         return self._server.stop(grace)
@@ -548,6 +563,7 @@ def serve_forever(
     port: int = 50051,
     grace: float = 5.0,
     *,
+    drain: float = 0.0,
     metrics_port: int | None = None,
     search_threads: int | None = 1,
     on_start: Callable[[RetrievalServer], None] | None = None,
@@ -555,8 +571,9 @@ def serve_forever(
 ) -> None:
     """Serves until SIGTERM or SIGINT, then stops gracefully.
 
-    On the signal the health status turns NOT_SERVING, new calls are refused and in-flight ones
-    get ``grace`` seconds to finish. Must run in the main thread (Python delivers signals only
+    On the signal the health status turns NOT_SERVING, calls are still answered for ``drain``
+    seconds (while load balancers move away), then new calls are refused and in-flight ones get
+    ``grace`` seconds to finish. Must run in the main thread (Python delivers signals only
     there). ``metrics_port`` (``None`` = no metrics) serves Prometheus metrics on ``host``;
     ``search_threads`` sets FAISS's threads per search (``None`` leaves FAISS's default, one per
     core: with concurrent requests one thread each is faster and steadier, see the index
@@ -569,8 +586,9 @@ def serve_forever(
     server, bound = create_server(retriever, host, port, metrics=metrics, **options)
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        logger.info("%s received, stopping (grace %.1f s)", signal.Signals(signum).name, grace)
-        server.stop(grace)
+        name = signal.Signals(signum).name
+        logger.info("%s received, stopping (drain %.1f s, grace %.1f s)", name, drain, grace)
+        server.stop(grace, drain)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     if metrics is not None and metrics_port is not None:

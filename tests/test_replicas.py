@@ -1,5 +1,6 @@
 """Two stateless replicas behind client-side round-robin: a replica going down mid-load costs
-no failed request (the client retries calls refused with UNAVAILABLE on the other one)."""
+no failed request (the client stops sending to a replica reporting NOT_SERVING, and retries
+calls a stopping replica refused on the other one)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def test_channel_targets_and_service_config() -> None:
             channel_target(bad)
     config = json.loads(service_config(3))
     assert config["loadBalancingConfig"] == [{"round_robin": {}}]
+    assert config["healthCheckConfig"] == {"serviceName": "retrieval.v1.RetrievalService"}
     assert config["methodConfig"][0]["retryPolicy"]["maxAttempts"] == 4
     assert "retryPolicy" not in json.loads(service_config(0))["methodConfig"][0]
     with pytest.raises(ValueError, match="retries"):
@@ -36,6 +38,7 @@ def test_a_replica_going_down_under_load_fails_no_request() -> None:
     replicas = [create_server(Retriever(m, build_index_from_model(m, "Flat")), port=0) for m in models]
     addresses = [f"127.0.0.1:{port}" for _, port in replicas]
     answered: list[str] = []
+    answered_at: list[float] = []
     errors: list[Exception] = []
     stop = threading.Event()
 
@@ -44,6 +47,7 @@ def test_a_replica_going_down_under_load_fails_no_request() -> None:
             try:
                 result = client.retrieve([ITEMS[len(answered) % 20]], k=5)
                 assert len(result.items) == 5
+                answered_at.append(time.monotonic())
                 answered.append(result.model_version)
             except Exception as e:  # any failure fails the test
                 errors.append(e)
@@ -56,13 +60,18 @@ def test_a_replica_going_down_under_load_fails_no_request() -> None:
                 t.start()
             time.sleep(0.5)
             assert set(answered) == {"replica-0", "replica-1"}  # round-robin over both
-            replicas[0][0].stop(grace=2).wait()  # in-flight calls finish, new ones are refused
+            draining = time.monotonic()
+            replicas[0][0].stop(grace=2, drain=0.5).wait()  # NOT_SERVING, then refuses calls
             before = len(answered)
             time.sleep(0.5)
             stop.set()
             for t in threads:
                 t.join()
         assert not errors
+        # The client watched health: once the replica reported NOT_SERVING (and before it
+        # refused anything) it got no new calls.
+        late = [v for v, t in zip(answered, answered_at, strict=False) if t > draining + 0.25]
+        assert "replica-0" not in late
         assert len(answered) > before + 10 and set(answered[before + 4 :]) == {"replica-1"}
     finally:
         stop.set()

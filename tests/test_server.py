@@ -17,9 +17,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from index import FaissIndex
+from proto import retrieval_pb2
 from retrieval.artifacts import ArtifactError, write_artifact
 from retrieval.client import RetrievalClient
 from retrieval.errors import (
@@ -282,6 +284,30 @@ def test_query_tool_prints_json_with_titles(
     assert [(i["item_id"], i["interest"], i["title"]) for i in out["items"]] == [
         (item, interest, f"Title of {item}") for item, _, interest in expected.items
     ]
+
+
+def test_a_draining_server_reports_not_serving_and_still_answers_until_it_stops(
+    retriever: Retriever,
+) -> None:
+    server, port = create_server(retriever, port=0)
+    request = retrieval_pb2.RetrieveRequest(history=["item01"], k=2).SerializeToString()
+    # A plain channel (no client-side health checking), as a load balancer's own probe would use.
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        retrieve = channel.unary_unary(f"/{SERVICE_NAME}/Retrieve")
+        stopped = server.stop(grace=1, drain=1.0)
+        status = check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        answer = retrieval_pb2.RetrieveResponse.FromString(retrieve(request, timeout=5))
+        assert len(answer.items) == 2 and not stopped.is_set()  # still answering while draining
+        assert stopped.wait(timeout=10)
+        with pytest.raises(grpc.RpcError) as refused:
+            retrieve(request, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_serve_forever_stops_gracefully_on_sigterm(retriever: Retriever) -> None:

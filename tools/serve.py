@@ -53,6 +53,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight requests get on stop")
     p.add_argument(
+        "--drain",
+        type=float,
+        default=0.0,
+        help="seconds still serving after SIGTERM while reporting NOT_SERVING, so load "
+        "balancers and health-watching clients move away first (default %(default)s)",
+    )
+    p.add_argument(
         "--max-concurrent",
         type=int,
         default=0,
@@ -75,8 +82,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("give --model and --index, or --watch alone")
     if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
         p.error("TLS needs --tls-cert and --tls-key together (and --tls-ca only with them)")
-    if args.max_concurrent < 0 or args.metrics_port < 0 or args.max_wait_ms < 0:
-        p.error("--max-concurrent, --metrics-port and --max-wait-ms must be >= 0")
+    if min(args.max_concurrent, args.metrics_port, args.max_wait_ms, args.drain, args.grace) < 0:
+        p.error("--max-concurrent, --metrics-port, --max-wait-ms, --drain and --grace must be >= 0")
     if args.search_threads < 1 or args.watch_interval <= 0:
         p.error("--search-threads must be >= 1 and --watch-interval > 0")
     return args
@@ -102,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.host,
             args.port,
             grace=args.grace,
+            drain=args.drain,
             metrics_port=args.metrics_port or None,
             on_start=None if watcher is None else lambda server: watcher.start(),
             max_workers=args.workers,

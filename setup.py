@@ -11,7 +11,7 @@ setup(
     version="0.1.0",
     description="Multi-interest two-tower retrieval: Keras 3 towers, FAISS index, gRPC serving",
     python_requires=">=3.11,<3.13",
-    packages=find_packages(include=["towers*", "index*", "retrieval*", "proto*"]),
+    packages=find_packages(include=["towers*", "rankers*", "index*", "retrieval*", "proto*"]),
     package_data={"proto": ["*.proto", "*.pyi"]},
     install_requires=[
         "tensorflow-cpu==2.21.0",

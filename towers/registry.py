@@ -1,4 +1,4 @@
-"""Registry of user towers by name; registering also makes a class Keras-serializable."""
+"""Registries of models by name; registering also makes a class Keras-serializable."""
 
 from __future__ import annotations
 
@@ -7,35 +7,54 @@ from typing import Any, TypeVar
 
 import keras
 
-_TOWERS: dict[str, type] = {}
 T = TypeVar("T", bound=type)
 
 
-def register_tower(name: str) -> Callable[[T], T]:
-    """Class decorator: registers a user tower under ``name`` and for Keras serialization."""
+class Registry:
+    """Classes of one kind (user towers, rankers) by name.
 
-    def wrap(cls: T) -> T:
-        if name in _TOWERS:
-            raise ValueError(f"user tower {name!r} is already registered")
-        registered = keras.saving.register_keras_serializable(package="towers")(cls)
-        _TOWERS[name] = registered
-        return registered
+    Example:
+        >>> RANKERS = Registry("ranker", package="rankers")
+        >>> @RANKERS.register("din")
+        ... class DIN(keras.Model): ...
+        >>> RANKERS.build("din", num_items=1000, dim=16, max_len=50)
+    """
 
-    return wrap
+    def __init__(self, kind: str, package: str) -> None:
+        """``kind`` names the classes in errors; ``package`` is their Keras serialization package."""
+        self.kind = kind
+        self.package = package
+        self._classes: dict[str, type] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Class decorator: registers a class under ``name`` and for Keras serialization."""
+
+        def wrap(cls: T) -> T:
+            if name in self._classes:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            registered = keras.saving.register_keras_serializable(package=self.package)(cls)
+            self._classes[name] = registered
+            return registered
+
+        return wrap
+
+    def names(self) -> list[str]:
+        """Every registered name."""
+        return sorted(self._classes)
+
+    def get(self, name: str) -> type:
+        """The class registered as ``name``."""
+        if name not in self._classes:
+            raise ValueError(f"unknown {self.kind} {name!r}; choose one of {self.names()}")
+        return self._classes[name]
+
+    def build(self, name: str, **kwargs: Any) -> Any:
+        """Instantiates the class registered as ``name`` with its constructor arguments."""
+        return self.get(name)(**kwargs)
 
 
-def tower_names() -> list[str]:
-    """Names of every registered user tower."""
-    return sorted(_TOWERS)
-
-
-def tower_class(name: str) -> type:
-    """The user-tower class registered as ``name``."""
-    if name not in _TOWERS:
-        raise ValueError(f"unknown user tower {name!r}; choose one of {tower_names()}")
-    return _TOWERS[name]
-
-
-def build_user_tower(name: str, **kwargs: Any) -> Any:
-    """Instantiates the user tower registered as ``name`` with its constructor arguments."""
-    return tower_class(name)(**kwargs)
+USER_TOWERS = Registry("user tower", package="towers")
+register_tower = USER_TOWERS.register
+tower_names = USER_TOWERS.names
+tower_class = USER_TOWERS.get
+build_user_tower = USER_TOWERS.build

@@ -1,0 +1,466 @@
+"""Rankers: the shared contract (shapes, padding, serialization, training) and numpy oracles."""
+
+from __future__ import annotations
+
+import ast
+from itertools import combinations
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from rankers import AFM, DIEN, DIN, DSTN, build_ranker, click_loss, ranker_names
+from rankers.layers import AUGRUCell, Dice
+
+NUM_ITEMS, DIM, MAX_LEN, NUM_ATTRIBUTES = 24, 8, 8, 6
+CLUSTER_SIZE = 6  # items 1..24 in 4 clusters of 6: cluster(i) = (i - 1) // 6
+# Tiny widths so that the whole file stays fast; no dropout, so training-mode calls are deterministic.
+KWARGS = {
+    "din": {"attention_units": (8,), "hidden_units": (8,), "activation": "dice"},
+    "dien": {"hidden_units": (8,), "activation": "prelu", "aux_weight": 0.5},
+    "afm": {"attention_units": 4},
+    "dstn": {"attention_units": 8, "hidden_units": (8,)},
+}
+
+
+def make_ranker(name: str, num_attributes: int = NUM_ATTRIBUTES, **overrides):
+    keras.utils.set_random_seed(0)
+    kwargs = {**KWARGS.get(name, {}), **overrides}
+    ranker = build_ranker(
+        name, num_items=NUM_ITEMS, dim=DIM, max_len=MAX_LEN, num_attributes=num_attributes, **kwargs
+    )
+    ranker.build()
+    return ranker
+
+
+def attributes_of(ids: np.ndarray) -> np.ndarray:
+    """Each item's attribute ids ``[..., 2]``: its cluster (1..4) and its parity (5, 6); 0 for padding."""
+    out = np.stack([(ids - 1) // CLUSTER_SIZE + 1, ids % 2 + 5], axis=-1)
+    return np.where(ids[..., None] > 0, out, 0).astype(np.int32)
+
+
+def requests(
+    seed: int, batch: int = 4, length: int = MAX_LEN, num_candidates: int = 5, attributes: bool = True
+) -> dict[str, np.ndarray]:
+    """Left-padded histories (at least one item), candidates (row 0's last is padding), unclicked items."""
+    rng = np.random.default_rng(seed)
+    history = np.zeros((batch, length), np.int32)
+    for row in history:
+        n = rng.integers(1, length + 1)
+        row[length - n :] = rng.integers(1, NUM_ITEMS + 1, n)
+    candidates = rng.integers(1, NUM_ITEMS + 1, (batch, num_candidates)).astype(np.int32)
+    candidates[0, -1] = 0
+    unclicked = rng.integers(0, NUM_ITEMS + 1, (batch, 3)).astype(np.int32)
+    x = {"history": history, "candidates": candidates, "unclicked": unclicked}
+    if attributes:
+        x["history_attributes"] = attributes_of(history)
+        x["candidate_attributes"] = attributes_of(candidates)
+    return x
+
+
+def logits(ranker, x: dict[str, np.ndarray], training: bool = False) -> np.ndarray:
+    return np.asarray(ranker(x, training=training))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+# --- the contract every ranker keeps ---------------------------------------------------------
+
+
+def test_registry_has_the_four_rankers_and_rejects_unknown() -> None:
+    assert set(ranker_names()) == {"afm", "dien", "din", "dstn"}
+    with pytest.raises(ValueError, match="unknown ranker 'nope'"):
+        build_ranker("nope", num_items=3, dim=4, max_len=2)
+
+
+@pytest.mark.parametrize("name", ranker_names())
+@pytest.mark.parametrize("num_attributes", [0, NUM_ATTRIBUTES])
+def test_output_is_finite_logits_per_candidate(name: str, num_attributes: int) -> None:
+    ranker = make_ranker(name, num_attributes=num_attributes)
+    x = requests(0, attributes=num_attributes > 0)
+    out = logits(ranker, x)
+    assert out.shape == (4, 5) and out.dtype == np.float32
+    assert np.all(np.isfinite(out))
+    assert out[0, -1] == 0.0  # the padded candidate
+    assert np.abs(out[x["candidates"] > 0]).max() > 0
+
+
+@pytest.mark.parametrize("name", ranker_names())
+@pytest.mark.parametrize("training", [False, True])
+def test_padded_candidates_change_no_other_logit(name: str, training: bool) -> None:
+    ranker = make_ranker(name)
+    x = requests(1)
+    more = dict(x)
+    more["candidates"] = np.concatenate([x["candidates"], np.zeros((4, 3), np.int32)], axis=1)
+    more["candidate_attributes"] = attributes_of(more["candidates"])
+    # Training mode too: Dice's batch statistics must ignore the padded rows.
+    base, padded = logits(ranker, x, training), logits(ranker, more, training)
+    np.testing.assert_allclose(padded[:, :5], base, atol=1e-5)
+    assert np.all(padded[:, 5:] == 0.0) and base[0, -1] == 0.0
+
+
+@pytest.mark.parametrize("name", ranker_names())
+def test_left_padding_does_not_change_the_logits(name: str) -> None:
+    ranker = make_ranker(name)
+    x = requests(2, length=6)
+    wider = dict(x)
+    wider["history"] = np.concatenate([np.zeros((4, 2), np.int32), x["history"]], axis=1)
+    wider["history_attributes"] = attributes_of(wider["history"])
+    before = logits(ranker, x)
+    np.testing.assert_allclose(logits(ranker, wider), before, atol=1e-5)
+    # Nor do the padding rows' embeddings leak in: change them and compare.
+    for table in (ranker.item_tower.table, ranker.attribute_table.embeddings):
+        table.assign(np.concatenate([np.full((1, DIM), 5.0, np.float32), np.asarray(table)[1:]]))
+    np.testing.assert_allclose(logits(ranker, wider), before, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ranker_names())
+def test_only_the_last_max_len_history_items_are_read(name: str) -> None:
+    ranker = make_ranker(name)
+    x = requests(16, length=MAX_LEN + 3)
+    x["history"][:, :3] = np.arange(1, 4)  # older items beyond max_len
+    x["history_attributes"] = attributes_of(x["history"])
+    last = {**x, "history": x["history"][:, 3:], "history_attributes": x["history_attributes"][:, 3:]}
+    np.testing.assert_allclose(logits(ranker, x), logits(ranker, last), atol=1e-6)
+
+
+def test_rankers_import_only_keras_numpy_tensorflow_and_towers() -> None:
+    root = Path(__file__).resolve().parent.parent / "rankers"
+    allowed = {"__future__", "abc", "collections", "itertools", "typing", "keras", "numpy", "tensorflow"}
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for top in (name.split(".")[0] for name in names):
+                assert top in allowed | {"rankers", "towers"}, f"{path.name} imports {top}"
+
+
+@pytest.mark.parametrize("name", ranker_names())
+def test_all_padding_history_gives_finite_logits(name: str) -> None:
+    ranker = make_ranker(name)
+    x = requests(3)
+    x["history"][:] = 0
+    x["history_attributes"][:] = 0
+    assert np.all(np.isfinite(logits(ranker, x))) and np.all(np.isfinite(logits(ranker, x, True)))
+
+
+@pytest.mark.parametrize("name", ranker_names())
+def test_config_round_trip_gives_identical_logits(name: str) -> None:
+    ranker = make_ranker(name)
+    x = requests(4)
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(ranker))
+    assert clone.built  # the build config in the serialized form rebuilds the weights
+    assert clone.get_config() == ranker.get_config()
+    clone.set_weights(ranker.get_weights())
+    np.testing.assert_allclose(logits(clone, x), logits(ranker, x), atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ranker_names())
+def test_keras_file_round_trip_gives_identical_logits(name: str, tmp_path) -> None:
+    ranker = make_ranker(name)
+    x = requests(5)
+    ranker(x, training=True)  # moves Dice's averages away from their initial values
+    expected = logits(ranker, x)
+    ranker.save(tmp_path / "ranker.keras")
+    loaded = keras.saving.load_model(tmp_path / "ranker.keras")
+    assert type(loaded) is type(ranker)
+    np.testing.assert_allclose(logits(loaded, x), expected, atol=1e-6)
+
+
+def clustered_task(n: int = 96, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Histories inside one cluster; a candidate is clicked iff it is in the cluster of the newest item."""
+    rng = np.random.default_rng(seed)
+    x = requests(seed, batch=n, num_candidates=6)
+    for row in range(n):
+        cluster = rng.integers(4)
+        n_items = rng.integers(2, MAX_LEN + 1)
+        x["history"][row] = 0
+        x["history"][row, MAX_LEN - n_items :] = cluster * CLUSTER_SIZE + rng.integers(
+            1, CLUSTER_SIZE + 1, n_items
+        )
+        x["candidates"][row, :2] = cluster * CLUSTER_SIZE + rng.integers(1, CLUSTER_SIZE + 1, 2)
+        x["unclicked"][row] = (cluster + 1) % 4 * CLUSTER_SIZE + rng.integers(1, CLUSTER_SIZE + 1, 3)
+    x["candidates"][::3, -1] = 0  # some padded candidates
+    x["history_attributes"] = attributes_of(x["history"])
+    x["candidate_attributes"] = attributes_of(x["candidates"])
+    newest_cluster = (x["history"][:, -1:] - 1) // CLUSTER_SIZE
+    labels = ((x["candidates"] - 1) // CLUSTER_SIZE == newest_cluster) & (x["candidates"] > 0)
+    return x, labels.astype(np.float32)
+
+
+@pytest.mark.parametrize("name", ranker_names())
+def test_a_few_training_steps_reduce_the_click_loss(name: str) -> None:
+    ranker = make_ranker(name)
+    x, y = clustered_task()
+    mask = x["candidates"] > 0
+
+    def loss() -> float:
+        return float(click_loss(y, ranker(x, training=False), mask))
+
+    before = loss()
+    ranker.compile(optimizer=keras.optimizers.Adam(0.02), jit_compile=False)
+    ranker.fit(x, y, batch_size=16, epochs=5, shuffle=False, verbose=0)  # 30 steps
+    after = loss()
+    print(f"{name}: click loss {before:.3f} -> {after:.3f}")
+    assert after < 0.7 * before
+
+
+def test_click_loss_is_the_masked_mean_of_bce() -> None:
+    labels = np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]], np.float32)
+    z = np.array([[2.0, -1.0, 0.5], [3.0, 0.2, 100.0]], np.float32)
+    mask = np.array([[True, True, False], [True, True, False]])
+    bce = np.maximum(z, 0) - z * labels + np.log1p(np.exp(-np.abs(z)))  # stable −log σ form
+    expected = bce[mask].mean()  # the masked-out 100.0 logit would dominate otherwise
+    np.testing.assert_allclose(float(click_loss(labels, z, mask)), expected, rtol=1e-5)
+
+
+# --- DIN -----------------------------------------------------------------------------------
+
+
+def test_din_activation_weights_match_numpy_and_are_not_normalised() -> None:
+    ranker: DIN = make_ranker("din", num_attributes=0, attention_units=(6, 5))
+    x = requests(6, attributes=False)
+    w = np.asarray(ranker.attention(x))  # [B, C, L]
+    user = np.asarray(ranker.user_vectors(x))
+    table = np.asarray(ranker.item_tower.table)
+    layers = [(np.asarray(layer.kernel), np.asarray(layer.bias)) for layer in ranker.unit.hidden]
+    w_out, b_out = np.asarray(ranker.unit.weight_layer.kernel), np.asarray(ranker.unit.weight_layer.bias)
+    b = 1
+    hist, cands = x["history"][b], x["candidates"][b]
+    for c, cand in enumerate(cands):
+        q = table[cand]
+        expected = np.zeros(MAX_LEN, np.float32)
+        for pos, item in enumerate(hist):
+            if item == 0:
+                continue
+            k = table[item]
+            z = np.concatenate([k, q, k - q, k * q])
+            for kernel, bias in layers:
+                z = sigmoid(z @ kernel + bias)
+            expected[pos] = (z @ w_out + b_out)[0]
+        np.testing.assert_allclose(w[b, c], expected, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(user[b, c], expected @ table[hist], rtol=1e-4, atol=1e-6)
+    real = x["history"] > 0
+    sums = w.sum(-1)
+    assert np.all(w[np.broadcast_to(~real[:, None, :], w.shape)] == 0.0)
+    assert np.abs(sums - 1.0).min() > 1e-3  # not a softmax: no candidate's weights sum to 1
+
+
+def test_din_all_padding_history_gives_a_zero_user_vector() -> None:
+    ranker: DIN = make_ranker("din")
+    x = requests(7)
+    x["history"][:] = 0
+    x["history_attributes"][:] = 0
+    assert np.all(np.asarray(ranker.user_vectors(x)) == 0.0)
+
+
+def test_din_mini_batch_aware_l2_matches_numpy() -> None:
+    ranker: DIN = make_ranker("din", mba_l2=0.3)
+    x = requests(8)
+    table = np.asarray(ranker.item_tower.table)
+    ids = np.concatenate([x["history"].ravel(), x["candidates"].ravel()])
+    unique, counts = np.unique(ids[ids > 0], return_counts=True)
+    assert counts.max() > 1  # some ids repeat, so the 1/frequency scaling is exercised
+    expected = 0.3 * sum((table[j] ** 2).sum() / n for j, n in zip(unique, counts, strict=True))
+    np.testing.assert_allclose(float(ranker.mba_penalty(x)), expected, rtol=1e-5)
+    ranker(x, training=True)
+    assert len(ranker.losses) == 1
+    np.testing.assert_allclose(float(ranker.losses[0]), expected, rtol=1e-5)
+    ranker(x, training=False)
+    assert not ranker.losses  # only in training
+    off = make_ranker("din", mba_l2=0.0)
+    off(x, training=True)
+    assert not off.losses
+
+
+def test_dice_uses_valid_batch_statistics_in_training_and_averages_at_inference() -> None:
+    dice = Dice(momentum=0.9)
+    dice.build((None, 3))
+    dice.alpha.assign(np.array([0.5, -0.2, 0.1], np.float32))
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(6, 3)).astype(np.float32)
+    valid = np.array([True, True, True, False, True, False])
+
+    def numpy_dice(x: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+        p = sigmoid((x - mean) / np.sqrt(var + 1e-8))
+        return p * x + (1 - p) * np.array([0.5, -0.2, 0.1]) * x
+
+    mean, var = x[valid].mean(0), x[valid].var(0)
+    out = np.asarray(dice(x, valid=valid, training=True))
+    np.testing.assert_allclose(out, numpy_dice(x, mean, var), rtol=1e-4, atol=1e-6)
+    changed = x.copy()
+    changed[~valid] = 100.0  # invalid rows never reach the statistics
+    out2 = np.asarray(dice(changed, valid=valid, training=True))
+    np.testing.assert_allclose(out2[valid], out[valid], rtol=1e-4, atol=1e-6)
+    # Two updates with momentum 0.9 from (0, 1), same batch statistics.
+    moving_mean = 0.9 * (0.1 * mean) + 0.1 * mean
+    moving_var = 0.9 * (0.9 + 0.1 * var) + 0.1 * var
+    np.testing.assert_allclose(np.asarray(dice.moving_mean), moving_mean, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(dice(x, training=False)), numpy_dice(x, moving_mean, moving_var), rtol=1e-4, atol=1e-6
+    )
+
+
+# --- DIEN ----------------------------------------------------------------------------------
+
+
+def numpy_augru_step(cell: AUGRUCell, x: np.ndarray, h: np.ndarray, a: np.ndarray) -> np.ndarray:
+    u = cell.units
+    kernel, recurrent, bias = (np.asarray(w) for w in (cell.kernel, cell.recurrent_kernel, cell.bias))
+    gx, gh = x @ kernel + bias, h @ recurrent
+    update = sigmoid(gx[:, :u] + gh[:, :u])
+    reset = sigmoid(gx[:, u : 2 * u] + gh[:, u : 2 * u])
+    candidate = np.tanh(gx[:, 2 * u :] + reset * gh[:, 2 * u :])
+    update = a * update
+    return (1 - update) * h + update * candidate
+
+
+def test_augru_step_matches_numpy_and_zero_attention_keeps_the_state() -> None:
+    keras.utils.set_random_seed(0)
+    cell = AUGRUCell(4, 3)
+    cell.build()
+    cell.bias.assign(np.linspace(-0.5, 0.5, 12).astype(np.float32))
+    rng = np.random.default_rng(10)
+    x, h = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=(5, 4)).astype(np.float32)
+    a = np.array([[0.0], [0.2], [0.5], [1.0], [0.7]], np.float32)
+    out = np.asarray(cell.step(x, h, a))
+    np.testing.assert_allclose(out, numpy_augru_step(cell, x, h, a), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out[0], h[0])  # a_t = 0: the state is carried unchanged
+    assert np.abs(out[1:] - h[1:]).min() > 0
+    # As an RNN cell the attention score is the input's last column.
+    via_call, _ = cell(np.concatenate([x, a], axis=1), [h])
+    np.testing.assert_allclose(np.asarray(via_call), out, atol=1e-6)
+
+
+def test_dien_attention_and_evolution_match_a_numpy_loop() -> None:
+    ranker: DIEN = make_ranker("dien", num_attributes=0)
+    x = requests(11, attributes=False)
+    states = np.asarray(ranker.interest_states(x))
+    table, w = np.asarray(ranker.item_tower.table), np.asarray(ranker.attention_kernel)
+    e = table[x["candidates"]]
+    a = np.asarray(ranker.attention(states, e, x["history"]))
+    final = np.asarray(ranker.evolve(states, a, x["history"]))
+    for b in range(4):
+        real = np.flatnonzero(x["history"][b])
+        assert np.all(states[b, x["history"][b] == 0] == 0.0)
+        for c in range(5):
+            scores = states[b, real] @ w @ e[b, c]
+            expected_a = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+            np.testing.assert_allclose(a[b, c, real], expected_a, rtol=1e-4, atol=1e-6)
+            h = np.zeros((1, DIM), np.float32)
+            for t, weight in zip(real, expected_a, strict=True):
+                h = numpy_augru_step(ranker.cell, states[b, t][None], h, np.array([[weight]]))
+            np.testing.assert_allclose(final[b, c], h[0], rtol=1e-4, atol=1e-5)
+
+
+def test_dien_auxiliary_loss_matches_numpy_and_is_added_only_when_weighted() -> None:
+    ranker: DIEN = make_ranker("dien", num_attributes=0, aux_weight=0.5)
+    x = requests(12, attributes=False)
+    states = np.asarray(ranker.interest_states(x))
+    table = np.asarray(ranker.item_tower.table)
+    history = x["history"]
+    negatives = np.random.default_rng(0).integers(1, NUM_ITEMS + 1, (4, MAX_LEN - 1)).astype(np.int32)
+    terms = []
+    for b in range(4):
+        for t in range(MAX_LEN - 1):
+            if history[b, t] and history[b, t + 1]:
+                pos, neg = states[b, t] @ table[history[b, t + 1]], states[b, t] @ table[negatives[b, t]]
+                terms.append(-np.log(sigmoid(pos)) - np.log(1 - sigmoid(neg)))
+    got = float(ranker.auxiliary_loss(states, history, negatives))
+    np.testing.assert_allclose(got, np.mean(terms), rtol=1e-5)
+    sampled = np.asarray(ranker.sample_negatives(history))
+    assert sampled.shape == (4, MAX_LEN - 1) and sampled.min() >= 1 and sampled.max() <= NUM_ITEMS
+    assert not np.any(sampled == history[:, 1:])
+    ranker(x, training=True)
+    assert len(ranker.losses) == 1 and float(ranker.losses[0]) > 0
+    ranker(x, training=False)
+    assert not ranker.losses
+    off = make_ranker("dien", aux_weight=0.0)
+    off(x, training=True)
+    assert not off.losses
+
+
+# --- DSTN ----------------------------------------------------------------------------------
+
+
+def test_dstn_interactive_attention_matches_numpy_exp_and_excludes_the_candidate_itself() -> None:
+    ranker: DSTN = make_ranker("dstn", num_attributes=0)
+    x = requests(13, attributes=False)
+    x["candidates"][1, 2] = x["candidates"][1, 0]  # a duplicate is context, the candidate itself is not
+    alpha = {key: np.asarray(value) for key, value in ranker.attention(x).items()}
+    table = np.asarray(ranker.item_tower.table)
+    d = DIM
+    aux_ids = {"context": x["candidates"], "clicked": x["history"], "unclicked": x["unclicked"]}
+    for name, ids in aux_ids.items():
+        layer = ranker.attentions[name]
+        kernel, bias, h, b_out = (np.asarray(v) for v in (layer.kernel, layer.bias, layer.h, layer.out_bias))
+        for b in range(4):
+            for c, target in enumerate(x["candidates"][b]):
+                for i, aux in enumerate(ids[b]):
+                    hidden = np.maximum(table[target] @ kernel[:d] + table[aux] @ kernel[d:] + bias, 0)
+                    excluded = aux == 0 or (name == "context" and i == c)
+                    expected = 0.0 if excluded else np.exp(hidden @ h + b_out)
+                    np.testing.assert_allclose(alpha[name][b, c, i], expected, rtol=1e-4)
+    context = alpha["context"]
+    assert np.all(np.diagonal(context, axis1=1, axis2=2) == 0.0)
+    assert context[1, 0, 2] > 0 and context[1, 2, 0] > 0
+    # Not normalised: a softmax would sum to 1, these grow with the number of clicked items.
+    assert alpha["clicked"].sum(-1).max() > 2.0
+    # Without the unclicked input that set is empty: its aggregate is zero, the logits stay finite.
+    del x["unclicked"]
+    assert set(ranker.attention(x)) == {"context", "clicked"}
+    assert np.all(np.isfinite(logits(ranker, x)))
+
+
+# --- AFM -----------------------------------------------------------------------------------
+
+
+def test_afm_matches_numpy() -> None:
+    ranker: AFM = make_ranker("afm")
+    rng = np.random.default_rng(14)
+    for table in (ranker.item_bias.embeddings, ranker.attribute_bias.embeddings):
+        table.assign(rng.normal(size=table.shape).astype(np.float32))
+    ranker.bias.assign(0.3)
+    x = requests(14)
+    out = logits(ranker, x)
+    items, attributes = np.asarray(ranker.item_tower.table), np.asarray(ranker.attribute_table.embeddings)
+    item_bias = np.asarray(ranker.item_bias.embeddings)[:, 0]
+    attribute_bias = np.asarray(ranker.attribute_bias.embeddings)[:, 0]
+    w, b_w = np.asarray(ranker.attention_hidden.kernel), np.asarray(ranker.attention_hidden.bias)
+    h, p = np.asarray(ranker.attention_out.kernel)[:, 0], np.asarray(ranker.projection.kernel)[:, 0]
+
+    def mean_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        ids = ids[ids > 0]
+        return table[ids].mean(0) if len(ids) else np.zeros(table.shape[1:], np.float32)
+
+    for b in range(4):
+        hist, hist_attrs = x["history"][b], x["history_attributes"][b].ravel()
+        for c, cand in enumerate(x["candidates"][b]):
+            if cand == 0:
+                assert out[b, c] == 0.0
+                continue
+            cand_attrs = x["candidate_attributes"][b, c]
+            fields = [items[cand], mean_rows(attributes, cand_attrs), mean_rows(items, hist)]
+            fields.append(mean_rows(attributes, hist_attrs))
+            products = np.stack([fields[i] * fields[j] for i, j in combinations(range(4), 2)])  # [6, d]
+            scores = np.maximum(products @ w + b_w, 0) @ h
+            a = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+            linear = 0.3 + item_bias[cand] + mean_rows(attribute_bias, cand_attrs)
+            linear += mean_rows(item_bias, hist) + mean_rows(attribute_bias, hist_attrs)
+            np.testing.assert_allclose(out[b, c], p @ (a @ products) + linear, rtol=1e-4, atol=1e-6)
+    a, _ = ranker.attention(x)
+    np.testing.assert_allclose(np.asarray(a).sum(-1), 1.0, atol=1e-5)  # AFM's attention is a softmax
+
+
+def test_afm_attention_dropout_acts_only_in_training() -> None:
+    ranker = make_ranker("afm", attention_dropout=0.5)
+    x = requests(15)
+    np.testing.assert_array_equal(logits(ranker, x), logits(ranker, x))
+    assert not np.allclose(logits(ranker, x, training=True), logits(ranker, x), atol=1e-7)

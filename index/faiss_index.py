@@ -29,6 +29,7 @@ Rebuilding compacts relabelled entries away (``describe()["removed_pending"]`` c
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Collection
 from pathlib import Path
@@ -552,9 +553,17 @@ class FaissIndex(VectorIndex):
 
     def save(self, path: Path) -> None:
         """Writes the index to the file ``path`` in FAISS's own format (the factory string is not
-        part of it: keep it beside the file; search parameters such as nprobe are)."""
+        part of it: keep it beside the file; search parameters such as nprobe are).
+
+        Raises:
+            OSError: the file could not be written (a full disk, a file size limit).
+        """
         with self._read_lock():
-            faiss.write_index(self._index, str(path))
+            try:
+                faiss.write_index(self._index, str(path))
+            except RuntimeError as e:  # FAISS reports failed writes as RuntimeError
+                cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                raise OSError(errno.EIO, cause.split("Error: ")[-1], str(path)) from e
 
     @classmethod
     def load(

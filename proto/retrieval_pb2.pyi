@@ -22,7 +22,7 @@ ROUND_ROBIN: MergeStrategy
 DIVERSITY: MergeStrategy
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("history", "k", "events", "merge", "diversity_lambda", "per_interest_k", "exclude_ids", "allow_ids", "return_interests", "user_id", "category", "request_time")
+    __slots__ = ("history", "k", "events", "merge", "diversity_lambda", "per_interest_k", "exclude_ids", "allow_ids", "return_interests", "user_id", "category", "request_time", "rerank")
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class RetrieveRequest(_message.Message):
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_TIME_FIELD_NUMBER: _ClassVar[int]
+    RERANK_FIELD_NUMBER: _ClassVar[int]
     history: _containers.RepeatedScalarFieldContainer[str]
     k: int
     events: _containers.RepeatedCompositeFieldContainer[Event]
@@ -47,7 +48,16 @@ class RetrieveRequest(_message.Message):
     user_id: str
     category: str
     request_time: int
-    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., merge: _Optional[_Union[MergeStrategy, str]] = ..., diversity_lambda: _Optional[float] = ..., per_interest_k: _Optional[int] = ..., exclude_ids: _Optional[_Iterable[str]] = ..., allow_ids: _Optional[_Iterable[str]] = ..., return_interests: _Optional[bool] = ..., user_id: _Optional[str] = ..., category: _Optional[str] = ..., request_time: _Optional[int] = ...) -> None: ...
+    rerank: Rerank
+    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., merge: _Optional[_Union[MergeStrategy, str]] = ..., diversity_lambda: _Optional[float] = ..., per_interest_k: _Optional[int] = ..., exclude_ids: _Optional[_Iterable[str]] = ..., allow_ids: _Optional[_Iterable[str]] = ..., return_interests: _Optional[bool] = ..., user_id: _Optional[str] = ..., category: _Optional[str] = ..., request_time: _Optional[int] = ..., rerank: _Optional[_Union[Rerank, _Mapping]] = ...) -> None: ...
+
+class Rerank(_message.Message):
+    __slots__ = ("ranker", "candidates")
+    RANKER_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    ranker: str
+    candidates: int
+    def __init__(self, ranker: _Optional[str] = ..., candidates: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("item_id", "timestamp", "action")
@@ -60,26 +70,30 @@ class Event(_message.Message):
     def __init__(self, item_id: _Optional[str] = ..., timestamp: _Optional[int] = ..., action: _Optional[str] = ...) -> None: ...
 
 class ScoredItem(_message.Message):
-    __slots__ = ("item_id", "score", "interest")
+    __slots__ = ("item_id", "score", "interest", "rank_score")
     ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     INTEREST_FIELD_NUMBER: _ClassVar[int]
+    RANK_SCORE_FIELD_NUMBER: _ClassVar[int]
     item_id: str
     score: float
     interest: int
-    def __init__(self, item_id: _Optional[str] = ..., score: _Optional[float] = ..., interest: _Optional[int] = ...) -> None: ...
+    rank_score: float
+    def __init__(self, item_id: _Optional[str] = ..., score: _Optional[float] = ..., interest: _Optional[int] = ..., rank_score: _Optional[float] = ...) -> None: ...
 
 class RetrieveResponse(_message.Message):
-    __slots__ = ("items", "model_version", "unknown_items", "interests")
+    __slots__ = ("items", "model_version", "unknown_items", "interests", "ranker_version")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_ITEMS_FIELD_NUMBER: _ClassVar[int]
     INTERESTS_FIELD_NUMBER: _ClassVar[int]
+    RANKER_VERSION_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ScoredItem]
     model_version: str
     unknown_items: int
     interests: _containers.RepeatedCompositeFieldContainer[Interest]
-    def __init__(self, items: _Optional[_Iterable[_Union[ScoredItem, _Mapping]]] = ..., model_version: _Optional[str] = ..., unknown_items: _Optional[int] = ..., interests: _Optional[_Iterable[_Union[Interest, _Mapping]]] = ...) -> None: ...
+    ranker_version: str
+    def __init__(self, items: _Optional[_Iterable[_Union[ScoredItem, _Mapping]]] = ..., model_version: _Optional[str] = ..., unknown_items: _Optional[int] = ..., interests: _Optional[_Iterable[_Union[Interest, _Mapping]]] = ..., ranker_version: _Optional[str] = ...) -> None: ...
 
 class Interest(_message.Message):
     __slots__ = ("values",)
@@ -122,7 +136,7 @@ class IndexInfo(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., factory: _Optional[str] = ..., search_params: _Optional[str] = ..., is_exact: _Optional[bool] = ..., recall: _Optional[float] = ..., recall_k: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_version", "tower", "num_interests", "dim", "max_len", "num_items", "index", "side_features", "start_time")
+    __slots__ = ("model_version", "tower", "num_interests", "dim", "max_len", "num_items", "index", "side_features", "start_time", "rankers")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOWER_FIELD_NUMBER: _ClassVar[int]
     NUM_INTERESTS_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +146,7 @@ class ModelInfo(_message.Message):
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SIDE_FEATURES_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
+    RANKERS_FIELD_NUMBER: _ClassVar[int]
     model_version: str
     tower: str
     num_interests: int
@@ -141,4 +156,5 @@ class ModelInfo(_message.Message):
     index: IndexInfo
     side_features: _containers.RepeatedScalarFieldContainer[str]
     start_time: _timestamp_pb2.Timestamp
-    def __init__(self, model_version: _Optional[str] = ..., tower: _Optional[str] = ..., num_interests: _Optional[int] = ..., dim: _Optional[int] = ..., max_len: _Optional[int] = ..., num_items: _Optional[int] = ..., index: _Optional[_Union[IndexInfo, _Mapping]] = ..., side_features: _Optional[_Iterable[str]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    rankers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_version: _Optional[str] = ..., tower: _Optional[str] = ..., num_interests: _Optional[int] = ..., dim: _Optional[int] = ..., max_len: _Optional[int] = ..., num_items: _Optional[int] = ..., index: _Optional[_Union[IndexInfo, _Mapping]] = ..., side_features: _Optional[_Iterable[str]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rankers: _Optional[_Iterable[str]] = ...) -> None: ...

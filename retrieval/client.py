@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.merge import MergeStrategy
-from retrieval.retriever import Query, Retrieved
+from retrieval.retriever import Query, Rerank, Retrieved
 from retrieval.server import (
     DEFAULT_MAX_MESSAGE_BYTES,
     SERVICE_NAME,
@@ -160,6 +160,7 @@ class RetrievalClient:
         user_id: str = "",
         category: str = "",
         request_time: int = 0,
+        rerank: Rerank | None = None,
     ) -> Retrieved:
         """Top-``k`` items for a history of external ids (oldest first).
 
@@ -170,7 +171,7 @@ class RetrievalClient:
         """
         query = Query(
             history, k, timestamps, actions, merge, diversity_lambda,  # type: ignore[arg-type]
-            per_interest_k, exclude, allow, return_interests, user_id, category, request_time,
+            per_interest_k, exclude, allow, return_interests, user_id, category, request_time, rerank,
         )  # fmt: skip
         response = self._stub.Retrieve(request_from_query(query), timeout=self.timeout)
         return result_from_response(response)

@@ -5,6 +5,7 @@ Layout (``tools/deploy.py --root ROOT``), swapped atomically by :func:`retrieval
     ROOT/current -> versions/<version>
     ROOT/versions/<version>/model/   the model artifact
     ROOT/versions/<version>/index/   an index artifact built from that model
+    ROOT/versions/<version>/rankers/<name>/   optional rankers trained against that model's items
 
 ``tools/serve.py --watch ROOT`` serves the current version and moves to each new one without
 downtime (:class:`retrieval.reload.DeploymentWatcher`).
@@ -14,14 +15,20 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from retrieval.artifacts import PUBLISH_GRACE, ArtifactError, publish, read_manifest, resolve_current
 from retrieval.index_artifact import KIND as INDEX_KIND
 from retrieval.model_artifact import KIND as MODEL_KIND
+from retrieval.model_artifact import VOCAB_FILE
+from retrieval.ranker_artifact import KIND as RANKER_KIND
+from retrieval.ranker_artifact import vocab_digest
+from retrieval.vocab import ItemVocab
 
 MODEL_DIR = "model"
 INDEX_DIR = "index"
+RANKERS_DIR = "rankers"
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -33,35 +40,56 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def publish_deployment(
-    model_dir: Path, index_dir: Path, root: Path, keep: int = 3, grace: float = PUBLISH_GRACE
+    model_dir: Path,
+    index_dir: Path,
+    root: Path,
+    keep: int = 3,
+    grace: float = PUBLISH_GRACE,
+    ranker_dirs: Sequence[Path] = (),
 ) -> Path:
-    """Publishes a model and its index as the new current version of ``root``.
+    """Publishes a model, its index and optional rankers as the new current version of ``root``.
 
-    Both artifacts are verified (checksums, and the index built from this very model) before
-    anything is written.
+    Every artifact is verified (checksums, the index built from this very model, each ranker
+    trained against this model's item vocabulary) before anything is written.
 
     Args:
         model_dir: a model artifact folder.
         index_dir: an index artifact folder (or a published index root) built from that model.
         keep, grace: which old versions stay on disk (:func:`retrieval.artifacts.publish`).
+        ranker_dirs: ranker artifact folders (``tools/train_ranker.py``), one per ranker name.
 
     Returns:
         The new version folder.
 
     Raises:
-        ArtifactError: an artifact is missing or corrupted, or the index was built from
-            another model.
+        ArtifactError: an artifact is missing or corrupted, the index was built from another
+            model, a ranker has another item vocabulary, or two rankers share a name.
     """
     model_dir, index_dir = Path(model_dir), resolve_current(Path(index_dir))
     model_version = read_manifest(model_dir, MODEL_KIND)["version"]
     index_version = read_manifest(index_dir, INDEX_KIND)["model_version"]
     if index_version != model_version:
         raise ArtifactError(f"{index_dir} was built from model {index_version!r}, not {model_version!r}")
+    rankers: dict[str, Path] = {}
+    if ranker_dirs:
+        digest = vocab_digest(ItemVocab.load(model_dir / VOCAB_FILE))
+        for ranker_dir in map(Path, ranker_dirs):
+            manifest = read_manifest(ranker_dir, RANKER_KIND)
+            if manifest.get("vocab_sha256") != digest:
+                raise ArtifactError(
+                    f"{ranker_dir} was trained against another item vocabulary than {model_dir}"
+                )
+            name = str(manifest["ranker"])
+            if name in rankers:
+                raise ArtifactError(f"two rankers are named {name!r}: {rankers[name]}, {ranker_dir}")
+            rankers[name] = ranker_dir
 
     def write(folder: Path) -> None:
         folder.mkdir()
         shutil.copytree(model_dir, folder / MODEL_DIR, copy_function=_link_or_copy)
         shutil.copytree(index_dir, folder / INDEX_DIR, copy_function=_link_or_copy)
+        for name, ranker_dir in rankers.items():
+            shutil.copytree(ranker_dir, folder / RANKERS_DIR / name, copy_function=_link_or_copy)
 
     return publish(root, write, keep, grace)
 
@@ -79,3 +107,9 @@ def deployment_dirs(root: Path) -> tuple[Path, Path]:
             f"{root} is not a deployment: no current version with {MODEL_DIR}/ and {INDEX_DIR}/"
         )
     return model_dir, index_dir
+
+
+def deployment_rankers(root: Path) -> list[Path]:
+    """The ranker folders of the current version of ``root`` (or of one version folder)."""
+    rankers = resolve_current(Path(root)) / RANKERS_DIR
+    return sorted(p for p in rankers.iterdir() if p.is_dir()) if rankers.is_dir() else []

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from retrieval.artifacts import resolve_current
-from retrieval.deployment import deployment_dirs
+from retrieval.deployment import deployment_dirs, deployment_rankers
 from retrieval.retriever import Query, Retriever
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def load_deployment(root: Path) -> Retriever:
     Raises:
         retrieval.artifacts.ArtifactError: a missing, corrupted or mismatched artifact.
     """
-    retriever = Retriever.from_dirs(*deployment_dirs(root))
+    retriever = Retriever.from_dirs(*deployment_dirs(root), deployment_rankers(root))
     warm_up(retriever)
     return retriever
 

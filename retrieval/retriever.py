@@ -21,6 +21,7 @@ from retrieval.index_artifact import load_index
 from retrieval.merge import MergeStrategy, strategy
 from retrieval.model_artifact import KIND as MODEL_KIND
 from retrieval.model_artifact import ModelArtifact, load_model
+from retrieval.ranker_artifact import LoadedRanker, load_ranker
 from retrieval.search import ATTRIBUTES_FILE, ItemCategories, search_interests
 from retrieval.vocab import PAD
 
@@ -44,6 +45,23 @@ MAX_BATCH = 256
 
 MAX_USER_ID = 256
 """Longest ``user_id`` (characters); it only goes to the log."""
+
+DEFAULT_RERANK_CANDIDATES = 200
+"""Candidates a rerank scores when the request does not say (at least ``k``)."""
+
+
+@dataclass(frozen=True)
+class Rerank:
+    """Asks for the retrieved candidates to be scored by a ranker, the best ``k`` returned.
+
+    Attributes:
+        ranker: name of one of the retriever's rankers; ``""`` = its only one.
+        candidates: items retrieved (with the query's merge and filters) and scored,
+            ``k..MAX_K``; 0 = ``max(k, DEFAULT_RERANK_CANDIDATES)``.
+    """
+
+    ranker: str = ""
+    candidates: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,7 @@ class Query:
     user_id: str = ""
     category: str = ""
     request_time: int = 0
+    rerank: Rerank | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.merge, str):
@@ -97,6 +116,7 @@ class ModelInfo:
     index: dict[str, Any]
     side_features: tuple[str, ...]
     start_time: float
+    rankers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,16 +125,21 @@ class Retrieved:
 
     Attributes:
         items: ``(external id, score, interest)`` in the merge's order (best first for max-score),
-            never an item of the history or of the request's ``exclude`` list.
+            never an item of the history or of the request's ``exclude`` list; after a rerank,
+            in the ranker's order (``score`` stays the retrieval score).
         unknown_items: history ids missing from the vocabulary (skipped).
         model_version: version of the model (and of the index built from it) that answered.
         interests: float32 ``[K, d]``, the user's interest vectors, when the request asked for them.
+        rank_scores: after a rerank, the ranker's click logit of each item (best first).
+        ranker_version: after a rerank, the version of the ranker artifact that scored.
     """
 
     items: list[tuple[str, float, int]]
     unknown_items: int
     model_version: str
     interests: np.ndarray | None = field(default=None, compare=False)
+    rank_scores: list[float] | None = None
+    ranker_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -127,6 +152,8 @@ class _Prepared:
     allow: np.ndarray | None  # sorted unique int64 dense ids, None = everything
     allow_key: tuple[tuple[str, ...], str]  # what ``allow`` came from: queries sharing it share a search
     unknown: int
+    ranker: LoadedRanker | None  # the rerank's ranker, None = no rerank
+    depth: int  # items retrieved: k, or the rerank's candidates
 
 
 class Retriever:
@@ -148,6 +175,7 @@ class Retriever:
         *,
         index_manifest: Mapping[str, Any] | None = None,
         item_attributes: Mapping[str, Sequence[str]] | None = None,
+        rankers: Sequence[LoadedRanker] = (),
     ) -> None:
         """Pairs a model with an index of its item embeddings.
 
@@ -159,9 +187,12 @@ class Retriever:
             index_manifest: the index folder's manifest (for :meth:`model_info`), if any.
             item_attributes: external id -> attributes, the first being the item's category
                 (for the diversity merge); by default the model folder's ``item_attributes.json``.
+            rankers: pre-ranking models a query can ask to rerank with (:class:`Rerank`), loaded
+                against this model's vocabulary (:func:`~retrieval.ranker_artifact.load_ranker`).
 
         Raises:
-            ArtifactError: the index was built from another model or has another dimension.
+            ArtifactError: the index was built from another model or has another dimension;
+                two rankers share a name, or a ranker's item vocabulary is not the model's.
         """
         if index_model_version is not None and index_model_version != model.version:
             raise ArtifactError(
@@ -183,13 +214,26 @@ class Retriever:
                 if d != PAD
             }
         )
+        self.rankers: dict[str, LoadedRanker] = {}
+        for ranker in rankers:
+            if ranker.name in self.rankers:
+                raise ArtifactError(
+                    f"two rankers are named {ranker.name!r}: {self.rankers[ranker.name].path}, {ranker.path}"
+                )
+            if ranker.vocab.ids != model.vocab.ids:
+                raise ArtifactError(
+                    f"ranker {ranker.path} was trained against another item vocabulary than "
+                    f"model {model.version!r}"
+                )
+            self.rankers[ranker.name] = ranker
         self.start_time = time.time()
         self.observe_search: Callable[[float], None] | None = None
         """Called with the seconds each index search took (the server's metrics hook)."""
 
     @classmethod
-    def from_dirs(cls, model_dir: Path, index_dir: Path) -> Retriever:
-        """Loads a model folder and an index folder, refusing an index built from another model.
+    def from_dirs(cls, model_dir: Path, index_dir: Path, ranker_dirs: Sequence[Path] = ()) -> Retriever:
+        """Loads a model folder, an index folder and ranker folders, refusing an index built
+        from another model and rankers trained against another vocabulary.
 
         The versions are compared before the model's TensorFlow graph is loaded, so a mismatch
         fails fast.
@@ -199,7 +243,9 @@ class Retriever:
         """
         model_version = str(read_manifest(Path(model_dir), MODEL_KIND, verify=False)["version"])
         index, manifest = load_index(Path(index_dir), expected_model_version=model_version)
-        return cls(load_model(Path(model_dir)), index, manifest["model_version"], index_manifest=manifest)
+        model = load_model(Path(model_dir))
+        rankers = [load_ranker(Path(d), model) for d in ranker_dirs]
+        return cls(model, index, manifest["model_version"], index_manifest=manifest, rankers=rankers)
 
     @property
     def model_version(self) -> str:
@@ -222,6 +268,7 @@ class Retriever:
             index=index,
             side_features=tuple(self.model.side.features),
             start_time=self.start_time,
+            rankers=tuple(sorted(self.rankers)),
         )
 
     def retrieve(
@@ -240,6 +287,7 @@ class Retriever:
         user_id: str = "",
         category: str = "",
         request_time: int = 0,
+        rerank: Rerank | None = None,
     ) -> Retrieved:
         """Top-``k`` items for one user.
 
@@ -259,13 +307,14 @@ class Retriever:
                 ``gap_now`` feature (0 = now, by the server's clock).
             return_interests: also return the user's ``[K, d]`` interest vectors.
             user_id: for the log only.
+            rerank: score the retrieved candidates with a ranker and return its best ``k``.
 
         Raises:
             InvalidArgument: an argument out of range (the message says which and why).
         """
         query = Query(
             history, k, timestamps, actions, merge, diversity_lambda, per_interest_k,
-            exclude, allow, return_interests, user_id, category, request_time,
+            exclude, allow, return_interests, user_id, category, request_time, rerank,
         )  # fmt: skip
         return self.retrieve_many([query])[0]
 
@@ -297,15 +346,15 @@ class Retriever:
             # merges choose among each interest's first candidates, so their depth must match.
             fetch = query.per_interest_k
             if query.merge is not MergeStrategy.MAX_SCORE:
-                fetch = max(query.k, fetch)
+                fetch = max(p.depth, fetch)
             groups.setdefault((query.merge, query.diversity_lambda, fetch, p.allow_key), []).append(i)
-        answers: dict[int, Retrieved] = {}
+        found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # ids, scores, interests
         for (merge, lam, fetch, _), members in groups.items():
             started = time.perf_counter()
             result = search_interests(
                 self.index,
                 interests[members],
-                max(queries[i].k for i in members),
+                max(prepared[i].depth for i in members),
                 exclude=[prepared[i].exclude for i in members],
                 allow=prepared[members[0]].allow,
                 merge=None if merge is MergeStrategy.MAX_SCORE else strategy(merge, self.categories, lam),
@@ -314,24 +363,56 @@ class Retriever:
             if self.observe_search is not None:
                 self.observe_search(time.perf_counter() - started)
             for row, i in enumerate(members):
-                found = np.flatnonzero(result.ids[row] >= 0)[: queries[i].k]
-                items = list(
-                    zip(
-                        self.model.vocab.external(result.ids[row][found]),
-                        result.scores[row][found].tolist(),
-                        result.interests[row][found].tolist(),
-                        strict=True,
-                    )
-                )
-                answers[i] = Retrieved(
-                    items,
-                    unknown_items=prepared[i].unknown,
+                kept = np.flatnonzero(result.ids[row] >= 0)[: prepared[i].depth]
+                found[i] = (result.ids[row][kept], result.scores[row][kept], result.interests[row][kept])
+        rank_scores = self._rerank(queries, prepared, found)
+        answers = []
+        for i, (query, p) in enumerate(zip(queries, prepared, strict=True)):
+            ids, scores, slots = found[i]
+            answers.append(
+                Retrieved(
+                    list(zip(self.model.vocab.external(ids), scores.tolist(), slots.tolist(), strict=True)),
+                    unknown_items=p.unknown,
                     model_version=self.model_version,
-                    interests=interests[i].copy() if queries[i].return_interests else None,
+                    interests=interests[i].copy() if query.return_interests else None,
+                    rank_scores=None if p.ranker is None else rank_scores[i],
+                    ranker_version="" if p.ranker is None else p.ranker.version,
                 )
-                if queries[i].user_id:
-                    logger.debug("user %s: %d items", queries[i].user_id, len(items))
-        return [answers[i] for i in range(len(queries))]
+            )
+            if query.user_id:
+                logger.debug("user %s: %d items", query.user_id, len(ids))
+        return answers
+
+    def _rerank(
+        self,
+        queries: Sequence[Query],
+        prepared: Sequence[_Prepared],
+        found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    ) -> dict[int, list[float]]:
+        """Scores the candidates of the queries asking for a rerank (one ranker call per ranker)
+        and cuts each to its best ``k`` by the ranker's score, in place in ``found``.
+
+        Returns:
+            Per reranked query, the ranker's logits of the items kept, best first.
+        """
+        by_ranker: dict[str, list[int]] = {}
+        for i, p in enumerate(prepared):
+            if p.ranker is not None:
+                by_ranker.setdefault(p.ranker.name, []).append(i)
+        out: dict[int, list[float]] = {}
+        for name, members in by_ranker.items():
+            width = max(1, max(len(found[i][0]) for i in members))
+            candidates = np.zeros((len(members), width), np.int64)  # 0 = no item
+            for row, i in enumerate(members):
+                candidates[row, : len(found[i][0])] = found[i][0]
+            logits = self.rankers[name].score([prepared[i].known for i in members], candidates)
+            for row, i in enumerate(members):
+                n = len(found[i][0])
+                # Best logit first; ties keep the retrieval order (a stable sort).
+                order = np.argsort(-logits[row, :n], kind="stable")[: queries[i].k]
+                found[i] = tuple(a[order] for a in found[i])  # type: ignore[assignment]
+                out[i] = logits[row, order].tolist()
+        return out
 
     def _prepare(self, query: Query) -> _Prepared:
         """Validates ``query`` and looks its ids up."""
@@ -362,6 +443,7 @@ class Retriever:
                 raise InvalidArgument(f"{name} has {len(ids)} ids, at most {MAX_FILTER_IDS} are accepted")
         if len(query.user_id) > MAX_USER_ID:
             raise InvalidArgument(f"user_id has {len(query.user_id)} characters, at most {MAX_USER_ID}")
+        ranker, depth = self._ranker(query.rerank, k)
 
         dense = self.model.vocab.lookup(history)
         is_known = dense != PAD
@@ -395,7 +477,33 @@ class Retriever:
             allow=allow,
             allow_key=(tuple(query.allow), query.category),
             unknown=len(history) - len(known),
+            ranker=ranker,
+            depth=depth,
         )
+
+    def _ranker(self, rerank: Rerank | None, k: int) -> tuple[LoadedRanker | None, int]:
+        """The ranker a query asks for and how many items to retrieve for it.
+
+        Raises:
+            InvalidArgument: an unknown ranker, no ranker loaded, or candidates out of range.
+        """
+        if rerank is None:
+            return None, k
+        if not self.rankers:
+            raise InvalidArgument(
+                "rerank asked for, but the server has no ranker (tools/serve.py --ranker DIR)"
+            )
+        if not rerank.ranker and len(self.rankers) > 1:
+            raise InvalidArgument(f"name the ranker to rerank with, one of {sorted(self.rankers)}")
+        name = rerank.ranker or next(iter(self.rankers))
+        if name not in self.rankers:
+            raise InvalidArgument(f"unknown ranker {name!r}; the server has {sorted(self.rankers)}")
+        depth = rerank.candidates or max(k, DEFAULT_RERANK_CANDIDATES)
+        if not k <= depth <= MAX_K:
+            raise InvalidArgument(
+                f"rerank candidates must be 0 or between k ({k}) and {MAX_K}, got {rerank.candidates}"
+            )
+        return self.rankers[name], depth
 
 
 def item_categories(model: ModelArtifact, item_attributes: Mapping[str, Sequence[str]]) -> np.ndarray:

@@ -42,7 +42,7 @@ from retrieval.errors import (
 )
 from retrieval.merge import MergeStrategy
 from retrieval.reload import RetrieverSlot
-from retrieval.retriever import MAX_BATCH, ModelInfo, Query, Retrieved, Retriever
+from retrieval.retriever import MAX_BATCH, ModelInfo, Query, Rerank, Retrieved, Retriever
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -145,6 +145,9 @@ def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
         user_id=request.user_id,
         category=request.category,
         request_time=request.request_time,
+        rerank=Rerank(request.rerank.ranker, request.rerank.candidates)
+        if request.HasField("rerank")
+        else None,
     )
 
 
@@ -170,6 +173,10 @@ def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
         category=query.category,
         request_time=query.request_time,
     )
+    if query.rerank is not None:
+        request.rerank.ranker = query.rerank.ranker
+        request.rerank.candidates = query.rerank.candidates
+        request.rerank.SetInParent()  # present even with default values
     if query.timestamps is None and query.actions is None:
         request.history.extend(query.history)
     else:
@@ -186,13 +193,15 @@ def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
 
 def response_from_result(result: Retrieved) -> retrieval_pb2.RetrieveResponse:
     """A :class:`Retrieved` as a ``RetrieveResponse``."""
+    rank_scores = result.rank_scores or [0.0] * len(result.items)
     return retrieval_pb2.RetrieveResponse(
         items=[
-            retrieval_pb2.ScoredItem(item_id=item, score=score, interest=interest)
-            for item, score, interest in result.items
+            retrieval_pb2.ScoredItem(item_id=item, score=score, interest=interest, rank_score=rank)
+            for (item, score, interest), rank in zip(result.items, rank_scores, strict=True)
         ],
         model_version=result.model_version,
         unknown_items=result.unknown_items,
+        ranker_version=result.ranker_version,
         interests=[]
         if result.interests is None
         else [retrieval_pb2.Interest(values=row.tolist()) for row in result.interests],
@@ -209,6 +218,8 @@ def result_from_response(response: retrieval_pb2.RetrieveResponse) -> Retrieved:
         unknown_items=response.unknown_items,
         model_version=response.model_version,
         interests=interests,
+        rank_scores=[item.rank_score for item in response.items] if response.ranker_version else None,
+        ranker_version=response.ranker_version,
     )
 
 
@@ -235,6 +246,7 @@ def model_info_message(info: ModelInfo) -> retrieval_pb2.ModelInfo:
         ),
         side_features=list(info.side_features),
         start_time=start,
+        rankers=list(info.rankers),
     )
 
 

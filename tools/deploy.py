@@ -1,6 +1,7 @@
 """Publish a model and its index as the new current version of a deployment root.
 
-    python tools/deploy.py --model runs/ml100k-sa --index runs/ml100k-sa-index --root runs/live
+    python tools/deploy.py --model runs/ml100k-sa --index runs/ml100k-sa-index --root runs/live \
+        [--ranker runs/ml100k-din]
 
 A server started with ``tools/serve.py --watch runs/live`` loads the new version in the
 background, warms it up and swaps it in without dropping a request; one that fails to load
@@ -23,12 +24,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", required=True, type=Path, help="model artifact folder")
     p.add_argument("--index", required=True, type=Path, help="index artifact folder built from that model")
     p.add_argument("--root", required=True, type=Path, help="deployment root (created if missing)")
+    p.add_argument(
+        "--ranker",
+        type=Path,
+        action="append",
+        default=[],
+        help="a ranker artifact trained against that model (tools/train_ranker.py); repeatable",
+    )
     p.add_argument("--keep", type=int, default=3, help="versions kept on disk (default %(default)s)")
     args = p.parse_args(argv)
     if args.keep < 1:
         p.error("--keep must be >= 1")
     try:
-        folder = publish_deployment(args.model, args.index, args.root, args.keep)
+        folder = publish_deployment(args.model, args.index, args.root, args.keep, ranker_dirs=args.ranker)
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """Serve a model and its index over gRPC until SIGTERM or SIGINT.
 
 python tools/serve.py --model runs/ml100k-sa --index runs/ml100k-sa-index --port 50051
+python tools/serve.py ... --ranker runs/ml100k-din        # requests may ask for a rerank
 python tools/serve.py ... --max-concurrent 8 --metrics-port 9090 \
     --tls-cert server.pem --tls-key server.key --tls-ca clients-ca.pem   # mutual TLS
 # hot reload: serve ROOT's current version, swap to each one tools/deploy.py publishes
@@ -26,6 +27,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="model artifact folder")
     p.add_argument("--index", type=Path, help="index artifact folder built from that model")
+    p.add_argument(
+        "--ranker",
+        type=Path,
+        action="append",
+        default=[],
+        help="a ranker artifact for RetrieveRequest.rerank (tools/train_ranker.py); repeatable "
+        "(with --watch, the deployment's own rankers are used)",
+    )
     p.add_argument(
         "--watch",
         type=Path,
@@ -80,6 +89,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     direct = (args.model is not None, args.index is not None)
     if direct != ((False, False) if args.watch else (True, True)):
         p.error("give --model and --index, or --watch alone")
+    if args.watch and args.ranker:
+        p.error("with --watch the rankers come with each deployment (tools/deploy.py --ranker)")
     if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
         p.error("TLS needs --tls-cert and --tls-key together (and --tls-ca only with them)")
     if min(args.max_concurrent, args.metrics_port, args.max_wait_ms, args.drain, args.grace) < 0:
@@ -93,7 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_format)
     try:
-        retriever = load_deployment(args.watch) if args.watch else Retriever.from_dirs(args.model, args.index)
+        retriever = (
+            load_deployment(args.watch)
+            if args.watch
+            else Retriever.from_dirs(args.model, args.index, args.ranker)
+        )
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

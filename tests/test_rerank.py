@@ -1,0 +1,181 @@
+"""Pre-ranking inside Retrieve: the retrieved candidates scored by a ranker, its best k returned;
+in the Retriever, through micro-batches, over gRPC and in a deployment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from rankers import build_ranker
+from retrieval.artifacts import ArtifactError
+from retrieval.client import RetrievalClient
+from retrieval.deployment import deployment_rankers, publish_deployment
+from retrieval.errors import InvalidArgument
+from retrieval.index_artifact import build_index_from_model
+from retrieval.model_artifact import ModelArtifact
+from retrieval.ranker_artifact import LoadedRanker, load_ranker, save_ranker
+from retrieval.reload import load_deployment
+from retrieval.retriever import Query, Rerank, Retriever
+from retrieval.server import create_server
+from retrieval.vocab import ItemVocab
+from tests.test_server import MAX_LEN, NUM_ITEMS, make_model
+
+HISTORY = ["item03", "item11", "item07"]
+
+
+def save_din(out: Path, vocab: ItemVocab, model_version: str, seed: int) -> Path:
+    """An untrained DIN (seeded weights): enough to check where and how its scores are used."""
+    kwargs = {
+        "num_items": len(vocab),
+        "dim": 8,
+        "max_len": MAX_LEN,
+        "attention_units": [8],
+        "hidden_units": [8],
+    }
+    keras.utils.set_random_seed(seed)
+    ranker = build_ranker("din", **kwargs)
+    ranker.build()
+    save_ranker(out, ranker, "din", kwargs, vocab, model_version)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model() -> ModelArtifact:
+    return make_model()
+
+
+@pytest.fixture(scope="module")
+def ranker(model: ModelArtifact, tmp_path_factory: pytest.TempPathFactory) -> LoadedRanker:
+    return load_ranker(
+        save_din(tmp_path_factory.mktemp("ranker") / "din", model.vocab, model.version, 0), model
+    )
+
+
+@pytest.fixture(scope="module")
+def retriever(model: ModelArtifact, ranker: LoadedRanker) -> Retriever:
+    return Retriever(model, build_index_from_model(model, "Flat"), rankers=[ranker])
+
+
+def reranked_by_hand(retriever: Retriever, ranker: LoadedRanker, history: list[str], k: int, n: int) -> list:
+    """Oracle: retrieve n without rerank, score them with the ranker, sort by logit (stable)."""
+    plain = retriever.retrieve(history, n).items
+    known = retriever.model.vocab.lookup(history)
+    logits = ranker.score([known[known > 0]], retriever.model.vocab.lookup([i for i, _, _ in plain])[None])[0]
+    order = sorted(range(len(plain)), key=lambda j: -logits[j])[:k]
+    return [(plain[j], float(logits[j])) for j in order]
+
+
+def test_a_rerank_returns_the_best_k_of_the_candidates_by_the_rankers_score(
+    retriever: Retriever, ranker: LoadedRanker
+) -> None:
+    result = retriever.retrieve(HISTORY, 5, rerank=Rerank(candidates=20))
+    expected = reranked_by_hand(retriever, ranker, HISTORY, 5, 20)
+    assert [i for i, _, _ in result.items] == [item[0] for item, _ in expected]
+    np.testing.assert_allclose(result.rank_scores, [s for _, s in expected], rtol=1e-5)
+    # Each item keeps its retrieval score and interest; the order is the ranker's, not retrieval's.
+    assert result.items == [item for item, _ in expected]
+    assert result.rank_scores == sorted(result.rank_scores, reverse=True)
+    assert result.ranker_version == ranker.version
+    plain = retriever.retrieve(HISTORY, 5)
+    assert plain.rank_scores is None and plain.ranker_version == ""
+    assert [i for i, _, _ in result.items] != [i for i, _, _ in plain.items]  # the ranker mattered
+
+
+def test_default_candidates_are_all_there_are_up_to_200(retriever: Retriever, ranker: LoadedRanker) -> None:
+    # 40 items, 3 in the history: the default depth (200) reaches every other item.
+    result = retriever.retrieve(HISTORY, 6, rerank=Rerank())
+    expected = reranked_by_hand(retriever, ranker, HISTORY, 6, NUM_ITEMS)
+    assert [i for i, _, _ in result.items] == [item[0] for item, _ in expected]
+
+
+def test_a_micro_batch_mixing_reranked_and_plain_queries_answers_each_as_alone(retriever: Retriever) -> None:
+    queries = [
+        Query(HISTORY, 5, rerank=Rerank(candidates=12)),
+        Query(["item20"], 4),
+        Query(["item01", "item02"], 3, rerank=Rerank("din", 30), merge="round_robin"),
+        Query(["item33"], 7, rerank=Rerank(candidates=7)),
+    ]
+    together = retriever.retrieve_many(queries)
+    for query, answer in zip(queries, together, strict=True):
+        alone = retriever.retrieve_many([query])[0]
+        assert answer.items == alone.items
+        assert (
+            answer.rank_scores == pytest.approx(alone.rank_scores)
+            if alone.rank_scores
+            else not answer.rank_scores
+        )
+
+
+@pytest.mark.parametrize(
+    ("rerank", "k", "message"),
+    [
+        (Rerank("dien"), 5, "unknown ranker 'dien'"),
+        (Rerank(candidates=4), 5, "between k"),
+        (Rerank(candidates=5000), 5, "between k"),
+    ],
+)
+def test_bad_reranks_are_invalid_arguments(
+    retriever: Retriever, rerank: Rerank, k: int, message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        retriever.retrieve(HISTORY, k, rerank=rerank)
+
+
+def test_a_rerank_needs_a_ranker_and_a_name_when_there_are_several(
+    model: ModelArtifact, ranker: LoadedRanker, tmp_path: Path
+) -> None:
+    index = build_index_from_model(model, "Flat")
+    with pytest.raises(InvalidArgument, match="no ranker"):
+        Retriever(model, index).retrieve(HISTORY, 5, rerank=Rerank())
+    with pytest.raises(ArtifactError, match="two rankers are named 'din'"):
+        Retriever(model, index, rankers=[ranker, ranker])
+    other = make_model("model-v2")
+    other_vocab = ItemVocab.from_ids([f"other{i}" for i in range(NUM_ITEMS)])
+    foreign = load_ranker(save_din(tmp_path / "foreign", other_vocab, other.version, 1), None)
+    with pytest.raises(ArtifactError, match="another item vocabulary"):
+        Retriever(model, index, rankers=[foreign])
+
+
+@pytest.fixture(scope="module")
+def client(retriever: Retriever) -> Iterator[RetrievalClient]:
+    server, port = create_server(retriever, port=0)
+    with RetrievalClient(f"127.0.0.1:{port}") as client:
+        client.wait_until_serving(timeout=10)
+        yield client
+    server.stop(None)
+
+
+def test_rerank_over_grpc_equals_the_retriever(client: RetrievalClient, retriever: Retriever) -> None:
+    for rerank in (Rerank(), Rerank("din", 15)):
+        over_grpc = client.retrieve(HISTORY, 5, rerank=rerank)
+        direct = retriever.retrieve(HISTORY, 5, rerank=rerank)
+        assert [i for i, _, _ in over_grpc.items] == [i for i, _, _ in direct.items]
+        np.testing.assert_allclose(over_grpc.rank_scores, direct.rank_scores, rtol=1e-6)
+        assert over_grpc.ranker_version == direct.ranker_version != ""
+    plain = client.retrieve(HISTORY, 5)
+    assert plain.rank_scores is None and plain.ranker_version == ""
+    assert list(client.model_info().rankers) == ["din"]
+
+
+def test_a_deployment_carries_its_rankers(
+    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
+) -> None:
+    model_dir, index_dir, version = model_versions[0]
+    vocab = ItemVocab.load(model_dir / "vocab.json")
+    din = save_din(tmp_path / "din", vocab, version, 0)
+    foreign = save_din(tmp_path / "foreign", ItemVocab.from_ids(["a", "b"]), "other", 0)
+    root = tmp_path / "live"
+    with pytest.raises(ArtifactError, match="another item vocabulary"):
+        publish_deployment(model_dir, index_dir, root, ranker_dirs=[din, foreign])
+    assert not (root / "current").exists()  # nothing published
+    folder = publish_deployment(model_dir, index_dir, root, ranker_dirs=[din])
+    assert [p.name for p in deployment_rankers(root)] == ["din"] and folder.is_dir()
+    retriever = load_deployment(root)
+    history = vocab.ids[:3]
+    result = retriever.retrieve(history, 4, rerank=Rerank(candidates=10))
+    assert result.ranker_version == load_ranker(din).version and len(result.items) == 4
+    assert deployment_rankers(model_versions[1][0].parent / "nowhere") == []

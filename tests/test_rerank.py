@@ -3,6 +3,9 @@ in the Retriever, through micro-batches, over gRPC and in a deployment."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from retrieval.reload import load_deployment
 from retrieval.retriever import Query, Rerank, Retriever
 from retrieval.server import create_server
 from retrieval.vocab import ItemVocab
-from tests.test_server import MAX_LEN, NUM_ITEMS, make_model
+from tests.test_server import MAX_LEN, NUM_ITEMS, REPO, make_model
 
 HISTORY = ["item03", "item11", "item07"]
 
@@ -141,12 +144,17 @@ def test_a_rerank_needs_a_ranker_and_a_name_when_there_are_several(
 
 
 @pytest.fixture(scope="module")
-def client(retriever: Retriever) -> Iterator[RetrievalClient]:
+def address(retriever: Retriever) -> Iterator[str]:
     server, port = create_server(retriever, port=0)
-    with RetrievalClient(f"127.0.0.1:{port}") as client:
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+@pytest.fixture(scope="module")
+def client(address: str) -> Iterator[RetrievalClient]:
+    with RetrievalClient(address) as client:
         client.wait_until_serving(timeout=10)
         yield client
-    server.stop(None)
 
 
 def test_rerank_over_grpc_equals_the_retriever(client: RetrievalClient, retriever: Retriever) -> None:
@@ -159,6 +167,18 @@ def test_rerank_over_grpc_equals_the_retriever(client: RetrievalClient, retrieve
     plain = client.retrieve(HISTORY, 5)
     assert plain.rank_scores is None and plain.ranker_version == ""
     assert list(client.model_info().rankers) == ["din"]
+
+
+def test_the_query_tool_asks_for_a_rerank(address: str, client: RetrievalClient) -> None:
+    command = [sys.executable, str(REPO / "tools" / "query.py"), "--address", address, "--json"]
+    args = ["--history", *HISTORY, "--k", "4", "--rerank", "--rerank-candidates", "12"]
+    out = json.loads(subprocess.run([*command, *args], capture_output=True, text=True, check=True).stdout)
+    expected = client.retrieve(HISTORY, 4, rerank=Rerank(candidates=12))
+    assert [i["item_id"] for i in out["items"]] == [i for i, _, _ in expected.items]
+    np.testing.assert_allclose([i["rank_score"] for i in out["items"]], expected.rank_scores, rtol=1e-6)
+    assert out["ranker_version"] == expected.ranker_version
+    table = subprocess.run([*command[:-1], *args, "--rerank", "dstn"], capture_output=True, text=True)
+    assert table.returncode == 1 and "INVALID_ARGUMENT: unknown ranker 'dstn'" in table.stderr
 
 
 def test_a_deployment_carries_its_rankers(

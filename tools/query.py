@@ -20,7 +20,7 @@ from retrieval.artifacts import read_manifest
 from retrieval.client import RetrievalClient
 from retrieval.merge import MergeStrategy
 from retrieval.model_artifact import KIND as MODEL_KIND
-from retrieval.retriever import Retrieved
+from retrieval.retriever import Rerank, Retrieved
 from retrieval.vocab import ItemVocab
 
 
@@ -40,6 +40,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--exclude", nargs="+", default=[], metavar="ID", help="ids never to return")
     p.add_argument("--allow", nargs="+", default=[], metavar="ID", help="the only ids that may be returned")
     p.add_argument("--category", default="", help="only items with this attribute (genre, category)")
+    p.add_argument(
+        "--rerank",
+        nargs="?",
+        const="",
+        metavar="RANKER",
+        help="rerank the candidates with the server's ranker RANKER (none given: its only one)",
+    )
+    p.add_argument(
+        "--rerank-candidates", type=int, default=0, help="candidates the ranker scores (0 = max(k, 200))"
+    )
     p.add_argument("--interests", action="store_true", help="also print the user's interest vectors")
     p.add_argument("--user-id", default="", help="sent for the server's log only")
     p.add_argument("--info", action="store_true", help="print the served model and index instead")
@@ -65,12 +75,21 @@ def load_titles(model_dir: Path) -> dict[str, str]:
 
 
 def format_table(result: Retrieved, titles: dict[str, str] | None) -> str:
-    """Rank, id, score, interest (and title) per line, under a header line."""
+    """Rank, id, score, interest (, ranker logit) (and title) per line, under a header line."""
+    reranked = result.rank_scores is not None
     lines = [f"model {result.model_version}, {result.unknown_items} unknown history ids"]
-    lines.append(f"{'rank':>4}  {'item':<16} {'score':>9} {'interest':>8}" + ("  title" if titles else ""))
-    for rank, (item, score, interest) in enumerate(result.items, 1):
+    if reranked:
+        lines[0] += f", reranked by ranker {result.ranker_version}"
+    lines.append(
+        f"{'rank':>4}  {'item':<16} {'score':>9} {'interest':>8}"
+        + (f" {'logit':>9}" if reranked else "")
+        + ("  title" if titles else "")
+    )
+    logits = result.rank_scores or [0.0] * len(result.items)
+    for rank, ((item, score, interest), logit) in enumerate(zip(result.items, logits, strict=True), 1):
         title = f"  {titles.get(item, '?')}" if titles else ""
-        lines.append(f"{rank:>4}  {item:<16} {score:>9.4f} {interest:>8}{title}")
+        ranked = f" {logit:>9.4f}" if reranked else ""
+        lines.append(f"{rank:>4}  {item:<16} {score:>9.4f} {interest:>8}{ranked}{title}")
     return "\n".join(lines)
 
 
@@ -100,20 +119,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return_interests=args.interests,
                 user_id=args.user_id,
                 category=args.category,
+                rerank=None if args.rerank is None else Rerank(args.rerank, args.rerank_candidates),
             )
         except grpc.RpcError as e:
             print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
             return 1
     interests = None if result.interests is None else result.interests.tolist()
     if args.json:
+        logits = result.rank_scores or [None] * len(result.items)
         items = [
             {"item_id": item, "score": score, "interest": interest}
+            | ({"rank_score": logit} if logit is not None else {})
             | ({"title": titles.get(item, "?")} if titles else {})
-            for item, score, interest in result.items
+            for (item, score, interest), logit in zip(result.items, logits, strict=True)
         ]
         print(
             json.dumps(
                 {"model_version": result.model_version, "unknown_items": result.unknown_items, "items": items}
+                | ({"ranker_version": result.ranker_version} if result.ranker_version else {})
                 | ({"interests": interests} if interests is not None else {})
             )
         )

@@ -175,7 +175,7 @@ class RankerScorer:
         def logits(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
             return tf.cast(model(with_attributes(inputs, table), training=False), tf.float32)
 
-        self.function = tf.function(logits, input_signature=[signature])
+        self.function = tf.function(logits, input_signature=[signature], autograph=False)
         # Traced here, once: a first trace racing between server threads is avoided.
         probe = {"history": np.zeros((1, self.max_len), np.int32), "candidates": np.ones((1, 1), np.int32)}
         if uses_unclicked:

@@ -1,0 +1,377 @@
+"""Pre-ranking: click examples, AUC/GAUC, the ranker artifact, training and the CLI end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from itertools import product
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from rankers import build_ranker
+from retrieval.artifacts import ArtifactError
+from retrieval.data import SequenceData, build_sequences, leave_one_out, load_interactions
+from retrieval.evaluate import evaluate_protocol, evaluate_ranking
+from retrieval.index_artifact import build_index_from_model, load_index
+from retrieval.model_artifact import ModelArtifact, load_model
+from retrieval.ranker_artifact import AttributeTable, RankerScorer, load_ranker, save_ranker
+from retrieval.ranking import (
+    RankerConfig,
+    apply_ranker_overrides,
+    auc,
+    build_ranking_data,
+    gauc,
+    list_metrics,
+    negative_counts,
+    per_user_auc,
+    retrieve,
+    train_ranker,
+)
+from retrieval.vocab import ItemVocab
+from tests.conftest import run_tool
+
+TINY = {"din": {"attention_units": [8], "hidden_units": [16], "activation": "prelu"}}
+
+
+def fake_model(data: SequenceData, dim: int = 8, seed: int = 0) -> ModelArtifact:
+    """A retrieval model without training: random item vectors, the user = mean of the history's."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(data.vocab.num_embeddings, dim)).astype(np.float32)
+    table[0] = 0.0
+
+    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        items = inputs["items"]
+        valid = (items > 0)[..., None]
+        mean = (table[items] * valid).sum(axis=1) / np.maximum(valid.sum(axis=1), 1)
+        return mean[:, None, :].astype(np.float32)  # [B, 1, d]
+
+    manifest = {"version": "fake-1", "max_len": 8, "num_interests": 1}
+    return ModelArtifact(None, manifest, data.vocab, table, user_vectors)
+
+
+def cluster_attributes(vocab: ItemVocab) -> AttributeTable:
+    """The synthetic log's items i0..i39 sit in clusters of 10: attribute = the cluster."""
+    return AttributeTable.from_external(vocab, {i: [f"c{int(i[1:]) // 10}"] for i in vocab.ids})
+
+
+@pytest.fixture(scope="module")
+def setup(synthetic_csv: Path):
+    data = build_sequences(load_interactions(synthetic_csv))
+    model = fake_model(data)
+    return data, model, build_index_from_model(model)
+
+
+# --- click examples ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("negatives", "positives_only"),
+    [("retrieved", True), ("retrieved", False), ("uniform", False), ("retrieved+popularity", False)],
+)
+def test_click_examples_are_prefixes_with_clean_negatives(
+    setup, negatives: str, positives_only: bool
+) -> None:
+    data, model, index = setup
+    config = RankerConfig(
+        negatives=negatives, num_negatives=6, positions_per_user=4, candidates=12, max_len=6,
+        num_unclicked=3, retrieved_positives_only=positives_only,
+    )  # fmt: skip
+    ranking = build_ranking_data(model, index, data, config)
+    train = leave_one_out(data).train  # the synthetic data's ids are the model's (same vocabulary)
+    examples = ranking.train
+    assert len(examples) > 0 and examples.candidates.shape == (len(examples), 7)
+    counts = negative_counts(config)
+    popularity = np.bincount(np.concatenate(train), minlength=len(data.vocab) + 1)
+    top, _ = retrieve(
+        model, index, [train[u][:t] for u, t in zip(examples.users, examples.positions, strict=True)], 12
+    )
+    for row in range(len(examples)):
+        u, t = int(examples.users[row]), int(examples.positions[row])
+        s = train[u]
+        assert max(1, len(s) - 4) <= t < len(s)
+        # No leakage: the history is exactly the items before t (its last max_len).
+        history = examples.history[row]
+        np.testing.assert_array_equal(history[history != 0], s[:t][-6:])
+        assert (history[: 6 - min(t, 6)] == 0).all()
+        cands, labels = examples.candidates[row], examples.labels[row]
+        assert labels.sum() == 1 and cands[labels == 1][0] == s[t]
+        negs = cands[(labels == 0) & (cands != 0)]
+        assert len(set(negs.tolist())) == len(negs)  # distinct
+        assert not np.isin(negs, s).any()  # never the positive nor any item of the user
+        real = cands != 0
+        assert not (real[1:] & ~real[:-1]).any()  # padding only at the end
+        retrieved = set(top[row][top[row] > 0].tolist())
+        if positives_only:
+            assert s[t] in retrieved
+        if negatives == "retrieved":
+            assert set(negs.tolist()) <= retrieved
+        if negatives == "uniform":
+            assert len(negs) == 6  # the catalogue (40 items) always has 6 left
+        if "popularity" in negatives:
+            sampled = negs[[n not in retrieved for n in negs]]
+            assert (popularity[sampled] > 0).all()
+            assert len(negs) >= counts["popularity"]
+
+
+def test_only_retrieved_clicks_are_kept_and_validation_uses_the_validation_target(setup) -> None:
+    data, model, index = setup
+    config = RankerConfig(num_negatives=5, positions_per_user=3, candidates=10, num_unclicked=4)
+    ranking = build_ranking_data(model, index, data, config)
+    split = leave_one_out(data)
+    valid = ranking.valid
+    assert 0 < len(valid) <= len(split.valid_users)
+    histories = [split.train[u] for u in valid.users]
+    top, _ = retrieve(model, index, histories, 10)
+    for row, u in enumerate(valid.users.tolist()):
+        target = split.valid_targets[list(split.valid_users).index(u)]
+        assert valid.candidates[row][valid.labels[row] == 1][0] == target
+        assert valid.positions[row] == len(split.train[u])
+        assert target in top[row]
+        # Unclicked = the previous request's (history one event shorter) top items but its click.
+        previous, _ = retrieve(model, index, [split.train[u][:-1]], 10)
+        shown = previous[0][(previous[0] > 0) & (previous[0] != split.train[u][-1])][:4]
+        np.testing.assert_array_equal(valid.unclicked[row][valid.unclicked[row] != 0], shown)
+
+
+def test_test_lists_are_the_retrievers_and_retrieval_only_matches_the_projects_evaluation(setup) -> None:
+    data, model, index = setup
+    ranking = build_ranking_data(model, index, data, RankerConfig(candidates=15, num_negatives=4))
+    split = leave_one_out(data)
+    lists = ranking.test
+    assert len(lists.targets) == len(split.test_users)
+    for row, history in enumerate(lists.histories):
+        np.testing.assert_array_equal(history, split.test_histories[row])
+        assert not np.isin(lists.candidates[row], history).any()  # history excluded
+    expected = evaluate_ranking(model, list(lists.histories), lists.targets, ks=(10,), index=index)
+    found = list_metrics(lists.candidates, lists.scores, lists.targets)
+    assert found["ndcg@10"] == pytest.approx(expected["ndcg@10"])
+    assert found["hr@10"] == pytest.approx(expected["hr@10"])
+
+
+def test_overrides_and_bad_settings() -> None:
+    config = apply_ranker_overrides(
+        RankerConfig(),
+        ["epochs=3", "attributes=false", "negatives=retrieved+uniform", "options.units=[4, 2]"],
+    )
+    assert (config.epochs, config.attributes, config.options) == (3, False, {"units": [4, 2]})
+    assert negative_counts(dataclasses.replace(config, num_negatives=5)) == {"retrieved": 3, "uniform": 2}
+    with pytest.raises(ValueError, match="unknown ranker setting"):
+        apply_ranker_overrides(RankerConfig(), ["nope=1"])
+    with pytest.raises(ValueError, match="negatives"):
+        negative_counts(RankerConfig(negatives="retrieved+bogus"))
+
+
+# --- AUC and GAUC -----------------------------------------------------------------------------
+
+
+def brute_auc(scores: list[float], labels: list[int]) -> float:
+    pairs = [(p, n) for p, n in product(range(len(scores)), repeat=2) if labels[p] and not labels[n]]
+    wins = sum(1.0 if scores[p] > scores[n] else 0.5 if scores[p] == scores[n] else 0.0 for p, n in pairs)
+    return wins / len(pairs) if pairs else float("nan")
+
+
+def test_auc_and_gauc_match_brute_force_with_ties_and_padding() -> None:
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 5, (30, 9)).astype(np.float64)  # many ties
+    labels = rng.random((30, 9)) < 0.25
+    valid = rng.random((30, 9)) < 0.8
+    labels[0], labels[1] = False, valid[1]  # a user without positives, one without negatives
+    flat = scores[valid].tolist(), labels[valid].astype(int).tolist()
+    assert auc(scores[valid], labels[valid]) == pytest.approx(brute_auc(*flat))
+    expected = [
+        brute_auc(scores[u][valid[u]].tolist(), labels[u][valid[u]].astype(int).tolist()) for u in range(30)
+    ]
+    np.testing.assert_allclose(per_user_auc(scores, labels, valid), expected, equal_nan=True)
+    counted = [u for u in range(30) if not np.isnan(expected[u])]
+    weights = [valid[u].sum() for u in counted]
+    value, users = gauc(scores, labels, valid)
+    assert users == len(counted) and 0 not in counted and 1 not in counted
+    assert value == pytest.approx(
+        sum(w * expected[u] for u, w in zip(counted, weights, strict=True)) / sum(weights)
+    )
+    assert np.isnan(auc(np.ones(3), np.zeros(3)))
+
+
+def test_list_metrics_rerank_by_score_and_count_missing_targets_as_zero() -> None:
+    candidates = np.array([[5, 6, 7, -1], [1, 2, 3, 4]])
+    scores = np.array([[0.1, 0.9, 0.5, 0.0], [4.0, 3.0, 2.0, 1.0]])
+    targets = np.array([7, 9])  # user 1's target was not retrieved
+    out = list_metrics(candidates, scores, targets, ks=(2,))
+    # User 0: order 6, 7, 5 -> target at rank 2: NDCG = 1/log2(3); user 1 counts 0.
+    assert out["ndcg@2"] == pytest.approx((1 / np.log2(3)) / 2) and out["hr@2"] == 0.5
+    assert out["gauc"] == pytest.approx(0.5) and out["gauc_users"] == 1  # 7 beats 5, loses to 6
+
+
+# --- the ranker artifact ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_ranker():
+    vocab = ItemVocab.from_ids([f"i{i}" for i in range(40)])
+    attributes = cluster_attributes(vocab)
+    keras.utils.set_random_seed(0)
+    kwargs = {
+        "num_items": 40,
+        "dim": 8,
+        "max_len": 6,
+        "num_attributes": attributes.num_attributes,
+        **TINY["din"],
+    }
+    ranker = build_ranker("din", **kwargs)
+    ranker.build()
+    return ranker, kwargs, vocab, attributes
+
+
+def test_artifact_round_trip_scores_like_the_model_and_refuses_other_vocabularies(
+    small_ranker, tmp_path
+) -> None:
+    ranker, kwargs, vocab, attributes = small_ranker
+    out = tmp_path / "ranker"
+    manifest = save_ranker(
+        out, ranker, "din", kwargs, vocab, "model-v1", attributes, config={"ranker": "din"}
+    )
+    assert manifest["kind"] == "ranker" and manifest["model_version"] == "model-v1"
+    loaded = load_ranker(out, vocab)
+    rng = np.random.default_rng(0)
+    histories = [rng.integers(1, 41, n) for n in (1, 4, 9)]
+    candidates = rng.integers(1, 41, (3, 5))
+    candidates[0, -1] = -1  # an empty retrieval slot
+    got = loaded.score(histories, candidates)
+    # The in-memory model on the same inputs (attributes looked up in numpy).
+    history = np.zeros((3, 6), np.int32)
+    for row, h in zip(history, histories, strict=True):
+        row[6 - min(len(h), 6) :] = h[-6:]
+    cands = np.where(candidates > 0, candidates, 0).astype(np.int32)
+    x = {
+        "history": history,
+        "candidates": cands,
+        "history_attributes": attributes.table[history],
+        "candidate_attributes": attributes.table[cands],
+    }
+    expected = np.asarray(ranker(x, training=False))
+    np.testing.assert_allclose(got[candidates > 0], expected[candidates > 0], atol=1e-5)
+    assert got[0, -1] == -np.inf
+
+    other = ItemVocab.from_ids([f"i{i}" for i in range(39)] + ["new"])
+    with pytest.raises(ArtifactError, match="another item vocabulary"):
+        load_ranker(out, other)
+    (out / "vocab.json").write_text((out / "vocab.json").read_text().replace('"i3"', '"i3x"'))
+    with pytest.raises(ArtifactError, match="corrupted"):
+        load_ranker(out, vocab)
+    with pytest.raises(ArtifactError, match="not a ranker artifact"):
+        load_ranker(tmp_path, vocab)
+
+
+def test_scorer_traces_once_and_is_thread_safe(small_ranker) -> None:
+    ranker, _, _, attributes = small_ranker
+    scorer = RankerScorer(ranker, attributes, uses_unclicked=False)
+    rng = np.random.default_rng(1)
+    requests = [
+        ([rng.integers(1, 41, rng.integers(1, 12)) for _ in range(b)], rng.integers(1, 41, (b, c)))
+        for b, c in [(1, 3), (7, 20), (2, 1), (5, 9)]
+    ]
+    expected = [scorer.score(h, c) for h, c in requests]
+    results: dict[int, list[np.ndarray]] = {}
+
+    def work(worker: int) -> None:
+        results[worker] = [scorer.score(h, c) for h, c in requests * 3]
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for found in results.values():
+        for got, want in zip(found, expected * 3, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-6)
+    assert scorer.tracing_count() == 1
+    with pytest.raises(ValueError, match="beyond the 40 items"):
+        scorer.score([np.array([1])], np.array([[41]]))
+
+
+# --- training ---------------------------------------------------------------------------------
+
+
+def test_train_ranker_learns_better_than_random(setup) -> None:
+    data, model, index = setup
+    config = RankerConfig(
+        ranker="din", dim=8, item_init="random", max_len=6, options=TINY["din"], negatives="uniform",
+        num_negatives=8, retrieved_positives_only=False, positions_per_user=12, candidates=20, epochs=12,
+        batch_size=32, learning_rate=0.01, patience=3, seed=5,
+    )  # fmt: skip
+    ranking = build_ranking_data(model, index, data, config)
+    ranking = dataclasses.replace(ranking, attributes=cluster_attributes(data.vocab))
+    trained = train_ranker(config, ranking, verbose=0)
+    history = trained.metrics["validation_per_epoch"]
+    print([round(h["val_auc"], 3) for h in history], trained.metrics["reranked"])
+    assert trained.metrics["validation"]["val_auc"] > 0.75  # random scores give 0.5
+    assert trained.metrics["validation"]["val_auc"] > history[0]["val_auc"]
+    assert trained.kwargs["num_attributes"] == 4
+    assert trained.metrics["reranked"]["auc"] > 0.6
+
+
+def test_item_table_starts_from_the_retrievers_embeddings(setup) -> None:
+    data, model, index = setup
+    config = RankerConfig(ranker="afm", epochs=1, learning_rate=1e-9, num_negatives=4, candidates=10)
+    ranking = build_ranking_data(model, index, data, config)
+    trained = train_ranker(config, ranking, verbose=0)
+    assert trained.kwargs["dim"] == model.dim  # dim 0 = the retriever's
+    table = np.asarray(trained.model.item_tower.embedding.embeddings)
+    np.testing.assert_allclose(table, model.item_embeddings, atol=1e-4)
+    with pytest.raises(ValueError, match="dim must be 8"):
+        train_ranker(dataclasses.replace(config, dim=16), ranking, verbose=0)
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def retriever_dirs(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    out = tmp_path_factory.mktemp("ranking")
+    model_dir, index_dir = out / "model", out / "index"
+    code = run_tool(
+        "train",
+        "--data", str(synthetic_csv), "--model", "youtubednn", "--out", str(model_dir), "--epochs", "2",
+        "--dim", "8", "--max-len", "8", "--negatives", "10", "--seed", "1", "--quiet",
+    )  # fmt: skip
+    assert code == 0
+    assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
+    return model_dir, index_dir
+
+
+def test_cli_trains_evaluates_and_writes_a_loadable_artifact(
+    synthetic_csv: Path, retriever_dirs: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    model_dir, index_dir = retriever_dirs
+    out = tmp_path / "dstn"
+    code = run_tool(
+        "train_ranker",
+        "--model", str(model_dir), "--index", str(index_dir), "--data", str(synthetic_csv),
+        "--ranker", "dstn", "--out", str(out), "--epochs", "2", "--candidates", "15", "--num-negatives", "5",
+        "--dim", "8", "--set", "options.hidden_units=[8]", "--set", "options.attention_units=4", "--quiet",
+    )  # fmt: skip
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert printed["reranked"] == metrics["reranked"]
+    for row in ("retrieval", "reranked"):
+        assert set(metrics[row]) >= {"ndcg@10", "hr@10", "auc", "gauc", "gauc_users"}
+    # Retrieval only = the project's evaluation through the index (same users, same lists).
+    model = load_model(model_dir)
+    index, _ = load_index(index_dir)
+    expected = evaluate_protocol(model, synthetic_csv, "loo-full", index=index).metrics
+    assert metrics["retrieval"]["ndcg@10"] == pytest.approx(expected["ndcg@10"])
+    assert metrics["retrieval"]["hr@10"] == pytest.approx(expected["hr@10"])
+
+    loaded = load_ranker(out, model)
+    assert loaded.name == "dstn" and loaded.model_version == model.version
+    scores = loaded.score([np.array([1, 2, 3])], np.array([[4, 5, 6, 0]]), unclicked=[np.array([7, 8])])
+    assert np.isfinite(scores[0, :3]).all() and scores[0, 3] == -np.inf
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["uses_unclicked"] and manifest["ranker_kwargs"]["num_items"] == len(model.vocab)
+    assert run_tool("train_ranker", "--model", str(model_dir), "--index", str(index_dir), "--data",
+                    str(synthetic_csv), "--ranker", "din", "--out", str(out)) == 2  # fmt: skip

@@ -22,8 +22,6 @@ from retrieval.artifacts import PUBLISH_GRACE, ArtifactError, publish, read_mani
 from retrieval.index_artifact import KIND as INDEX_KIND
 from retrieval.model_artifact import KIND as MODEL_KIND
 from retrieval.model_artifact import VOCAB_FILE
-from retrieval.ranker_artifact import KIND as RANKER_KIND
-from retrieval.ranker_artifact import vocab_digest
 from retrieval.vocab import ItemVocab
 
 MODEL_DIR = "model"
@@ -72,6 +70,9 @@ def publish_deployment(
         raise ArtifactError(f"{index_dir} was built from model {index_version!r}, not {model_version!r}")
     rankers: dict[str, Path] = {}
     if ranker_dirs:
+        from retrieval.ranker_artifact import KIND as RANKER_KIND  # TensorFlow: only with rankers
+        from retrieval.ranker_artifact import vocab_digest
+
         digest = vocab_digest(ItemVocab.load(model_dir / VOCAB_FILE))
         for ranker_dir in map(Path, ranker_dirs):
             manifest = read_manifest(ranker_dir, RANKER_KIND)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,9 +21,11 @@ from retrieval.index_artifact import load_index
 from retrieval.merge import MergeStrategy, strategy
 from retrieval.model_artifact import KIND as MODEL_KIND
 from retrieval.model_artifact import ModelArtifact, load_model
-from retrieval.ranker_artifact import LoadedRanker, load_ranker
 from retrieval.search import ATTRIBUTES_FILE, ItemCategories, search_interests
 from retrieval.vocab import PAD
+
+if TYPE_CHECKING:  # TensorFlow loads only with a ranker: clients import this module
+    from retrieval.ranker_artifact import LoadedRanker
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +246,11 @@ class Retriever:
         model_version = str(read_manifest(Path(model_dir), MODEL_KIND, verify=False)["version"])
         index, manifest = load_index(Path(index_dir), expected_model_version=model_version)
         model = load_model(Path(model_dir))
-        rankers = [load_ranker(Path(d), model) for d in ranker_dirs]
+        rankers = []
+        if ranker_dirs:
+            from retrieval.ranker_artifact import load_ranker
+
+            rankers = [load_ranker(Path(d), model) for d in ranker_dirs]
         return cls(model, index, manifest["model_version"], index_manifest=manifest, rankers=rankers)
 
     @property

@@ -199,3 +199,14 @@ def test_a_deployment_carries_its_rankers(
     result = retriever.retrieve(history, 4, rerank=Rerank(candidates=10))
     assert result.ranker_version == load_ranker(din).version and len(result.items) == 4
     assert deployment_rankers(model_versions[1][0].parent / "nowhere") == []
+
+
+@pytest.mark.parametrize(
+    "module", ["retrieval.client", "retrieval.deployment", "tools.deploy", "tools.query"]
+)
+def test_clients_and_deploys_start_without_tensorflow(module: str) -> None:
+    # Rankers need TensorFlow; a client, the query tool and a deploy must not pay for it (a
+    # deploy that took seconds to start delayed every hot reload).
+    code = f"import sys; import {module}; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.split() == ["False", "False"]

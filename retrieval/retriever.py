@@ -365,6 +365,8 @@ class Retriever:
                 allow=prepared[members[0]].allow,
                 merge=None if merge is MergeStrategy.MAX_SCORE else strategy(merge, self.categories, lam),
                 per_interest_k=fetch,
+                # DIVERSITY ranks by each item's best score over all interests: score exactly.
+                item_vectors=self.model.item_embeddings if merge is MergeStrategy.DIVERSITY else None,
             )
             if self.observe_search is not None:
                 self.observe_search(time.perf_counter() - started)

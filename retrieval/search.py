@@ -101,6 +101,7 @@ def search_interests(
     merge: MergeFn | None = None,
     per_interest_k: int | None = None,
     filter_inside: bool = False,
+    item_vectors: np.ndarray | None = None,
 ) -> SearchResult:
     """Top-``k`` items per user, scored by the max over the user's interests.
 
@@ -126,6 +127,12 @@ def search_interests(
         filter_inside: apply ``exclude`` inside the index search (exact, but an IVF index then
             tests every scanned candidate against it) instead of over-fetching and dropping;
             for a single user only.
+        item_vectors: float32 ``[num_ids, d]``, the indexed vectors by id. With a ``merge``, each
+            user's candidates are then scored under every one of the user's interests before
+            merging, so that a merge ranking items by their best score (DIVERSITY) uses the
+            exact best over all interests, not only over the lists an item was found in (an
+            item deep in one interest's list may score higher under another that did not
+            fetch it). Leave it out for merges that read each list's own order (ROUND_ROBIN).
 
     Returns:
         The merged result, ``[B, k]`` each; fewer than ``k`` items exist when too few ids
@@ -157,12 +164,13 @@ def search_interests(
     if not len(users) or index.ntotal == 0:
         return result
     queries = np.ascontiguousarray(interests[users, slots])
+    rescore = None if item_vectors is None or merge is None else (item_vectors, queries)
 
     if exclude is None or filter_inside:
         # One filter for the whole batch: the index applies it inside the search.
         shared = SearchFilter.of(exclude[0] if exclude is not None else None, allowed)
         scores, ids = index.search(queries, max(k, per_interest_k or k), shared)
-        _combine(merge, result, users, slots, scores, ids, ids >= 0, k, per_interest_k)
+        _combine(merge, result, users, slots, scores, ids, ids >= 0, k, per_interest_k, rescore)
         return result
 
     # Histories are dropped after one batched search over-fetching by the longest history:
@@ -177,7 +185,7 @@ def search_interests(
         keys = users[:, None].astype(np.int64) * span + ids
         banned = np.concatenate([user * span + e for user, e in enumerate(excluded) if len(e)])
         keep &= ~np.isin(keys, banned)
-    _combine(merge, result, users, slots, scores, ids, keep, k, per_interest_k)
+    _combine(merge, result, users, slots, scores, ids, keep, k, per_interest_k, rescore)
 
     # An approximate index may come back short for some user; search those alone, filter inside
     # (which returns k whenever k items pass).
@@ -195,6 +203,7 @@ def search_interests(
                     merge=merge,
                     per_interest_k=per_interest_k,
                     filter_inside=True,
+                    item_vectors=item_vectors,
                 )
                 result.ids[user], result.scores[user] = alone.ids[0], alone.scores[0]
                 result.interests[user] = alone.interests[0]
@@ -224,12 +233,15 @@ def _combine(
     keep: np.ndarray,
     k: int,
     per_interest_k: int | None,
+    rescore: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """Merges the searched rows into ``result``: max-score (vectorised) or ``merge`` per user.
 
     ``merge`` sees each user's ``[K, f]`` lists with dropped results and masked interests as -1,
     each list cut to its first ``max(k, per_interest_k)`` kept results: the same candidates
-    whether the user was searched alone or over-fetched in a batch.
+    whether the user was searched alone or over-fetched in a batch. With ``rescore`` (the item
+    vectors and the searched rows' query vectors) every list holds all of the user's candidates
+    with their exact scores under that interest instead.
     """
     if merge is None:
         _merge(result, users, slots, scores, ids, keep, k)
@@ -242,6 +254,13 @@ def _combine(
         per_scores = np.full((num_interests, ids.shape[1]), -np.inf, np.float32)
         per_ids[slots[rows]] = np.where(keep[rows], ids[rows], -1)
         per_scores[slots[rows]] = np.where(keep[rows], scores[rows], -np.inf)
+        if rescore is not None:
+            vectors, queries = rescore
+            found = np.unique(per_ids[per_ids >= 0])
+            per_ids = np.full((num_interests, len(found)), -1, np.int64)
+            per_scores = np.full((num_interests, len(found)), -np.inf, np.float32)
+            per_ids[slots[rows]] = found
+            per_scores[slots[rows]] = queries[rows] @ vectors[found].T  # [active K, candidates]
         merged = merge(per_ids, per_scores, k)
         n = min(len(merged.ids), k)
         result.ids[user, :n] = merged.ids[:n]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from index import FaissIndex, SearchFilter
+from retrieval.merge import MergeStrategy, strategy
 from retrieval.search import ItemCategories, SearchResult, search_interests
 
 DIM, NUM_ITEMS, K = 16, 40, 3
@@ -217,3 +218,23 @@ def test_search_interests_takes_any_vector_index(catalogue: tuple, interests: np
         search_interests(SpyIndex(ids, vectors, "L2MIPS,Flat"), interests, 5, [()] * 4),
         oracle(ids, vectors, interests, 5, [()] * 4),
     )
+
+
+def test_the_diversity_merge_scores_each_candidate_under_every_interest() -> None:
+    # Interest 0 looks along x, interest 1 along y. Item 4 is 4th in interest 0's list (x = 5)
+    # and scores 6 under interest 1, whose own top 4 (y = 10..7) leave it out.
+    table = np.array(
+        [[0, 0], [10, 0], [9, 0], [8, 0], [5, 6], [0, 10], [0, 9], [0, 8], [0, 7], [1, 0]], np.float32
+    )
+    index = FaissIndex.build(np.arange(1, 10), table[1:], "Flat")
+    interests = np.array([[[1, 0], [0, 1]]], np.float32)
+    categories = np.array([0, 1, 1, 1, 2, 1, 1, 1, 1, 1])  # item 4 is the only one of its kind
+    merge = strategy(MergeStrategy.DIVERSITY, categories, 10.0)  # a large λ picks item 4 second
+    lists_only = search_interests(index, interests, 4, merge=merge)
+    exact = search_interests(index, interests, 4, merge=merge, item_vectors=table)
+    assert lists_only.ids[0, 1] == exact.ids[0, 1] == 4  # after the best item, 10 under interest 0
+    assert (lists_only.interests[0, 1], lists_only.scores[0, 1]) == (0, 5.0)  # only what its list saw
+    assert (exact.interests[0, 1], exact.scores[0, 1]) == (1, 6.0)  # its best interest, as DIVERSITY says
+    # Every item is reported with its best score over all interests.
+    best = (interests[0] @ table.T).max(axis=0)
+    np.testing.assert_allclose(exact.scores[0], best[exact.ids[0]])

@@ -48,6 +48,18 @@ def oracle_lists(
     return ids, scores
 
 
+def scored_under_every_interest(
+    model: ModelArtifact, history: list[str], ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates of all lists, each scored under every interest: ``[K, candidates]``
+    (DIVERSITY ranks items by their best score over all interests)."""
+    known = [ITEMS.index(h) + 1 for h in history if h in ITEMS]
+    interests = model.user_vectors({"items": np.array([known[-8:]], np.int32)})[0]  # [K, d]
+    found = np.unique(ids[ids >= 0])
+    every = np.broadcast_to(found, (len(interests), len(found)))
+    return every, (interests @ model.item_embeddings[found].T).astype(np.float32)
+
+
 def categories_of(model: ModelArtifact) -> np.ndarray:
     """Independent category codes: genre number for the first 30 items, unique above."""
     codes = np.arange(NUM_ITEMS + 1) + 100
@@ -104,7 +116,7 @@ def test_round_robin_and_diversity_equal_the_oracle(
         got = client.retrieve(
             history, k, merge=MergeStrategy.DIVERSITY, diversity_lambda=lam, per_interest_k=per_interest_k
         )
-        expected = diversity(ids, scores, k, categories_of(model), lam)
+        expected = diversity(*scored_under_every_interest(model, history, ids), k, categories_of(model), lam)
         assert [item for item, _, _ in got.items] == [ITEMS[i - 1] for i in expected.ids]
         np.testing.assert_allclose([s for _, s, _ in got.items], expected.scores, rtol=1e-5)
 

@@ -1184,11 +1184,14 @@ def run_soak(
     windows: int = 10,
     watch_interval: float = 1.0,
     rss_limit: float = RSS_GROWTH_LIMIT,
+    reload_at: float = 0.5,
 ) -> dict[str, Any]:
     """Serves ``versions[0]`` from a fresh deployment root under ``out`` with ``tools/serve.py
     --watch`` in a child process, measures its max QPS (``probe_concurrency`` calls in flight
     for ``probe_seconds``, after a 1 s warm-up), then holds ``load_fraction`` of it for
-    ``seconds`` while ``tools/deploy.py`` publishes ``versions[1]`` halfway through.
+    ``seconds`` while ``tools/deploy.py`` publishes ``versions[1]`` at ``reload_at`` of the run
+    (halfway by default; short runs publish earlier, so that the swap finishes within the run
+    even on a busy machine).
 
     Returns:
         The run's settings, the probe, :func:`summarise_soak`'s figures and checks, and the
@@ -1213,7 +1216,7 @@ def run_soak(
             sys.executable, str(REPO / "tools" / "deploy.py"), "--model", str(new.model), "--index",
             str(new.index), "--root", str(root),
         ]  # fmt: skip
-        trace = asyncio.run(hold_rate(address, batch, rate, seconds, server.pid, seconds / 2, deploy))
+        trace = asyncio.run(hold_rate(address, batch, rate, seconds, server.pid, seconds * reload_at, deploy))
         alive = server.poll() is None
         final_version = model_version_of(address, timeout=30) if alive else None
     finally:

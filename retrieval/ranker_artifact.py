@@ -373,7 +373,7 @@ def load_ranker(
         raise ArtifactError(f"{path / MANIFEST}: vocab_sha256 does not match {VOCAB_FILE}")
     if model is not None:
         expected = model if isinstance(model, ItemVocab) else model.vocab
-        _check_same_vocab(path, vocab, expected)
+        check_same_vocab(path, vocab, expected)
         if isinstance(model, ModelArtifact) and model.version != manifest.get("model_version"):
             # Same ids, another retriever: usable, but the candidates it was trained on differ.
             log.warning(
@@ -403,7 +403,12 @@ def load_ranker(
     return LoadedRanker(path, manifest, vocab, scorer)
 
 
-def _check_same_vocab(path: Path, vocab: ItemVocab, expected: ItemVocab) -> None:
+def check_same_vocab(path: Path, vocab: ItemVocab, expected: ItemVocab) -> None:
+    """Refuses a ranker (at ``path``) whose item vocabulary is not ``expected``.
+
+    Raises:
+        ArtifactError: the vocabularies differ (the message names the first difference).
+    """
     if vocab.ids == expected.ids:
         return
     if len(vocab) != len(expected):

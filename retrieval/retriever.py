@@ -218,15 +218,13 @@ class Retriever:
         )
         self.rankers: dict[str, LoadedRanker] = {}
         for ranker in rankers:
+            from retrieval.ranker_artifact import check_same_vocab  # TensorFlow: only with rankers
+
             if ranker.name in self.rankers:
                 raise ArtifactError(
                     f"two rankers are named {ranker.name!r}: {self.rankers[ranker.name].path}, {ranker.path}"
                 )
-            if ranker.vocab.ids != model.vocab.ids:
-                raise ArtifactError(
-                    f"ranker {ranker.path} was trained against another item vocabulary than "
-                    f"model {model.version!r}"
-                )
+            check_same_vocab(ranker.path, ranker.vocab, model.vocab)
             self.rankers[ranker.name] = ranker
         self.start_time = time.time()
         self.observe_search: Callable[[float], None] | None = None

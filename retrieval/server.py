@@ -509,6 +509,7 @@ def create_server(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     tls: TlsFiles | None = None,
     metrics: Metrics | None = None,
+    search_threads: int | None = None,
 ) -> tuple[RetrievalServer, int]:
     """Starts a server for ``retriever`` with health checking and reflection.
 
@@ -528,6 +529,9 @@ def create_server(
         tls: serve TLS (mutual TLS when it has a CA) instead of plaintext.
         metrics: where to count requests; ``None`` for none. Its HTTP endpoint is started
             separately (:meth:`Metrics.serve`).
+        search_threads: FAISS (OpenMP) threads per search, set in every request thread (the
+            setting is per thread, and searches run on the request threads); ``None`` leaves
+            FAISS's default, one per core.
 
     Returns:
         ``(server, bound port)``; the server is started and reports SERVING.
@@ -537,11 +541,18 @@ def create_server(
     """
     if max_workers < 1 or (max_concurrent is not None and max_concurrent < 1):
         raise ValueError(f"max_workers and max_concurrent must be >= 1, got {max_workers}, {max_concurrent}")
+    if search_threads is not None and search_threads < 1:
+        raise ValueError(f"search_threads must be >= 1, got {search_threads}")
     if not 1 <= max_batch <= MAX_BATCH:
         raise ValueError(f"max_batch must be between 1 and {MAX_BATCH}, got {max_batch}")
     slot = retriever if isinstance(retriever, RetrieverSlot) else RetrieverSlot(retriever)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="retrieve"),
+        futures.ThreadPoolExecutor(
+            max_workers=max_workers,
+            thread_name_prefix="retrieve",
+            initializer=None if search_threads is None else faiss.omp_set_num_threads,
+            initargs=() if search_threads is None else (search_threads,),
+        ),
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -587,15 +598,15 @@ def serve_forever(
     seconds (while load balancers move away), then new calls are refused and in-flight ones get
     ``grace`` seconds to finish. Must run in the main thread (Python delivers signals only
     there). ``metrics_port`` (``None`` = no metrics) serves Prometheus metrics on ``host``;
-    ``search_threads`` sets FAISS's threads per search (``None`` leaves FAISS's default, one per
-    core: with concurrent requests one thread each is faster and steadier, see the index
-    benchmark); ``on_start`` is called with the started server (e.g. to start a
+    ``search_threads`` sets FAISS's threads per search (see :func:`create_server`; one thread
+    each is faster and steadier with concurrent requests, see the index benchmark);
+    ``on_start`` is called with the started server (e.g. to start a
     :class:`~retrieval.reload.DeploymentWatcher`); ``options`` go to :func:`create_server`.
     """
-    if search_threads is not None:
-        faiss.omp_set_num_threads(search_threads)
     metrics = None if metrics_port is None else Metrics()
-    server, bound = create_server(retriever, host, port, metrics=metrics, **options)
+    server, bound = create_server(
+        retriever, host, port, metrics=metrics, search_threads=search_threads, **options
+    )
 
     def stop(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name

@@ -24,6 +24,7 @@ class ItemVocab:
     ids: tuple[str, ...]
     titles: tuple[str, ...] | None = None
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _by_index: np.ndarray = field(init=False, repr=False, compare=False)  # object [n + 1], row 0 ""
 
     def __post_init__(self) -> None:
         index = {item: i + 1 for i, item in enumerate(self.ids)}
@@ -32,6 +33,9 @@ class ItemVocab:
         if self.titles is not None and len(self.titles) != len(self.ids):
             raise ValueError(f"{len(self.titles)} titles for {len(self.ids)} items")
         object.__setattr__(self, "_index", index)
+        by_index = np.empty(len(self.ids) + 1, object)
+        by_index[0], by_index[1:] = "", self.ids
+        object.__setattr__(self, "_by_index", by_index)
 
     @classmethod
     def from_ids(cls, ids: Iterable[str], titles: dict[str, str] | None = None) -> ItemVocab:
@@ -56,8 +60,16 @@ class ItemVocab:
         return np.fromiter((self._index.get(i, PAD) for i in item_ids), np.int64, len(item_ids))
 
     def external(self, indices: np.ndarray | Sequence[int]) -> list[str]:
-        """Dense indices (``>= 1``) -> external ids."""
-        return [self.ids[int(i) - 1] for i in indices]
+        """Dense indices (``>= 1``) -> external ids.
+
+        Raises:
+            IndexError: an index outside ``1..len(vocab)``.
+        """
+        dense = np.asarray(indices, np.int64)
+        if dense.size and (dense.min() < 1 or dense.max() > len(self.ids)):
+            bad = dense[(dense < 1) | (dense > len(self.ids))][0]
+            raise IndexError(f"dense index {bad} is not in 1..{len(self.ids)}")
+        return self._by_index[dense].tolist()
 
     def title(self, index: int) -> str:
         """Title of dense index ``index`` (its external id when titles are unknown)."""

@@ -505,3 +505,13 @@ def test_verify_movielens_100k_real(shared_data: Path, tmp_path: Path) -> None:
 
 def test_default_data_path(shared_data: Path) -> None:
     assert default_data_path() == (shared_data / "ml-100k").resolve()
+
+
+def test_vocab_maps_ids_both_ways_and_refuses_indices_outside_it() -> None:
+    vocab = ItemVocab.from_ids(["a", "b", "c", "a"])
+    np.testing.assert_array_equal(vocab.lookup(["c", "zz", "a"]), [3, PAD, 1])
+    assert vocab.external(np.array([3, 1, 2])) == ["c", "a", "b"]
+    assert vocab.external([]) == []
+    for bad in (0, 4, -1):  # 0 is padding, not an item
+        with pytest.raises(IndexError, match=str(bad)):
+            vocab.external([1, bad])

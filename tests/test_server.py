@@ -310,6 +310,34 @@ def test_a_draining_server_reports_not_serving_and_still_answers_until_it_stops(
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.parametrize("max_batch", [1, 32])
+def test_search_threads_apply_in_the_threads_that_search(model: ModelArtifact, max_batch: int) -> None:
+    """FAISS's thread count is per thread (an OpenMP setting): it must be set where the
+    searches run, the request threads, not only in the thread that started the server."""
+    import faiss
+
+    seen: list[int] = []
+
+    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:  # runs in the searching thread
+        seen.append(faiss.omp_get_max_threads())
+        return model.user_vectors(inputs)
+
+    probing = ModelArtifact(None, model.manifest, model.vocab, model.item_embeddings, user_vectors)
+    before = faiss.omp_get_max_threads()
+    server, port = create_server(
+        Retriever(probing, build_index_from_model(model, "Flat")), max_batch=max_batch, search_threads=7
+    )
+    try:
+        with RetrievalClient(f"127.0.0.1:{port}") as client:
+            client.retrieve(["item01"], 2)
+    finally:
+        server.stop(None)
+    assert seen == [7]
+    assert faiss.omp_get_max_threads() == before  # the caller's own setting is untouched
+    with pytest.raises(ValueError, match="search_threads"):
+        create_server(Retriever(model, build_index_from_model(model, "Flat")), search_threads=0)
+
+
 def test_serve_forever_stops_gracefully_on_sigterm(retriever: Retriever) -> None:
     with socket.socket() as probe:  # a free port: serve_forever binds a fixed one
         probe.bind(("127.0.0.1", 0))

@@ -16,7 +16,8 @@ Rows: the bare echo service (a Python gRPC server answering every Retrieve with 
 50-item response: the ceiling of Python gRPC here), the retrieval server with micro-batching
 (the default) and without it (``--max-batch 1``), and with micro-batching plus a DIN rerank of
 200 candidates per request (``RetrieveRequest.rerank``; the ranker's weights are initialised,
-not trained: latency only), at concurrency 1, 8 and 32. Prints a Markdown table and writes
+not trained: latency only), at concurrency 1, 8 and 32. Each row also reports the CPU time per
+request of the server process and of the client. Prints a Markdown table and writes
 ``results.json`` and ``table.md`` to ``--out``. Targets: p99 <= 5 ms at concurrency 1; QPS at
 concurrency 32 >= 50% of the echo's; the rerank adds <= 5 ms to p99 at concurrency 1; no errors.
 """
@@ -110,8 +111,10 @@ def build_artifacts(out: Path, items: int, data: Path, epochs: int, seed: int = 
     return model_dir, index_dir
 
 
-RANKER_KWARGS = {"dim": 32, "max_len": 50, "attention_units": [36], "hidden_units": [200, 80]}
-"""The rerank row's DIN: the DIN paper's 36-unit activation unit over the last 50 events."""
+RANKER_KWARGS = {"dim": 64, "max_len": 20}
+"""The rerank row's DIN: what ``tools/train_ranker.py --ranker din`` trains over this model by
+default (the model's dimension, the last 20 events, DIN's (80, 40) activation unit and
+(200, 80) MLP)."""
 
 
 def build_ranker_artifact(out: Path, model_dir: Path, seed: int = 0) -> Path:
@@ -126,7 +129,7 @@ def build_ranker_artifact(out: Path, model_dir: Path, seed: int = 0) -> Path:
     from retrieval.vocab import ItemVocab
 
     vocab = ItemVocab.load(model_dir / VOCAB_FILE)
-    ranker_dir = out / f"ranker-{len(vocab)}"
+    ranker_dir = out / f"ranker-{len(vocab)}-dim{RANKER_KWARGS['dim']}-len{RANKER_KWARGS['max_len']}"
     if (ranker_dir / "manifest.json").is_file():
         return ranker_dir
     import keras
@@ -222,14 +225,29 @@ def requests(data: Path, k: int) -> list[retrieval_pb2.RetrieveRequest]:
     return [retrieval_pb2.RetrieveRequest(history=sequences.vocab.external(h[-50:]), k=k) for h in histories]
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, every thread) process ``pid`` has used; ``None`` off Linux."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 async def load(
     address: str,
     batch: Sequence[retrieval_pb2.RetrieveRequest],
     concurrency: int,
     seconds: float,
     max_requests: int,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Keeps ``concurrency`` requests in flight for ``seconds`` (after a 1 s warm-up)."""
+    """Keeps ``concurrency`` requests in flight for ``seconds`` (after a 1 s warm-up).
+
+    Also reports the CPU milliseconds per measured request of this client process and of the
+    server (``server_pid``): on a machine whose cores are all busy, ``cores / (client + server
+    CPU per request)`` bounds the QPS any row can reach.
+    """
     latencies: list[float] = []
     errors = 0
     async with grpc.aio.insecure_channel(address) as channel:
@@ -249,10 +267,15 @@ async def load(
                 i += concurrency
 
         await asyncio.gather(*(worker(c, time.perf_counter() + 1.0, False) for c in range(concurrency)))
+        server_cpu = None if server_pid is None else cpu_seconds(server_pid)
+        client_cpu = time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(worker(c, started + seconds, True) for c in range(concurrency)))
         elapsed = time.perf_counter() - started
+        client_cpu = time.process_time() - client_cpu
+        server_end = None if server_pid is None else cpu_seconds(server_pid)
     ms = np.array(latencies) * 1000 if latencies else np.zeros(1)
+    per_request = 1000 / max(len(latencies), 1)
     return {
         "concurrency": concurrency,
         "requests": len(latencies),
@@ -261,6 +284,10 @@ async def load(
         "p50_ms": round(float(np.percentile(ms, 50)), 3),
         "p90_ms": round(float(np.percentile(ms, 90)), 3),
         "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        "client_cpu_ms": round(client_cpu * per_request, 3),
+        "server_cpu_ms": None
+        if server_cpu is None or server_end is None
+        else round((server_end - server_cpu) * per_request, 3),
     }
 
 
@@ -289,7 +316,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for concurrency in args.concurrency:
                 row = {
                     "server": name,
-                    **asyncio.run(load(server.address, sent, concurrency, args.seconds, args.max_requests)),
+                    **asyncio.run(
+                        load(
+                            server.address,
+                            sent,
+                            concurrency,
+                            args.seconds,
+                            args.max_requests,
+                            server.process.pid,
+                        )
+                    ),
                 }
                 log.info("%s", row)
                 rows.append(row)
@@ -337,13 +373,15 @@ def table(results: dict[str, Any]) -> str:
         f"index {results['index']} (recall@50 {results['index_recall']}), "
         f"{results['cpus']} CPUs, {results['date']}",
         "",
-        "| server | concurrency | QPS | p50 ms | p90 ms | p99 ms | errors |",
-        "|---|---|---|---|---|---|---|",
+        "| server | concurrency | QPS | p50 ms | p90 ms | p99 ms | errors | server CPU ms/req "
+        "| client CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["rows"]:
+        server_cpu = "–" if r.get("server_cpu_ms") is None else f"{r['server_cpu_ms']:.2f}"
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} "
-            f"| {r['p99_ms']:.2f} | {r['errors']} |"
+            f"| {r['p99_ms']:.2f} | {r['errors']} | {server_cpu} | {r['client_cpu_ms']:.2f} |"
         )
     c = results["checks"]
     lines += [

@@ -8,6 +8,8 @@ from typing import Any
 import keras
 from keras import ops
 
+from towers.din import activation_first_layer
+
 ACTIVATIONS = ("dice", "prelu", "relu")
 """Hidden activations of :class:`ClickMLP`."""
 
@@ -192,17 +194,7 @@ class LocalActivationUnit(keras.layers.Layer):
         self.built = True
 
     def call(self, queries: Any, keys: Any, key_valid: Any) -> Any:
-        # The first layer is linear in [k, q, k − q, k ⊙ q]: split its kernel in four blocks so that
-        # only the k ⊙ q block needs the [B, C, L] grid (same trick and reason as towers/din.py).
-        first, d = self.hidden[0], self.dim
-        w_k, w_q, w_diff, w_prod = (first.kernel[i * d : (i + 1) * d] for i in range(4))
-        x = (
-            ops.expand_dims(ops.matmul(keys, w_k + w_diff), 1)  # [B, 1, L, u]
-            + ops.expand_dims(ops.matmul(queries, w_q - w_diff), 2)  # [B, C, 1, u]
-            + ops.einsum("bld,bcdu->bclu", keys, ops.expand_dims(queries, -1) * w_prod)
-            + first.bias
-        )
-        x = first.activation(x)
+        x = activation_first_layer(self.hidden[0], keys, queries)  # [B, C, L, u]
         for layer in self.hidden[1:]:
             x = layer(x)
         w = ops.squeeze(self.weight_layer(x), -1)  # [B, C, L]

@@ -27,6 +27,29 @@ from towers.item import ItemTower
 from towers.registry import register_tower
 
 
+def activation_first_layer(first: keras.layers.Dense, keys: Any, queries: Any) -> Any:
+    """DIN's activation unit's first layer over every (query, key) pair: ``[B, Q, L, u]``.
+
+    ``first`` is a Dense layer on ``[k, q, k − q, k ⊙ q]`` (``4d`` inputs); keys ``[B, L, d]``,
+    queries ``[B, Q, d]``. That input is linear in its four blocks, so with the kernel split in
+    four ``k·(W_k + W_−)`` is computed once per key and ``q·(W_q − W_−)`` once per query instead
+    of once per pair; only the ``k ⊙ q`` block needs the ``[B, Q, L]`` grid. Same result as the
+    concatenation (the numpy tests compute that), ~4x less work in this layer.
+    """
+    d = first.kernel.shape[0] // 4
+    w_k, w_q, w_diff, w_prod = (first.kernel[i * d : (i + 1) * d] for i in range(4))
+    products = ops.expand_dims(keys, 1) * ops.expand_dims(queries, 2)  # [B, Q, L, d]
+    x = (
+        ops.expand_dims(ops.matmul(keys, w_k + w_diff), 1)  # [B, 1, L, u]
+        + ops.expand_dims(ops.matmul(queries, w_q - w_diff), 2)  # [B, Q, 1, u]
+        # (k ⊙ q)·W_⊙ as a product then one matmul: 2.5x faster than the equivalent einsum
+        # "bld,bqdu->bqlu" (which builds a [B, Q, d, u] operand), measured for 200 × 20 pairs.
+        + ops.matmul(products, w_prod)
+        + first.bias
+    )
+    return first.activation(x)
+
+
 @register_tower("din")
 class DINTower(UserTower):
     """K queries (newest item + K−1 learned) weigh the history through DIN's activation unit.
@@ -92,19 +115,7 @@ class DINTower(UserTower):
         items = inputs["items"]
         h = self.item_tower(items)  # [B, L, d]
         q = self.queries(h)  # [B, K, d]
-        # The first layer is linear in [h, q, h − q, h ⊙ q]: with its kernel split in four blocks,
-        # h·(W_h + W_−) is computed once per position and q·(W_q − W_−) once per query instead of
-        # once per (query, position) pair; only the h ⊙ q block needs the [B, K, L] grid. Same
-        # result as the concatenation (the numpy test computes that), ~4x less work in this layer.
-        first = self.hidden[0]
-        w_h, w_q, w_diff, w_prod = (first.kernel[i * self.dim : (i + 1) * self.dim] for i in range(4))
-        x = (
-            ops.expand_dims(ops.matmul(h, w_h + w_diff), 1)  # [B, 1, L, u]
-            + ops.expand_dims(ops.matmul(q, w_q - w_diff), 2)  # [B, K, 1, u]
-            + ops.einsum("bld,bkdu->bklu", h, ops.expand_dims(q, -1) * w_prod)  # (h ⊙ q)·W_⊙
-            + first.bias
-        )
-        x = first.activation(x)
+        x = activation_first_layer(self.hidden[0], h, q)
         for layer in self.hidden[1:]:
             x = layer(x)
         w = ops.squeeze(self.weight_layer(x), -1)  # [B, K, L], not normalised

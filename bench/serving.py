@@ -291,6 +291,35 @@ async def load(
     }
 
 
+def compute_per_request(
+    model_dir: Path, index_dir: Path, sent: Sequence[retrieval_pb2.RetrieveRequest], batch: int = 32
+) -> float:
+    """Milliseconds of server work per request without gRPC: one thread (FAISS's too) parsing
+    ``batch`` requests, answering them with one ``retrieve_many`` and serializing the answers,
+    as a micro-batch does. The floor of the retrieval server's CPU per request at that batch."""
+    import faiss
+
+    from retrieval.retriever import Retriever
+    from retrieval.server import query_from_request, response_from_result
+
+    faiss.omp_set_num_threads(1)
+    retriever = Retriever.from_dirs(model_dir, index_dir)
+    wire = [request.SerializeToString() for request in sent]
+
+    def answer(start: int) -> None:
+        chunk = [wire[(start + i) % len(wire)] for i in range(batch)]
+        queries = [query_from_request(retrieval_pb2.RetrieveRequest.FromString(b)) for b in chunk]
+        for result in retriever.retrieve_many(queries):
+            response_from_result(result).SerializeToString()
+
+    rounds = max(1, len(wire) // batch)
+    answer(0)  # warm-up
+    started = time.perf_counter()
+    for r in range(rounds):
+        answer(r * batch)
+    return (time.perf_counter() - started) * 1000 / (rounds * batch)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir, index_dir = build_artifacts(args.out, args.items, args.data, args.epochs)
     ranker_dir = build_ranker_artifact(args.out, model_dir)
@@ -343,6 +372,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
         "rows": rows,
+        "compute_ms_per_request_at_32": round(compute_per_request(model_dir, index_dir, batch), 3),
         "checks": checks(rows),
     }
 
@@ -390,6 +420,9 @@ def table(results: dict[str, Any]) -> str:
         f"{'met' if c.get('p99_at_1_ok') else 'NOT met'}); QPS at concurrency 32 = "
         f"{c.get('qps_share_of_echo_at_32')} x echo (target >= {TARGET_ECHO_SHARE}: "
         f"{'met' if c.get('qps_share_ok') else 'NOT met'}); errors: {c['errors']}",
+        f"Server work without gRPC (one thread, batches of 32): "
+        f"{results.get('compute_ms_per_request_at_32')} ms per request. With every core busy, "
+        f"QPS <= {results['cpus']} cores / (server + client CPU ms per request).",
         f"p99 added by the DIN rerank of {RERANK_CANDIDATES} candidates at concurrency 1: "
         f"{c.get('rerank_added_p99_at_1_ms')} ms (target <= {TARGET_RERANK_P99_MS}: "
         f"{'met' if c.get('rerank_added_p99_ok') else 'NOT met'})",

@@ -20,10 +20,11 @@ only the models differ:
   ComiRec-SA, ComiRec-DR, MIND, YouTubeDNN. Models train on the training users only.
 
 Every side trains the same number of epochs at the same batch size, embedding size and history
-length, and is scored at its best validation epoch (validation NDCG@10, our evaluator). Speed:
-training seconds per epoch (validation and checkpoints excluded) and target events per second,
-the ratio ours/peer, the training time each side needs to reach the peer's best validation
-NDCG@10, and the peak RSS of each process. ``--peer-minutes`` caps each peer's training time
+length, and is scored at its best validation epoch (validation NDCG@10 under ``loo``, Recall@50
+under ``comirec``, by our evaluator; ours trains with ``tools/train.py``'s protocol of the same
+name). Speed: training seconds per epoch (validation and checkpoints excluded) and target events
+per second, the ratio ours/peer, the training time each side needs to reach the peer's best
+validation metric, and the peak RSS of each process. ``--peer-minutes`` caps each peer's training time
 (the issue's reference is RecBole SASRec after 25 minutes). Finished runs are read back, not
 redone (when their settings are the same).
 """
@@ -445,18 +446,15 @@ def evaluate_vectors(
 def validation_metrics(
     user_vectors: np.ndarray, item_table: np.ndarray, split: BenchSplit, missing: np.ndarray | None = None
 ) -> dict[str, float]:
-    """Validation metrics as our training computes them every epoch (``FullRankingValidation``:
-    ``ranking_metrics`` over the validation users, whatever the protocol), so that both sides'
-    best epochs are chosen by one rule."""
-    from retrieval.evaluate import exact_top_k
-    from retrieval.metrics import ranking_metrics
-
+    """The validation users' metrics under ``split``'s protocol, as our training computes them
+    every epoch, so that both sides' best epochs are chosen by one rule (:data:`SELECT_BY`)."""
     _, histories, targets = split.part("valid")
-    exclude = (
-        [np.union1d(h, missing) for h in histories] if missing is not None and len(missing) else histories
-    )
-    top = exact_top_k(np.asarray(user_vectors, np.float32), np.asarray(item_table, np.float32), exclude, 50)
-    return ranking_metrics(top, targets, LOO_KS)
+    return evaluate_vectors(user_vectors, item_table, histories, targets, split.protocol, missing)
+
+
+SELECT_BY = {"loo": "ndcg@10", "comirec": "recall@50"}
+"""Per protocol, the validation metric that picks a run's best epoch: our training's early
+stopping metric under that protocol (``retrieval.training_data.make_protocol``)."""
 
 
 # --------------------------------------------------------------------------- what runs
@@ -588,12 +586,13 @@ def peer_command(run: ModelRun, python: str, split_dir: Path, export: Path, s: S
 
 def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
     """Our training configuration for ``run``: the defaults of ``retrieval.config`` with the
-    shared sizes, and early stopping's best-epoch export without stopping (patience = epochs),
-    so that both sides are scored at their best validation epoch of the same budget."""
+    shared sizes and ``run``'s protocol (split with the benchmark's seed, so it is
+    :func:`make_split`'s), and early stopping's best-epoch export without stopping (patience =
+    epochs), so that both sides are scored at their best validation epoch of the same budget."""
     from retrieval.config import Config, DataConfig, ModelConfig, TrainConfig, apply_overrides
 
     config = Config(
-        DataConfig(path=data),
+        DataConfig(path=data, protocol=run.protocol, split_seed=s.seed),
         ModelConfig(tower=run.model, dim=s.dim, max_len=s.max_len),
         TrainConfig(epochs=s.epochs, batch_size=s.batch_size, seed=s.seed, patience=max(s.epochs, 1)),
     )
@@ -602,37 +601,11 @@ def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
     return apply_overrides(config, s.overrides).to_dict()
 
 
-def as_leave_one_out(split: BenchSplit) -> Any:
-    """``split`` in the shape ``retrieval.train.train`` takes its split in: the training users'
-    sequences (others empty), and the held-out users' histories and targets (several per user
-    for ``comirec``: ``ranking_metrics`` takes lists)."""
-    from retrieval.data import LeaveOneOut
-
-    train = [np.zeros(0, np.int64) for _ in split.users]
-    for u, seq in zip(split.train_users, split.train, strict=True):
-        train[int(u)] = seq
-    return LeaveOneOut(
-        train=tuple(train),
-        valid_histories=split.valid_histories,
-        valid_targets=split.valid_targets,  # type: ignore[arg-type]
-        valid_users=split.valid_users,
-        test_histories=split.test_histories,
-        test_targets=split.test_targets,  # type: ignore[arg-type]
-        test_users=split.test_users,
-    )
-
-
 def ours_worker(spec_file: Path) -> int:
     """Trains one of our towers (``python -m bench.peers --ours-worker SPEC``, its own process so
-    that its memory is its own) and exports it as the runners export theirs.
-
-    Training is ``retrieval.train.train``, with two additions made from outside: its validation
-    callback also records each epoch's training seconds (from the epoch's start to its end,
-    before validation and checkpointing), and under ``comirec`` its split is ComiRec's (the
-    training users' whole sequences) instead of leave-one-out.
-    """
+    that its memory is its own) with ``retrieval.train.train``, as ``tools/train.py`` would, and
+    exports it as the runners export theirs."""
     import retrieval.train as training
-    import retrieval.training_data as training_data
     from retrieval.config import Config
     from retrieval.data import build_sequences, load_interactions
     from retrieval.evaluate import encode_histories
@@ -641,23 +614,8 @@ def ours_worker(spec_file: Path) -> int:
     spec = json.loads(spec_file.read_text())
     config = Config.from_dict(spec["config"])
     out, protocol = Path(spec["out"]), spec["protocol"]
-    seconds: dict[int, float] = {}
-
-    class TimedValidation(training.FullRankingValidation):
-        """Validation that first notes how long the epoch's training took."""
-
-        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            self._began = time.perf_counter()
-
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            seconds[epoch + 1] = time.perf_counter() - self._began
-            super().on_epoch_end(epoch, logs)
-
-    training.FullRankingValidation = TimedValidation  # type: ignore[misc]
     data = build_sequences(load_interactions(config.data.path, config.data.format))
-    split = make_split(data, protocol, int(spec["seed"]))
-    if protocol == "comirec":
-        training_data.leave_one_out = lambda _data: as_leave_one_out(split)  # type: ignore[assignment]
+    split = make_split(data, protocol, config.data.split_seed)
     metrics = training.train(config, out / "model", overwrite=True, verbose=2)
 
     model = load_model(out / "model")
@@ -679,7 +637,7 @@ def ours_worker(spec_file: Path) -> int:
         "epochs": [
             {
                 "epoch": e,
-                "train_seconds": round(seconds.get(e, float("nan")), 3),
+                "train_seconds": metrics["train_seconds_per_epoch"][e - 1],
                 "loss": losses[e - 1] if e - 1 < len(losses) else None,
                 "validation": {k: v for k, v in validation.get(e, {}).items() if k != "epoch"},
             }
@@ -741,7 +699,7 @@ def summarize(run: ModelRun, split: BenchSplit, export: Path, max_len: int) -> d
         for _, folder in epoch_folders(export):
             table, missing = align_items(item_ids, np.load(folder / "items.npy"), split.items)
             validation.append(validation_metrics(np.load(folder / "valid_users.npy"), table, split, missing))
-        best_epoch = 1 + int(np.argmax([v["ndcg@10"] for v in validation]))
+        best_epoch = 1 + int(np.argmax([v[SELECT_BY[split.protocol]] for v in validation]))
         folder = export / f"epoch_{best_epoch:03d}"
     table, missing = align_items(item_ids, np.load(folder / "items.npy"), split.items)
     _, histories, targets = split.part("test")
@@ -749,7 +707,8 @@ def summarize(run: ModelRun, split: BenchSplit, export: Path, max_len: int) -> d
         np.load(folder / "test_users.npy"), table, histories, targets, split.protocol, missing
     )
     result["items_without_vector"] = len(missing)
-    result["validation_ndcg@10"] = [round(v["ndcg@10"], 6) for v in validation]
+    result["selected_by"] = SELECT_BY[split.protocol]
+    result["validation_curve"] = [round(v[SELECT_BY[split.protocol]], 6) for v in validation]
     result["best_epoch"] = best_epoch
     result["epochs_trained"] = len(progress["epochs"])
     result["stopped_by_time"] = bool(progress.get("stopped_by_time"))
@@ -830,13 +789,14 @@ HEADLINE = {"loo": ("ndcg@10", "hr@10"), "comirec": ("recall@50", "hitrate@50")}
 
 
 def time_to_reach(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
-    """Training time each side needs to reach the peer's best validation NDCG@10.
+    """Training time each side needs to reach the peer's best validation metric (NDCG@10 under
+    ``loo``, Recall@50 under ``comirec``: :data:`SELECT_BY`).
 
     Returns:
         ``{"target", "peer_epoch", "peer_seconds", "ours_epoch", "ours_seconds", "ratio"}``;
         ``ours_epoch`` and the ratio are ``None`` when ours never reached it.
     """
-    peer_curve, ours_curve = list(peer["validation_ndcg@10"]), list(ours["validation_ndcg@10"])
+    peer_curve, ours_curve = list(peer["validation_curve"]), list(ours["validation_curve"])
     target = max(peer_curve)
     peer_epoch = 1 + peer_curve.index(target)
     peer_seconds = peer["speed"]["cumulative_seconds"][peer_epoch - 1]

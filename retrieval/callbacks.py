@@ -202,11 +202,32 @@ def load_checkpoint(
     return state, best
 
 
+class EpochTimer(keras.callbacks.Callback):
+    """Each epoch's training seconds, from its start to the end of its last step: put it first
+    among the callbacks, so that none of their end-of-epoch work (validation, checkpoints) counts.
+
+    Attributes:
+        seconds: one entry per epoch timed (a resumed run starts from the saved list).
+    """
+
+    def __init__(self, seconds: Sequence[float] = ()) -> None:
+        super().__init__()
+        self.seconds = [float(s) for s in seconds]
+        self._began = time.perf_counter()
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._began = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.seconds.append(time.perf_counter() - self._began)
+
+
 class EpochCheckpoint(keras.callbacks.Callback):
     """Saves a checkpoint (:func:`save_checkpoint`) at the end of every epoch.
 
     The state holds the epochs completed, the training loss per epoch, the wall time so far,
-    the validation history (``validation.history``) and early stopping's state.
+    each epoch's training seconds (``timer``), the validation history (``validation.history``)
+    and early stopping's state.
 
     Args:
         folder: the checkpoint folder.
@@ -214,6 +235,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         validation: a callback whose ``history`` list is saved (None = none).
         early_stopping: saved with its best weights (None = none).
         state: a loaded checkpoint's state, to continue from.
+        timer: the run's :class:`EpochTimer` (None = none), whose ``seconds`` are saved.
     """
 
     def __init__(
@@ -223,10 +245,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
         validation: Any = None,
         early_stopping: EarlyStopping | None = None,
         state: dict[str, Any] | None = None,
+        timer: EpochTimer | None = None,
     ) -> None:
         super().__init__()
         self.folder, self.extra_variables = Path(folder), list(extra_variables)
-        self.validation, self.early_stopping = validation, early_stopping
+        self.validation, self.early_stopping, self.timer = validation, early_stopping, timer
         state = state or {}
         self.losses: list[float] = list(state.get("loss_per_epoch", []))
         self.previous_seconds = float(state.get("seconds", 0.0))
@@ -247,6 +270,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             "epoch": epoch + 1,
             "loss_per_epoch": self.losses,
             "seconds": self.seconds,
+            "epoch_seconds": [] if self.timer is None else self.timer.seconds,
             "validation": list(getattr(self.validation, "history", [])),
             "early_stopping": None if self.early_stopping is None else self.early_stopping.get_state(),
         }

@@ -32,6 +32,7 @@ from retrieval.artifacts import (
 from retrieval.callbacks import (
     EarlyStopping,
     EpochCheckpoint,
+    EpochTimer,
     TensorBoardLogger,
     WarmupDecay,
     load_checkpoint,
@@ -333,8 +334,11 @@ def _train(
         where.run.mkdir(parents=True, exist_ok=True)
         config.save(where.run / "config.json")
     first_epoch = int(state.get("epoch", 0))
-    checkpoint = EpochCheckpoint(where.run / "checkpoint", model.task.variables, validation, early, state)
-    callbacks: list[keras.callbacks.Callback] = [validation, *([early] if early else []), checkpoint]
+    timer = EpochTimer(state.get("epoch_seconds", []))
+    checkpoint = EpochCheckpoint(
+        where.run / "checkpoint", model.task.variables, validation, early, state, timer=timer
+    )
+    callbacks: list[keras.callbacks.Callback] = [timer, validation, *([early] if early else []), checkpoint]
     if tensorboard is not None:
         callbacks.append(TensorBoardLogger(tensorboard))
 
@@ -375,6 +379,7 @@ def _train(
         "baseline_popularity_test": data.baseline("test"),
         "train_loss_per_epoch": checkpoint.losses,
         "train_seconds": round(checkpoint.seconds, 1),
+        "train_seconds_per_epoch": [round(x, 3) for x in timer.seconds],  # validation excluded
         "train_examples": examples,
         "objective": model.objective,
         "loss": t.loss,

@@ -19,7 +19,7 @@ from retrieval.vocab import ItemVocab
 
 
 @pytest.fixture()
-def data(tmp_path: Path):
+def log_csv(tmp_path: Path) -> Path:
     """30 users over 25 items with string ids ("i<n>"), 2 to 12 events each (seeded)."""
     rng = np.random.default_rng(0)
     rows = ["user,item,timestamp"]
@@ -29,7 +29,12 @@ def data(tmp_path: Path):
             rows.append(f"u{u},i{item},{1000 * u + t}")
     path = tmp_path / "log.csv"
     path.write_text("\n".join(rows) + "\n")
-    return build_sequences(load_interactions(path))
+    return path
+
+
+@pytest.fixture()
+def data(log_csv: Path):
+    return build_sequences(load_interactions(log_csv))
 
 
 def test_loo_split_is_the_library_split(data) -> None:
@@ -189,7 +194,7 @@ def _result(
         "model": model,
         "protocol": protocol,
         "test": test,
-        "validation_ndcg@10": curve,
+        "validation_curve": curve,
         "speed": {**peers.speed([{"train_seconds": s} for s in seconds], 100, 200)},
         "process": {"peak_rss_mb": 500.0 if side == "ours" else 1000.0},
     }
@@ -285,3 +290,38 @@ def test_runners_are_standalone() -> None:
         }
         assert not imported & {"retrieval", "towers", "index", "bench", "proto", "keras"}, runner.name
     assert {p.name for p in peers.RUNNERS.glob("*_runner.py")} == {e.runner for e in peers.PEER_ENVS.values()}
+
+
+def test_ours_worker_trains_on_the_benchmark_split_and_times_each_epoch(
+    log_csv: Path, data, tmp_path: Path
+) -> None:
+    """Our side trains through the library's own ComiRec protocol: its validation numbers must be
+    those of the benchmark's split, recomputed from the exported vectors."""
+    settings = peers.Settings(str(log_csv), 0, 2, 32, 8, 10, 7, 2, 10, 1.0)
+    run = peers.ModelRun("ours", "sa", "comirec")
+    spec = {
+        "config": peers.ours_config(run, str(log_csv), settings),
+        "out": str(tmp_path / "run"),
+        "protocol": "comirec",
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert peers.ours_worker(tmp_path / "spec.json") == 0
+
+    export = tmp_path / "run" / "export"
+    progress = json.loads((export / "progress.json").read_text())
+    assert [e["epoch"] for e in progress["epochs"]] == [1, 2]
+    assert all(e["train_seconds"] > 0 for e in progress["epochs"])
+    split = peers.make_split(data, "comirec", seed=7)
+    summary = peers.summarize(run, split, export, max_len=10)
+    assert summary["selected_by"] == "recall@50"
+    best = progress["epochs"][summary["best_epoch"] - 1]["validation"]
+    table, missing = peers.align_items(
+        json.loads((export / "item_ids.json").read_text()),
+        np.load(export / "final" / "items.npy"),
+        split.items,
+    )
+    recomputed = peers.validation_metrics(
+        np.load(export / "final" / "valid_users.npy"), table, split, missing
+    )
+    assert recomputed["recall@50"] == pytest.approx(best["recall@50"], abs=1e-6)
+    assert summary["validation_curve"] == [round(e["validation"]["recall@50"], 6) for e in progress["epochs"]]

@@ -100,6 +100,10 @@ def test_resume_finishes_an_interrupted_run_like_an_uninterrupted_one(
     resumed = retrieval.train.train(config, out, verbose=0, resume=True)
     assert resumed["epochs_trained"] == 2
     assert [h["epoch"] for h in resumed["validation_per_epoch"]] == [1, 2]
+    # Each epoch's training time survives the interruption; validation is not part of it.
+    epoch_seconds = resumed["train_seconds_per_epoch"]
+    assert len(epoch_seconds) == 2 and min(epoch_seconds) > 0
+    assert sum(epoch_seconds) <= resumed["train_seconds"]
     metrics, weights = full_run
     np.testing.assert_allclose(resumed["train_loss_per_epoch"], metrics["train_loss_per_epoch"], rtol=1e-6)
     for a, b in zip(exported[-1], weights, strict=True):

@@ -105,6 +105,7 @@ class TrainConfig:
     eval_every: int = 1
     lr_scaling: str = "none"  # none | linear | sqrt: learning rate × replicas (or √replicas)
     dense_gradients: bool = False  # sum embedding gradients per item before Adam (retrieval.train)
+    length_buckets: bool = False  # batches of similar history lengths, padding trimmed (in memory)
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,7 @@ class InMemoryData(TrainingData):
         users = len(data.users)
         super().__init__(data.vocab, side, attributes, external, self.rules.name, self.rules.shown, users)
         self.features = user_event_features(data, side)
+        self.length_buckets = config.train.length_buckets
         self._examples: dict[tuple[str, int], tuple[dict[str, np.ndarray], np.ndarray]] = {}
 
     def examples(self, objective: str, max_len: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -202,7 +203,7 @@ class InMemoryData(TrainingData):
         self, objective: str, max_len: int, batch_size: int, seed: int, first_epoch: int, epochs: int
     ) -> tf.data.Dataset:
         x, y = self.examples(objective, max_len)
-        return epoch_batches(x, y, batch_size, seed, first_epoch, epochs)
+        return epoch_batches(x, y, batch_size, seed, first_epoch, epochs, self.length_buckets)
 
     def _held_out(self, split: str) -> tuple[Sequence[np.ndarray], Any, dict[str, list[np.ndarray]]]:
         """The split's histories, targets and the histories' side features."""
@@ -316,27 +317,80 @@ def target_probabilities(targets: np.ndarray, num_embeddings: int) -> np.ndarray
     return counts / max(counts.sum(), 1.0)
 
 
+TRIM_MULTIPLE = 8
+"""A trimmed batch keeps a multiple of this many columns (fewer shapes to trace)."""
+BUCKET_BATCHES = 64
+"""Length bucketing sorts runs of this many batches' examples by length."""
+
+
 def epoch_batches(
-    x: dict[str, np.ndarray], y: np.ndarray, batch_size: int, seed: int, first_epoch: int, epochs: int
+    x: dict[str, np.ndarray],
+    y: np.ndarray,
+    batch_size: int,
+    seed: int,
+    first_epoch: int,
+    epochs: int,
+    length_buckets: bool = False,
 ) -> tf.data.Dataset:
     """Batches for epochs ``first_epoch .. epochs - 1`` back to back, each epoch in its own order.
 
     Epoch ``e``'s order depends only on ``(seed, e)``, so a resumed run sees the batches the
-    uninterrupted run would have.
+    uninterrupted run would have. Every batch drops the leading columns that are padding in all
+    its rows (inputs ``[B, L]`` left-padded, and ``[B, L]`` targets), keeping a multiple of
+    :data:`TRIM_MULTIPLE` columns: the towers ignore padding, so only the work changes.
+
+    With ``length_buckets`` the epoch's shuffled examples are cut into runs of
+    :data:`BUCKET_BATCHES` batches, each run sorted by history length and cut into batches, and
+    the batches of a run are shuffled: a batch holds histories of similar lengths, so trimming
+    removes most of the padding (mixed-length batching).
     """
     n = len(y)
     x_all = {k: tf.constant(v) for k, v in x.items()}
     y_all = tf.constant(y)
+    lengths = tf.constant(np.count_nonzero(x["items"], axis=1).astype(np.int32)) if n else None
+    num_batches = -(-n // batch_size)
 
     def epoch_order(e: Any) -> tf.data.Dataset:
         key = tf.stack([tf.constant(seed, tf.int64), e])
         order = tf.argsort(tf.random.stateless_uniform([n], key))
-        return tf.data.Dataset.from_tensor_slices(order).batch(batch_size)
+        if not length_buckets:
+            return tf.data.Dataset.from_tensor_slices(order).batch(batch_size)
+        run = tf.range(n) // (batch_size * BUCKET_BATCHES)  # runs of the shuffled order
+        width = int(x["items"].shape[1]) + 1
+        order = tf.gather(order, tf.argsort(run * width + tf.gather(lengths, order), stable=True))
+        # Shuffle the batches within each run; -1 fills the last batch up to batch_size.
+        padded = tf.concat([order, -tf.ones([num_batches * batch_size - n], order.dtype)], 0)
+        batches = tf.reshape(padded, [num_batches, batch_size])
+        batch_run = tf.range(num_batches) // BUCKET_BATCHES
+        jitter = tf.random.stateless_uniform([num_batches], key + tf.constant([0, 1 << 32], tf.int64))
+        shuffled = tf.argsort(tf.cast(batch_run, tf.float32) + jitter)  # jitter < 1: stays in its run
+        return tf.data.Dataset.from_tensor_slices(tf.gather(batches, shuffled))
 
     def gather(rows: Any) -> tuple[dict[str, Any], Any]:
-        return {k: tf.gather(v, rows) for k, v in x_all.items()}, tf.gather(y_all, rows)
+        rows = tf.boolean_mask(rows, rows >= 0)
+        xs = {k: tf.gather(v, rows) for k, v in x_all.items()}
+        ys = tf.gather(y_all, rows)
+        return _trim_padding(xs, ys)
 
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs)
     return epochs_ds.flat_map(epoch_order).map(
         gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     )
+
+
+def _trim_padding(x: dict[str, Any], y: Any) -> tuple[dict[str, Any], Any]:
+    """Drops the leading columns of ``[B, L]`` inputs (and ``[B, L]`` targets) that hold no item
+    and no target in any row, keeping a multiple of :data:`TRIM_MULTIPLE` (at most ``L``)."""
+    items = x["items"]
+    full, width = tf.shape(items)[1], items.shape[1]
+    used = tf.reduce_any(items != 0, axis=0)
+    if y.shape.rank == 2:
+        used = used | tf.reduce_any(y != 0, axis=0)
+    first = tf.argmax(tf.cast(used, tf.int32), output_type=tf.int32)  # the first column in use
+    needed = tf.where(tf.reduce_any(used), full - first, 1)
+    keep = tf.minimum(full, -(-needed // TRIM_MULTIPLE) * TRIM_MULTIPLE)
+
+    def cut(v: Any) -> Any:
+        return v[:, full - keep :] if v.shape.rank == 2 and v.shape[1] == width else v
+
+    return {k: cut(v) for k, v in x.items()}, cut(y)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,83 @@ def test_epoch_batches_are_seeded_per_epoch() -> None:
     assert epochs(1, 3) == full[1:]  # a resumed run sees the same epochs
     assert epochs(0, 1, seed=4) != full[:1]
     assert tf.is_tensor(next(iter(epoch_batches(x, y, 4, 3, 0, 1)))[1])
+
+
+def _left_padded(lengths: Sequence[int], width: int) -> np.ndarray:
+    """Row i: ``lengths[i]`` item ids (1000 i + 1, ...) right-aligned in ``width`` columns."""
+    out = np.zeros((len(lengths), width), np.int32)
+    for i, n in enumerate(lengths):
+        out[i, width - n :] = 1000 * i + 1 + np.arange(n)
+    return out
+
+
+@pytest.mark.parametrize("buckets", [False, True])
+def test_batches_trim_padding_and_lose_nothing(buckets: bool) -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 41, size=300)
+    x = {"items": _left_padded(lengths, 40), "action": _left_padded(lengths, 40) % 7}
+    y = np.roll(x["items"], -1, axis=1)  # [N, L] targets, as all_positions has
+    seen: dict[int, int] = {}
+    for inputs, targets in epoch_batches(x, y, 16, 5, 0, 1, length_buckets=buckets):
+        items, width = inputs["items"].numpy(), inputs["items"].shape[1]
+        assert width % 8 == 0 or width == 40
+        assert inputs["action"].shape[1] == width and targets.shape[1] == width
+        for row, t, a in zip(items, targets.numpy(), inputs["action"].numpy(), strict=True):
+            i = int(row[-1]) // 1000
+            full = np.concatenate([np.zeros(40 - width, np.int32), row])  # padding back
+            np.testing.assert_array_equal(full, x["items"][i])
+            np.testing.assert_array_equal(np.concatenate([np.zeros(40 - width, np.int32), t]), y[i])
+            np.testing.assert_array_equal(a, x["action"][i, 40 - width :])
+            seen[i] = seen.get(i, 0) + 1
+    assert seen == {i: 1 for i in range(300)}  # every example once
+
+
+def test_length_buckets_group_similar_lengths_and_stay_seeded() -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 50, size=2000)
+    x, y = {"items": _left_padded(lengths, 50)}, np.ones(2000, np.int32)  # "last": [N] targets
+
+    def widths(seed: int, epoch: int, buckets: bool) -> list[int]:
+        batches = epoch_batches(x, y, 32, seed, epoch, epoch + 1, length_buckets=buckets)
+        return [int(b["items"].shape[1]) for b, _ in batches]
+
+    bucketed, mixed = widths(3, 0, True), widths(3, 0, False)
+    assert len(bucketed) == len(mixed) == 63
+    assert sum(bucketed) < 0.75 * sum(mixed)  # far less padding computed
+    assert widths(3, 0, True) == bucketed and widths(3, 1, True) != bucketed  # seeded per epoch
+    assert sorted(bucketed) != bucketed  # batch order shuffled, not short to long
+
+
+@pytest.mark.parametrize(("tower", "objective"), [("sasrec", "all_positions"), ("youtubednn", "last")])
+def test_a_trimmed_batch_has_the_loss_of_the_padded_one(tower: str, objective: str) -> None:
+    from retrieval.losses import build_task
+
+    keras.utils.set_random_seed(0)
+    model = build_model(ModelConfig(tower=tower, dim=8, max_len=24), 60)
+    model.set_objective(objective)
+    model.task = build_task(
+        "full_softmax",
+        sampler=CandidateSampler.from_counts(np.ones(60)),
+        num_negatives=5,
+        target_probabilities=np.full(60, 1 / 60),
+    )
+    lengths = [3, 5, 2, 7]
+    items = _left_padded(lengths, 24) % 59 + (_left_padded(lengths, 24) > 0)  # ids 1..59, 0 = padding
+    x = {"items": items}
+    y = np.roll(items, -1, axis=1) if objective == "all_positions" else items[:, -1].copy()
+    (trimmed, trimmed_y), *_ = list(epoch_batches(x, y, 4, 0, 0, 1))
+    assert trimmed["items"].shape[1] == 8  # 7 events, rounded up to 8 columns
+
+    def loss(inputs: dict[str, Any], targets: Any) -> float:
+        outputs = (
+            model.user_tower.sequence_output(inputs, training=False)
+            if objective == "all_positions"
+            else model.user_tower(inputs, training=False)
+        )
+        return float(model.compute_loss(inputs, targets, outputs))
+
+    # The loss is a mean over the batch's targets: the (shuffled) row order does not matter.
+    assert loss(trimmed, trimmed_y) == pytest.approx(loss(x, y), rel=1e-5)
 
 
 def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path, exported) -> None:

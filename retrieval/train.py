@@ -347,9 +347,10 @@ def _train(
         if model.objective == "cloze":  # fresh masks every step, seeded by (run seed, step)
             mask_id = model.user_tower.mask_id
 
-            def mask(step: Any, batch: tuple[dict[str, Any], Any]) -> tuple[dict[str, Any], Any]:
+            def mask(step: Any, batch: tuple[Any, ...]) -> tuple[Any, ...]:
                 seed = tf.stack([tf.constant(t.seed, tf.int64), step])
-                return mask_items(*batch, mask_id, t.mask_ratio, seed=seed)
+                masked = mask_items(batch[0], batch[1], mask_id, t.mask_ratio, seed=seed)
+                return (*masked, *batch[2:])  # and the batch's sample weight, when it has one
 
             dataset = dataset.enumerate(start=first_epoch * steps).map(mask, tf.data.AUTOTUNE)
         options = tf.data.Options()

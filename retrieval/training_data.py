@@ -342,13 +342,18 @@ def epoch_batches(
     With ``length_buckets`` the epoch's shuffled examples are cut into runs of
     :data:`BUCKET_BATCHES` batches, each run sorted by history length and cut into batches, and
     the batches of a run are shuffled: a batch holds histories of similar lengths, so trimming
-    removes most of the padding (mixed-length batching).
+    removes most of the padding (mixed-length batching). With ``[N, L]`` targets a batch's loss
+    is a mean over its targets, whose number now varies with the batch's lengths: each batch
+    then comes with a sample weight, its targets over the epoch's mean targets per batch, so
+    that every target weighs the same whatever batch it falls in, as in mixed batches.
     """
     n = len(y)
     x_all = {k: tf.constant(v) for k, v in x.items()}
     y_all = tf.constant(y)
     lengths = tf.constant(np.count_nonzero(x["items"], axis=1).astype(np.int32)) if n else None
     num_batches = -(-n // batch_size)
+    weighted = length_buckets and y.ndim == 2
+    targets_per_batch = max(np.count_nonzero(y) / max(num_batches, 1), 1.0)
 
     def epoch_order(e: Any) -> tf.data.Dataset:
         key = tf.stack([tf.constant(seed, tf.int64), e])
@@ -366,11 +371,13 @@ def epoch_batches(
         shuffled = tf.argsort(tf.cast(batch_run, tf.float32) + jitter)  # jitter < 1: stays in its run
         return tf.data.Dataset.from_tensor_slices(tf.gather(batches, shuffled))
 
-    def gather(rows: Any) -> tuple[dict[str, Any], Any]:
+    def gather(rows: Any) -> tuple[Any, ...]:
         rows = tf.boolean_mask(rows, rows >= 0)
-        xs = {k: tf.gather(v, rows) for k, v in x_all.items()}
-        ys = tf.gather(y_all, rows)
-        return _trim_padding(xs, ys)
+        xs, ys = _trim_padding({k: tf.gather(v, rows) for k, v in x_all.items()}, tf.gather(y_all, rows))
+        if not weighted:
+            return xs, ys
+        weight = tf.cast(tf.math.count_nonzero(ys), tf.float32) / targets_per_batch
+        return xs, ys, tf.fill(tf.shape(rows), weight)
 
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs)
     return epochs_ds.flat_map(epoch_order).map(

@@ -272,7 +272,7 @@ def test_batches_trim_padding_and_lose_nothing(buckets: bool) -> None:
     x = {"items": _left_padded(lengths, 40), "action": _left_padded(lengths, 40) % 7}
     y = np.roll(x["items"], -1, axis=1)  # [N, L] targets, as all_positions has
     seen: dict[int, int] = {}
-    for inputs, targets in epoch_batches(x, y, 16, 5, 0, 1, length_buckets=buckets):
+    for inputs, targets, *_ in epoch_batches(x, y, 16, 5, 0, 1, length_buckets=buckets):
         items, width = inputs["items"].numpy(), inputs["items"].shape[1]
         assert width % 8 == 0 or width == 40
         assert inputs["action"].shape[1] == width and targets.shape[1] == width
@@ -300,6 +300,33 @@ def test_length_buckets_group_similar_lengths_and_stay_seeded() -> None:
     assert sum(bucketed) < 0.75 * sum(mixed)  # far less padding computed
     assert widths(3, 0, True) == bucketed and widths(3, 1, True) != bucketed  # seeded per epoch
     assert sorted(bucketed) != bucketed  # batch order shuffled, not short to long
+
+
+@pytest.mark.parametrize("tower", ["sasrec", "bert4rec", "youtubednn"])
+def test_every_objective_trains_with_length_buckets(synthetic_csv, tmp_path, tower: str) -> None:
+    config = tiny_config(synthetic_csv, f"model.tower={tower}", "train.length_buckets=true", "train.epochs=1")
+    metrics = retrieval.train.train(config, tmp_path / "m", verbose=0)
+    assert np.isfinite(metrics["train_loss_per_epoch"]).all() and metrics["test"]
+
+
+def test_length_buckets_weigh_every_target_the_same() -> None:
+    """A bucketed batch of [B, L] targets carries weight = its targets / the epoch's mean per batch."""
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(1, 30, size=500)
+    x = {"items": _left_padded(lengths, 30)}
+    y = x["items"].copy()
+    total, weights = 0.0, []
+    for _, targets, weight in epoch_batches(x, y, 50, 0, 0, 1, length_buckets=True):
+        w = weight.numpy()
+        assert w.shape == (targets.shape[0],) and np.all(w == w[0])
+        weights.append(float(w[0]))
+        total += np.count_nonzero(targets.numpy())
+        assert w[0] == pytest.approx(np.count_nonzero(targets.numpy()) / (lengths.sum() / 10), rel=1e-5)
+    assert total == lengths.sum() and np.mean(weights) == pytest.approx(1.0, rel=1e-5)
+    assert max(weights) > 2 * min(weights)  # the batches differ, so the weights matter
+    # Mixed batches, or one target per example: no weight.
+    assert len(next(iter(epoch_batches(x, y, 50, 0, 0, 1)))) == 2
+    assert len(next(iter(epoch_batches(x, y[:, -1], 50, 0, 0, 1, length_buckets=True)))) == 2
 
 
 @pytest.mark.parametrize(("tower", "objective"), [("sasrec", "all_positions"), ("youtubednn", "last")])

@@ -16,6 +16,7 @@ Folder layout (``tools/train.py --out DIR``)::
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ import numpy as np
 from retrieval.artifacts import MANIFEST, ArtifactError, contained_file, read_manifest
 from retrieval.features import SideVocab
 from retrieval.vocab import ItemVocab
+
+logger = logging.getLogger(__name__)
 
 KIND = "model"
 SIDE_FILE = "side_vocab.json"
@@ -102,14 +105,15 @@ def pad_left(histories: Sequence[np.ndarray], max_len: int) -> np.ndarray:
     return out
 
 
-def load_model(path: Path, verify: bool = True) -> ModelArtifact:
+def load_model(path: Path, verify: bool = True, xla: bool = False) -> ModelArtifact:
     """Loads a model artifact written by ``tools/train.py`` (checksums verified by default).
 
     Nothing is read that the manifest does not list (so every byte read is covered by a
     checksum), and what is read must agree with the manifest before the model is returned:
     the vocabulary (unique string ids), the embeddings (``.npy`` without pickle, float32
     ``[num_items + 1, dim]``, finite) and the user tower, which is called once on a probe
-    history and must answer ``[1, num_interests, dim]`` finite vectors.
+    history and must answer ``[1, num_interests, dim]`` finite vectors. With ``xla`` the user
+    tower runs compiled (:func:`compiled_tower`).
 
     Raises:
         retrieval.artifacts.ArtifactError: missing, incomplete, corrupted or inconsistent folder.
@@ -164,14 +168,68 @@ def load_model(path: Path, verify: bool = True) -> ModelArtifact:
     except Exception as e:  # TensorFlow raises many types for unreadable or foreign SavedModels
         raise ArtifactError(f"{path / TOWER_DIR} is not a readable user tower: {_first_line(e)}") from e
 
+    model = ModelArtifact(path, manifest, vocab, item_embeddings, tower_function(exported, xla), side)
+    _check_tower(model, num_interests, max_len)
+    return model
+
+
+def tower_function(exported: Any, xla: bool = False) -> UserVectorsFn:
+    """The SavedModel's ``user_vectors`` endpoint on numpy arrays, XLA-compiled with ``xla``."""
+    if xla:
+        return compiled_tower(exported)
+    import tensorflow as tf
+
     # The closure holds the loaded object itself: its endpoint alone does not keep the
     # variables alive, and TensorFlow frees them once the object is collected.
     def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
         return exported.user_vectors({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
 
-    model = ModelArtifact(path, manifest, vocab, item_embeddings, user_vectors, side)
-    _check_tower(model, num_interests, max_len)
-    return model
+    return user_vectors
+
+
+COMPILED_BATCHES = (1, 8, 32, 256, 1024)
+"""Batch sizes the compiled user tower runs at: a batch is padded with empty histories to the
+next one (larger batches go in chunks of the last), so XLA compiles at most five shapes."""
+
+
+def compiled_tower(exported: Any) -> UserVectorsFn:
+    """The SavedModel's ``user_vectors`` endpoint compiled by XLA (1.5-3x faster than the plain
+    graph for every tower at batch 1 and 32, measured on 2 cores), with a fallback to the plain
+    graph should XLA refuse it.
+
+    XLA compiles once per input shape (0.3-1 s, on first use: :func:`retrieval.reload.warm_up`
+    does it before serving), so rows are padded to one of :data:`COMPILED_BATCHES`. Not the
+    default: TensorFlow keeps every compiled program for the life of the process, so a server
+    that hot-reloads grows by about 1 MB per version (the soak test's reload loop).
+    """
+    import tensorflow as tf
+
+    compiled = tf.function(lambda inputs: exported.user_vectors(inputs), jit_compile=True)
+    plain: list[bool] = []  # set once XLA has refused the tower
+
+    def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        rows = len(inputs["items"])
+        size = next(b for b in COMPILED_BATCHES if b >= rows)
+        padded = {k: tf.constant(np.pad(v, ((0, size - rows), (0, 0))), tf.int32) for k, v in inputs.items()}
+        if not plain:
+            try:
+                return compiled(padded).numpy()[:rows]
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
+                logger.warning("XLA cannot compile this user tower, serving the plain graph: %s", e)
+                plain.append(True)
+        return exported.user_vectors(padded).numpy()[:rows]
+
+    # The closure holds the loaded object itself: its endpoint alone does not keep the
+    # variables alive, and TensorFlow frees them once the object is collected.
+    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        chunk, rows = COMPILED_BATCHES[-1], len(inputs["items"])
+        if rows <= chunk:
+            return run(inputs)
+        return np.concatenate(
+            [run({k: v[i : i + chunk] for k, v in inputs.items()}) for i in range(0, rows, chunk)]
+        )
+
+    return user_vectors
 
 
 VOCAB_FILE = "vocab.json"

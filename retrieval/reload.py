@@ -53,8 +53,10 @@ class RetrieverSlot:
         return old
 
 
-def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = (1, 8)) -> None:
-    """Answers a few requests so the first real ones do not pay for lazy initialisation.
+def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = (1, 8, 32)) -> None:
+    """Answers a few batches so the first real ones do not pay for lazy initialisation: by
+    default one per batch size the user tower is compiled for, up to the default micro-batch
+    (``retrieval.model_artifact.COMPILED_BATCHES``).
 
     Raises:
         Exception: whatever the retriever raises; a version that cannot answer is not served.
@@ -65,14 +67,14 @@ def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = (1, 8)) -> None
         retriever.retrieve_many([Query(history, k=min(10, len(vocab)))] * size)
 
 
-def load_deployment(root: Path) -> Retriever:
+def load_deployment(root: Path, xla: bool = False) -> Retriever:
     """A retriever for the current version of the deployment ``root`` (or for one version
     folder), warmed up.
 
     Raises:
         retrieval.artifacts.ArtifactError: a missing, corrupted or mismatched artifact.
     """
-    retriever = Retriever.from_dirs(*deployment_dirs(root), deployment_rankers(root))
+    retriever = Retriever.from_dirs(*deployment_dirs(root), deployment_rankers(root), xla=xla)
     warm_up(retriever)
     return retriever
 

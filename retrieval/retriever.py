@@ -231,9 +231,12 @@ class Retriever:
         """Called with the seconds each index search took (the server's metrics hook)."""
 
     @classmethod
-    def from_dirs(cls, model_dir: Path, index_dir: Path, ranker_dirs: Sequence[Path] = ()) -> Retriever:
+    def from_dirs(
+        cls, model_dir: Path, index_dir: Path, ranker_dirs: Sequence[Path] = (), xla: bool = False
+    ) -> Retriever:
         """Loads a model folder, an index folder and ranker folders, refusing an index built
-        from another model and rankers trained against another vocabulary.
+        from another model and rankers trained against another vocabulary. ``xla`` compiles the
+        user tower (:func:`retrieval.model_artifact.load_model`).
 
         The versions are compared before the model's TensorFlow graph is loaded, so a mismatch
         fails fast.
@@ -243,7 +246,7 @@ class Retriever:
         """
         model_version = str(read_manifest(Path(model_dir), MODEL_KIND, verify=False)["version"])
         index, manifest = load_index(Path(index_dir), expected_model_version=model_version)
-        model = load_model(Path(model_dir))
+        model = load_model(Path(model_dir), xla=xla)
         rankers = []
         if ranker_dirs:
             from retrieval.ranker_artifact import load_ranker

@@ -16,6 +16,7 @@ import errno
 import gc
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -44,7 +45,7 @@ from retrieval.artifacts import (
     write_artifact,
 )
 from retrieval.index_artifact import build_index_from_model, load_index, save_index
-from retrieval.model_artifact import load_model
+from retrieval.model_artifact import compiled_tower, load_model
 from retrieval.retriever import Retriever
 from retrieval.vocab import ItemVocab
 from tests.conftest import REPO_ROOT, run_tool
@@ -112,6 +113,37 @@ def test_a_checked_model_still_serves_once_the_loader_is_gone(trained: tuple[Pat
     model = load_model(trained[0])
     gc.collect()  # the loader's locals (the SavedModel object) are gone: the tower must still work
     assert model.encode([np.array([1, 2, 3])]).shape == (1, 1, 16)
+
+
+def test_the_compiled_tower_answers_as_the_saved_graph(trained: tuple[Path, Path]) -> None:
+    """XLA and the padding of batches to its compiled sizes change nothing but float rounding."""
+    import tensorflow as tf
+
+    model = load_model(trained[0], xla=True)
+    exported = tf.saved_model.load(str(trained[0] / "user_tower"))  # kept: it owns the variables
+    rng = np.random.default_rng(0)
+    for rows in (1, 3, 5, 17):
+        items = rng.integers(0, len(model.vocab) + 1, size=(rows, model.max_len)).astype(np.int32)
+        items[0, :-1] = 0  # one history of a single item
+        expected = exported.user_vectors({"items": tf.constant(items)}).numpy()
+        np.testing.assert_allclose(model.user_vectors({"items": items}), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_tower_xla_cannot_compile_is_served_uncompiled(caplog: pytest.LogCaptureFixture) -> None:
+    import tensorflow as tf
+
+    class PythonOpTower:  # tf.numpy_function has no XLA kernel
+        @tf.function
+        def user_vectors(self, inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+            doubled = tf.numpy_function(lambda a: 2 * a, [tf.cast(inputs["items"], tf.float32)], tf.float32)
+            return tf.reshape(doubled, [-1, 1, 4])
+
+    tower = compiled_tower(PythonOpTower())
+    items = np.arange(12, dtype=np.int32).reshape(3, 4)
+    with caplog.at_level(logging.WARNING):
+        np.testing.assert_array_equal(tower({"items": items})[:, 0], 2 * items)
+    assert "XLA cannot compile" in caplog.text
+    np.testing.assert_array_equal(tower({"items": items[:1]})[:, 0], 2 * items[:1])  # stays uncompiled
 
 
 def test_a_flipped_byte_in_any_file_is_refused(trained: tuple[Path, Path], tmp_path: Path) -> None:

@@ -127,6 +127,7 @@ def test_swap_under_load_fails_no_request(versions: list[tuple[Path, Path, str]]
 
 def test_serve_tool_takes_a_model_and_index_or_a_watched_root() -> None:
     assert serve_tool.parse_args(["--watch", "live"]).watch == Path("live")
-    for bad in (["--watch", "live", "--model", "m"], ["--model", "m"], []):
+    for bad in (["--watch", "live", "--model", "m"], ["--model", "m"], [], ["--watch", "live", "--xla"]):
         with pytest.raises(SystemExit):
             serve_tool.parse_args(bad)
+    assert serve_tool.parse_args(["--model", "m", "--index", "i", "--xla"]).xla

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from retrieval.artifacts import ArtifactError
 from retrieval.logs import LOG_FORMATS, configure_logging
-from retrieval.reload import DeploymentWatcher, RetrieverSlot, load_deployment
+from retrieval.reload import DeploymentWatcher, RetrieverSlot, load_deployment, warm_up
 from retrieval.retriever import Retriever
 from retrieval.server import DEFAULT_MAX_MESSAGE_BYTES, TlsFiles, serve_forever
 
@@ -34,6 +34,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[],
         help="a ranker artifact for RetrieveRequest.rerank (tools/train_ranker.py); repeatable "
         "(with --watch, the deployment's own rankers are used)",
+    )
+    p.add_argument(
+        "--xla",
+        action="store_true",
+        help="run the user tower compiled by XLA (faster, compiled at start; not with --watch: "
+        "TensorFlow keeps every compiled version in memory)",
     )
     p.add_argument(
         "--watch",
@@ -91,6 +97,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("give --model and --index, or --watch alone")
     if args.watch and args.ranker:
         p.error("with --watch the rankers come with each deployment (tools/deploy.py --ranker)")
+    if args.watch and args.xla:
+        p.error("--xla is for a fixed model: each hot-reloaded version would stay in memory")
     if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
         p.error("TLS needs --tls-cert and --tls-key together (and --tls-ca only with them)")
     if min(args.max_concurrent, args.metrics_port, args.max_wait_ms, args.drain, args.grace) < 0:
@@ -104,11 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_format)
     try:
-        retriever = (
-            load_deployment(args.watch)
-            if args.watch
-            else Retriever.from_dirs(args.model, args.index, args.ranker)
-        )
+        if args.watch:
+            retriever = load_deployment(args.watch)  # warmed up
+        else:
+            retriever = Retriever.from_dirs(args.model, args.index, args.ranker, xla=args.xla)
+            warm_up(retriever)  # XLA compiles here, before the server reports SERVING
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

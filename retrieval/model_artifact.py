@@ -193,9 +193,9 @@ next one (larger batches go in chunks of the last), so XLA compiles at most five
 
 
 def compiled_tower(exported: Any) -> UserVectorsFn:
-    """The SavedModel's ``user_vectors`` endpoint compiled by XLA (1.5-3x faster than the plain
-    graph for every tower at batch 1 and 32, measured on 2 cores), with a fallback to the plain
-    graph should XLA refuse it.
+    """The SavedModel's ``user_vectors`` endpoint compiled by XLA (faster than the plain graph:
+    ``bench/serving.py`` has a row with it), with a fallback to the plain graph should XLA
+    refuse it.
 
     XLA compiles once per input shape (0.3-1 s, on first use: :func:`retrieval.reload.warm_up`
     does it before serving), so rows are padded to one of :data:`COMPILED_BATCHES`. Not the

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -546,12 +547,12 @@ def create_server(
     if not 1 <= max_batch <= MAX_BATCH:
         raise ValueError(f"max_batch must be between 1 and {MAX_BATCH}, got {max_batch}")
     slot = retriever if isinstance(retriever, RetrieverSlot) else RetrieverSlot(retriever)
+    threads_setter = None if search_threads is None else partial(faiss.omp_set_num_threads, search_threads)
     server = grpc.server(
         futures.ThreadPoolExecutor(
             max_workers=max_workers,
             thread_name_prefix="retrieve",
-            initializer=None if search_threads is None else faiss.omp_set_num_threads,
-            initargs=() if search_threads is None else (search_threads,),
+            initializer=threads_setter,
         ),
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),

@@ -11,8 +11,15 @@ leave-one-out test user, history excluded. The click examples (``retrieval.ranki
 clicks of every training sequence against the retriever's candidates the user did not choose)
 are built once and every ranker is trained on them, then reranks the same test lists. Rows:
 retrieval only (the retriever's own order) and each ranker (NDCG@10, HR@10, AUC and GAUC over the
-candidates, training time, scoring time per user). A user whose target was not retrieved counts 0
-in every row.
+candidates, the epoch whose weights were kept, training time, scoring time per user). A user whose
+target was not retrieved counts 0 in every row.
+
+Every ranker reads the retriever's scores by default: its own part is trained on the training
+clicks and blended with the retrieval score on the validation users' retrieved lists (epoch 0, the
+untrained ranker, is a candidate too, so a ranker that never helps keeps about the retriever's
+order); ``--set retrieval_fit=clicks`` or ``joint`` fit the blend on the validation clicks or with
+the ranker, ``--set options.retrieval_score=false`` trains the rankers alone
+(``retrieval.ranking.RankerConfig``).
 
 Runs whose artifact already exists under ``--out`` (the retriever, the index, each ranker) are
 read back instead of redone, so an interrupted benchmark resumes. Writes ``results.json`` and
@@ -81,13 +88,14 @@ def markdown(rows: Sequence[dict[str, Any]], header: str) -> str:
     lines = [
         header,
         "",
-        "| run | NDCG@10 | HR@10 | AUC | GAUC | train s | score ms/user |",
-        "|---|---|---|---|---|---|---|",
+        "| run | NDCG@10 | HR@10 | AUC | GAUC | best epoch | train s | score ms/user |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['run']} | {cell(r['ndcg@10'])} | {cell(r['hr@10'])} | {cell(r['auc'])} | "
-            f"{cell(r['gauc'])} | {cell(r.get('train_seconds'), 0)} | {cell(r.get('score_ms_per_user'), 2)} |"
+            f"{cell(r['gauc'])} | {cell(r.get('best_epoch'), 0)} | {cell(r.get('train_seconds'), 0)} | "
+            f"{cell(r.get('score_ms_per_user'), 2)} |"
         )
     return "\n".join(lines)
 
@@ -157,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Data: `{args.data}`, retriever `{model_dir}` ({tower}), {found['users']} test users, "
         f"{found['candidates']} candidates each (target retrieved for {found['candidate_recall']:.1%}), "
         f"{data.settings['train_examples']} training clicks, negatives {config.negatives} "
-        f"({config.num_negatives} per click), {datetime.now(UTC):%Y-%m-%d}; "
+        f"({config.num_negatives} per click), ranker options {config.options or 'default'}, "
+        f"retrieval_fit {config.retrieval_fit}, DSTN context {config.context_size}, "
+        f"{datetime.now(UTC):%Y-%m-%d}; "
         f"command: `python -m bench.ranking {command}`"
     )
     table = markdown(rows, header)

@@ -39,16 +39,32 @@ class Ranker(keras.Model, abc.ABC):
     as in :mod:`towers.base`) and only their last ``max_len`` columns are read. Attribute ids
     are ``1..num_attributes`` (0 = padding), several per item, mean-pooled.
 
+    **The retriever's score as an input** (``retrieval_score=True``): in a cascade the candidate
+    generator's score is the strongest single feature of a pre-ranker. Each candidate's logit
+    becomes ``g · f(x) + w · s + b``, with ``f(x)`` the ranker's own logit (:meth:`score`), ``s`` the
+    retriever's score of the candidate (``"retrieval_scores"``: max over the user's interests of
+    the inner product with the retriever's item embedding, what its search returns) and the
+    scalars ``g``, ``w``, ``b`` learned. They start at ``g = 0``, ``w = 1``, ``b = 0``, so an
+    untrained ranker orders exactly as the retriever does and training learns a correction to
+    that order (a residual branch started at zero, as in ReZero) rather than a new order from
+    scratch; ``ranker_scale_init`` sets ``g``'s start. (:mod:`retrieval.ranking` by default
+    trains the ranker's own part alone and fits ``g``, ``w``, ``b`` on held-out clicks instead:
+    the retriever's scores of its own training clicks are in-sample.)
+
     Args:
         num_items: catalogue size; the item table has ``num_items + 1`` rows (row 0 = padding).
         dim: embedding size ``d``.
         max_len: the longest history read (older columns are dropped).
         num_attributes: attribute vocabulary size (0 = no attributes).
+        retrieval_score: read ``"retrieval_scores"`` and add ``w · s + b`` to the logits (above).
+        ranker_scale_init: the initial ``g`` (only with ``retrieval_score``).
 
     Call:
         inputs: ``{"history": int [B, L], "candidates": int [B, C]}`` plus optionally
-            ``"history_attributes"`` int ``[B, L, A]``, ``"candidate_attributes"`` int ``[B, C, A]``
-            and ``"unclicked"`` int ``[B, U]``.
+            ``"history_attributes"`` int ``[B, L, A]``, ``"candidate_attributes"`` int ``[B, C, A]``,
+            ``"unclicked"`` int ``[B, U]`` and ``"context"`` int ``[B, N]`` (DSTN), and
+            ``"retrieval_scores"`` float ``[B, C]`` (required with ``retrieval_score``; any value,
+            even ``-inf``, in padded slots).
         Returns float32 logits ``[B, C]``; a padded candidate's logit is 0 and no candidate's logit
         depends on the padded ones.
 
@@ -56,8 +72,18 @@ class Ranker(keras.Model, abc.ABC):
     plus any loss the ranker adds (``add_loss``: regularisation, auxiliary losses).
     """
 
+    context_size: int = 0
+    """Items of the ``"context"`` input a ranker reads (0 = it reads none; DSTN sets it)."""
+
     def __init__(
-        self, num_items: int, dim: int, max_len: int, num_attributes: int = 0, **kwargs: Any
+        self,
+        num_items: int,
+        dim: int,
+        max_len: int,
+        num_attributes: int = 0,
+        retrieval_score: bool = True,
+        ranker_scale_init: float = 0.0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if num_items < 1 or dim < 1 or max_len < 1 or num_attributes < 0:
@@ -67,6 +93,7 @@ class Ranker(keras.Model, abc.ABC):
             )
         self.num_items, self.dim, self.max_len = num_items, dim, max_len
         self.num_attributes = num_attributes
+        self.retrieval_score, self.ranker_scale_init = bool(retrieval_score), float(ranker_scale_init)
         self.item_tower = ItemTower(num_items + 1, dim)
         init = keras.initializers.TruncatedNormal(stddev=0.02)
         self.attribute_table = (
@@ -82,6 +109,15 @@ class Ranker(keras.Model, abc.ABC):
         if self.attribute_table is not None:
             self.attribute_table.build((None,))
         self.build_layers()
+        if self.retrieval_score:
+            constant = keras.initializers.Constant
+            self.ranker_scale = self.add_weight(
+                shape=(), initializer=constant(self.ranker_scale_init), name="ranker_scale"
+            )
+            self.retrieval_weight = self.add_weight(
+                shape=(), initializer=constant(1.0), name="retrieval_weight"
+            )
+            self.retrieval_bias = self.add_weight(shape=(), initializer="zeros", name="retrieval_bias")
         self.built = True
 
     @abc.abstractmethod
@@ -94,7 +130,25 @@ class Ranker(keras.Model, abc.ABC):
 
     def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
         logits = ops.cast(self.score(self.truncate(inputs), training=training), "float32")
-        return ops.where(sequence_mask(inputs["candidates"]), logits, 0.0)  # [B, C]
+        valid = sequence_mask(inputs["candidates"])
+        if self.retrieval_score:
+            logits = self.with_retrieval_score(logits, inputs, valid)
+        return ops.where(valid, logits, 0.0)  # [B, C]
+
+    def with_retrieval_score(self, logits: Any, inputs: dict[str, Any], valid: Any) -> Any:
+        """``g · logits + w · s + b`` ``[B, C]``, with ``s = 0`` in padded slots (so that an ``-inf``
+        there never reaches the arithmetic or its gradient).
+
+        Raises:
+            ValueError: the inputs have no ``"retrieval_scores"``.
+        """
+        if "retrieval_scores" not in inputs:
+            raise ValueError(
+                f"{type(self).__name__} was built with retrieval_score=True: its inputs need "
+                "'retrieval_scores' [B, C], the retriever's score of each candidate"
+            )
+        s = ops.where(valid, ops.cast(inputs["retrieval_scores"], "float32"), 0.0)
+        return self.ranker_scale * logits + self.retrieval_weight * s + self.retrieval_bias
 
     def truncate(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Keeps the last ``max_len`` history columns (and their attributes)."""
@@ -150,4 +204,6 @@ class Ranker(keras.Model, abc.ABC):
             "dim": self.dim,
             "max_len": self.max_len,
             "num_attributes": self.num_attributes,
+            "retrieval_score": self.retrieval_score,
+            "ranker_scale_init": self.ranker_scale_init,
         }

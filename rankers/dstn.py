@@ -1,12 +1,22 @@
 """DSTN, Deep Spatio-Temporal Neural Networks (Ouyang et al. 2019), as a ranker.
 
 The target candidate is scored with three sets of auxiliary items: the *context* (the other
-candidates of the same request: the spatial domain), the user's *clicked* items (the history)
+items of the same request: the spatial domain), the user's *clicked* items (the history)
 and *unclicked* items (shown but skipped: the temporal domain). The interactive-attention
 variant weighs each auxiliary item by its interaction with the target,
 ``α_i = exp(hᵀ ReLU(W [e_t, e_i] + b) + b')``, un-normalised so that a set's aggregate
 ``Σ_i α_i e_i`` also says how much relevant evidence it holds (zero for an empty set); the target
 and the three aggregates are concatenated and scored by an MLP.
+
+**A fixed-size context.** Because the sum is un-normalised, the context aggregate grows with the
+number of context items: a ranker trained on lists of 21 candidates and evaluated on lists of 200
+(the request's *other candidates*, as in the paper) sees sums about ten times larger at test time
+than any it was trained on. So by default (``context_size`` N > 0) a candidate's context is the
+first N items of the ``"context"`` input other than the candidate itself: the request's top
+retrieved items in the retriever's order, the same function of the request in training,
+evaluation and serving (:mod:`retrieval.ranking`, :class:`retrieval.ranker_artifact.RankerScorer`),
+so every candidate sees N context items wherever it is scored (fewer only when fewer were
+retrieved). ``context_size=0`` keeps the paper's "every other candidate".
 """
 
 from __future__ import annotations
@@ -83,10 +93,14 @@ class DSTN(Ranker):
         hidden_units: hidden widths of the final MLP.
         activation: ``"relu"`` (the paper), ``"dice"`` or ``"prelu"``.
         dropout: in the final MLP.
+        context_size: N, context items per candidate (0 = every other candidate of the request).
 
     Call:
         inputs: see :class:`~rankers.base.Ranker`; ``"unclicked"`` int ``[B, U]`` is optional (absent
-        = no unclicked items) and is embedded without attributes -> logits ``[B, C]``.
+        = no unclicked items) and is embedded without attributes; ``"context"`` int ``[B, M]``
+        (required when ``context_size`` > 0; 0 = padding) holds the request's retrieved items in
+        the retriever's order, with ``"context_attributes"`` ``[B, M, A]`` optional; only its first
+        ``N + 1`` columns are read -> logits ``[B, C]``.
     """
 
     def __init__(
@@ -99,9 +113,13 @@ class DSTN(Ranker):
         hidden_units: Sequence[int] = (128, 64),
         activation: str = "relu",
         dropout: float = 0.0,
+        context_size: int = 20,
         **kwargs: Any,
     ) -> None:
         super().__init__(num_items, dim, max_len, num_attributes, **kwargs)
+        if context_size < 0:
+            raise ValueError(f"context_size must be >= 0, got {context_size}")
+        self.context_size = int(context_size)
         self.attention_units = attention_units
         self.hidden_units = [int(u) for u in hidden_units]
         self.activation, self.dropout = activation, dropout
@@ -116,14 +134,41 @@ class DSTN(Ranker):
             layer.build()
         self.mlp.build((None, 4 * self.dim))
 
+    def context_set(self, inputs: dict[str, Any], target: Any) -> tuple[Any, Any]:
+        """The context items ``[B, M, d]`` and which of them each target sees ``[B, C, M]``.
+
+        With ``context_size`` N: the first N non-padding items of ``"context"`` (``M = N + 1``
+        columns read) that are not the target itself, so N of them whether or not the target is
+        among them. With N = 0: every other real candidate (never itself, never padding).
+
+        Raises:
+            ValueError: ``context_size`` > 0 and no ``"context"`` input.
+        """
+        candidates = inputs["candidates"]
+        if not self.context_size:
+            num = ops.shape(candidates)[1]
+            others = ops.not_equal(ops.expand_dims(ops.arange(num), 1), ops.expand_dims(ops.arange(num), 0))
+            return target, ops.expand_dims(sequence_mask(candidates), 1) & ops.expand_dims(others, 0)
+        if "context" not in inputs:
+            raise ValueError(
+                f"DSTN with context_size={self.context_size} needs the 'context' input [B, N]: the "
+                "request's retrieved items in the retriever's order"
+            )
+        width = self.context_size + 1
+        context = inputs["context"][:, :width]  # [B, M]
+        attributes = inputs.get("context_attributes")
+        items = self.item_vectors(context, None if attributes is None else attributes[:, :width])
+        seen = ops.expand_dims(sequence_mask(context), 1) & ops.not_equal(
+            ops.expand_dims(context, 1), ops.expand_dims(ops.cast(candidates, context.dtype), 2)
+        )  # [B, C, M]: a real item other than the target
+        kept = ops.cumsum(ops.cast(seen, "int32"), axis=-1) <= self.context_size  # the first N of them
+        return items, seen & kept
+
     def auxiliary_sets(self, inputs: dict[str, Any], target: Any) -> dict[str, tuple[Any, Any]]:
         """Set name -> (items ``[B, N, d]``, which of them each target sees ``[B, C, N]``)."""
-        candidates, history = inputs["candidates"], inputs["history"]
-        num = ops.shape(candidates)[1]
-        others = ops.not_equal(ops.expand_dims(ops.arange(num), 1), ops.expand_dims(ops.arange(num), 0))
+        history = inputs["history"]
         sets = {
-            # A candidate's context is every other real candidate: never itself, never padding.
-            "context": (target, ops.expand_dims(sequence_mask(candidates), 1) & ops.expand_dims(others, 0)),
+            "context": self.context_set(inputs, target),
             "clicked": (self.history_vectors(inputs), ops.expand_dims(sequence_mask(history), 1)),
         }
         if "unclicked" in inputs:
@@ -161,4 +206,5 @@ class DSTN(Ranker):
             "hidden_units": self.hidden_units,
             "activation": self.activation,
             "dropout": self.dropout,
+            "context_size": self.context_size,
         }

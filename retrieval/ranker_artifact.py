@@ -16,6 +16,12 @@ nothing across vocabularies, so :func:`load_ranker` refuses any other. The loade
 :class:`RankerScorer` scores dense ids through one ``tf.function`` traced once, with a fixed
 input signature (batch and candidate dimensions left open, history padded to ``max_len``), so
 concurrent calls from the server's threads never retrace.
+
+The manifest's ``ranker_kwargs`` always spell out ``retrieval_score`` (whether the ranker reads
+the retriever's scores) and, for DSTN, ``context_size``, and ``ranker_format`` is 2. An artifact
+written before those existed (no ``ranker_format``) is loaded as what it was trained as:
+``retrieval_score=False`` and DSTN's ``context_size=0`` (every other candidate); it scores without
+retrieval scores, exactly as before.
 """
 
 from __future__ import annotations
@@ -53,6 +59,15 @@ MAX_ATTRIBUTES = 16
 
 UNCLICKED_RANKERS = ("dstn",)
 """Rankers that read the ``unclicked`` input; the others are never given it."""
+
+RANKER_FORMAT = 2
+"""Version of the ranker manifest's ``ranker_kwargs`` (2: ``retrieval_score`` and DSTN's
+``context_size`` written out; absent = 1, before both existed)."""
+
+LEGACY_KWARGS = {"retrieval_score": False}
+"""What a format-1 artifact's ranker was built with (the defaults of that time)."""
+
+LEGACY_RANKER_KWARGS = {"dstn": {"context_size": 0}}
 
 MAX_CELLS = 16_384
 """Most ``rows × candidates`` one call of the model scores; larger requests are split into rows.
@@ -128,8 +143,9 @@ class AttributeTable:
 
 
 def with_attributes(inputs: Mapping[str, Any], table: Any | None) -> dict[str, Any]:
-    """Adds ``history_attributes`` ``[B, L, A]`` and ``candidate_attributes`` ``[B, C, A]`` looked up
-    in ``table`` (``[num_items + 1, A]``, a tensor) to the ranker inputs; unchanged without a table.
+    """Adds ``history_attributes`` ``[B, L, A]`` and ``candidate_attributes`` ``[B, C, A]`` (and
+    ``context_attributes`` ``[B, N, A]`` when there is a ``context``) looked up in ``table``
+    (``[num_items + 1, A]``, a tensor) to the ranker inputs; unchanged without a table.
 
     Runs inside TensorFlow (``tf.data`` maps and the scorer's ``tf.function``), so training and
     serving embed attributes alike.
@@ -138,7 +154,21 @@ def with_attributes(inputs: Mapping[str, Any], table: Any | None) -> dict[str, A
     if table is not None:
         out["history_attributes"] = tf.gather(table, out["history"])
         out["candidate_attributes"] = tf.gather(table, out["candidates"])
+        if "context" in out:
+            out["context_attributes"] = tf.gather(table, out["context"])
     return out
+
+
+def context_of(candidates: np.ndarray, width: int) -> np.ndarray:
+    """Each row's first ``width`` real candidates (id > 0) in the order given, 0-padded: int32
+    ``[B, width]``. Candidates come in the retriever's order, so this is the request's top
+    retrieved items, DSTN's ``"context"`` (:mod:`rankers.dstn`)."""
+    present = candidates > 0
+    order = np.argsort(~present, axis=1, kind="stable")[:, :width]  # real ones first, in order
+    top = np.where(
+        np.take_along_axis(present, order, axis=1), np.take_along_axis(candidates, order, axis=1), 0
+    )
+    return np.pad(top, ((0, 0), (0, width - top.shape[1]))).astype(np.int32)
 
 
 class RankerScorer:
@@ -146,7 +176,10 @@ class RankerScorer:
 
     The model runs inside one ``tf.function`` whose input signature fixes the history width
     (``max_len``) and leaves the batch and candidate dimensions open, so it is traced once (at
-    construction) and every later call, whatever its shape, reuses that graph.
+    construction) and every later call, whatever its shape, reuses that graph. The signature
+    holds ``retrieval_scores`` when the ranker reads them (``model.retrieval_score``) and
+    ``context`` when it reads one (``model.context_size`` > 0: DSTN's top retrieved items, taken
+    here from the candidates, which callers give in the retriever's order).
 
     Args:
         model: a built ranker.
@@ -155,7 +188,8 @@ class RankerScorer:
 
     Example:
         >>> scorer = RankerScorer(ranker, attributes, uses_unclicked=False)
-        >>> scorer.score([np.array([3, 7, 9])], np.array([[12, 5, 40]]))  # float32 [1, 3]
+        >>> candidates, scores = np.array([[12, 5, 40]]), np.array([[2.0, 1.5, 0.3]])  # retrieval order
+        >>> scorer.score([np.array([3, 7, 9])], candidates, retrieval_scores=scores)  # float32 [1, 3]
     """
 
     def __init__(self, model: Ranker, attributes: AttributeTable | None, uses_unclicked: bool) -> None:
@@ -164,6 +198,8 @@ class RankerScorer:
         self.uses_unclicked = uses_unclicked
         self.max_len = int(model.max_len)
         self.num_items = int(model.num_items)
+        self.uses_scores = bool(model.retrieval_score)
+        self.context_width = int(model.context_size) + 1 if model.context_size else 0
         table = None if attributes is None else tf.constant(attributes.table, tf.int32)
         signature = {
             "history": tf.TensorSpec([None, self.max_len], tf.int32),
@@ -171,6 +207,10 @@ class RankerScorer:
         }
         if uses_unclicked:
             signature["unclicked"] = tf.TensorSpec([None, None], tf.int32)
+        if self.uses_scores:
+            signature["retrieval_scores"] = tf.TensorSpec([None, None], tf.float32)
+        if self.context_width:
+            signature["context"] = tf.TensorSpec([None, self.context_width], tf.int32)
 
         def logits(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
             return tf.cast(model(with_attributes(inputs, table), training=False), tf.float32)
@@ -180,6 +220,10 @@ class RankerScorer:
         probe = {"history": np.zeros((1, self.max_len), np.int32), "candidates": np.ones((1, 1), np.int32)}
         if uses_unclicked:
             probe["unclicked"] = np.zeros((1, 1), np.int32)
+        if self.uses_scores:
+            probe["retrieval_scores"] = np.zeros((1, 1), np.float32)
+        if self.context_width:
+            probe["context"] = np.zeros((1, self.context_width), np.int32)
         self.function(probe)
 
     def tracing_count(self) -> int:
@@ -191,14 +235,19 @@ class RankerScorer:
         histories: Sequence[np.ndarray],
         candidates: np.ndarray,
         unclicked: Sequence[np.ndarray] | None = None,
+        retrieval_scores: np.ndarray | None = None,
     ) -> np.ndarray:
         """Click logits of each user's candidates.
 
         Args:
             histories: per user, dense item ids, oldest first (only the last ``max_len`` are read).
-            candidates: int ``[B, C]`` dense ids; 0 or negative (a retriever's empty slot) = no item.
+            candidates: int ``[B, C]`` dense ids in the retriever's order (best first); 0 or
+                negative (a retriever's empty slot) = no item.
             unclicked: per user, dense ids of items shown and not clicked (DSTN only; ignored by
                 the other rankers; ``None`` = none).
+            retrieval_scores: float ``[B, C]``, the retriever's score of each candidate (what its
+                search returned; any value in empty slots). Required by a ranker that reads them,
+                ignored by the others.
 
         Item attributes come from the artifact's own table: callers give ids only.
 
@@ -206,7 +255,8 @@ class RankerScorer:
             float32 ``[B, C]`` logits (higher = more likely clicked); ``-inf`` where there is no item.
 
         Raises:
-            ValueError: mismatched lengths, or an id outside ``0..num_items``.
+            ValueError: mismatched lengths or shapes, an id outside ``0..num_items``, or no (or a
+                non-finite) retrieval score for a ranker that reads them.
         """
         candidates = np.asarray(candidates)
         if candidates.ndim != 2 or len(candidates) != len(histories):
@@ -235,6 +285,17 @@ class RankerScorer:
             if shown.size and (shown.max() > self.num_items or shown.min() < 0):
                 raise ValueError(f"unclicked ids must be in 0..{self.num_items}")
             inputs["unclicked"] = shown
+        if self.uses_scores:
+            if retrieval_scores is None:
+                raise ValueError("this ranker reads the retriever's scores: pass retrieval_scores [B, C]")
+            scores = np.asarray(retrieval_scores, np.float32)
+            if scores.shape != cand.shape:
+                raise ValueError(f"retrieval_scores is {list(scores.shape)}, candidates {list(cand.shape)}")
+            if not np.isfinite(scores[present]).all():
+                raise ValueError("retrieval_scores must be finite for every candidate")
+            inputs["retrieval_scores"] = np.where(present, scores, 0.0).astype(np.float32)
+        if self.context_width:
+            inputs["context"] = context_of(cand, self.context_width)
         step = max(1, MAX_CELLS // width)
         for start in range(0, batch, step):
             part = {k: v[start : start + step] for k, v in inputs.items()}
@@ -277,9 +338,15 @@ class LoadedRanker:
         histories: Sequence[np.ndarray],
         candidates: np.ndarray,
         unclicked: Sequence[np.ndarray] | None = None,
+        retrieval_scores: np.ndarray | None = None,
     ) -> np.ndarray:
         """:meth:`RankerScorer.score`."""
-        return self.scorer.score(histories, candidates, unclicked)
+        return self.scorer.score(histories, candidates, unclicked, retrieval_scores)
+
+    @property
+    def uses_scores(self) -> bool:
+        """Whether the ranker reads the retriever's scores."""
+        return self.scorer.uses_scores
 
 
 def save_ranker(
@@ -320,9 +387,14 @@ def save_ranker(
         raise ValueError(f"the ranker has {kwargs['num_items']} items, the vocabulary {len(vocab)}")
     if num_attributes and (attributes is None or attributes.num_attributes != num_attributes):
         raise ValueError(f"the ranker reads {num_attributes} attributes: give the attribute table it used")
+    # The options that changed meaning across formats are written out, whatever the defaults.
+    explicit: dict[str, Any] = {"retrieval_score": bool(model.retrieval_score)}
+    if "context_size" in model.get_config():
+        explicit["context_size"] = int(model.context_size)
     meta = {
         "ranker": name,
-        "ranker_kwargs": dict(kwargs),
+        "ranker_format": RANKER_FORMAT,
+        "ranker_kwargs": {**dict(kwargs), **explicit},
         "model_version": model_version,
         "num_items": len(vocab),
         "max_len": int(kwargs["max_len"]),
@@ -384,6 +456,13 @@ def load_ranker(
     name = manifest.get("ranker")
     if not isinstance(kwargs, dict) or not isinstance(name, str):
         raise ArtifactError(f"{path / MANIFEST}: ranker and ranker_kwargs are missing")
+    ranker_format = manifest.get("ranker_format", 1)
+    if ranker_format == 1:  # written before the options existed: rebuild it as it was trained
+        kwargs = {**LEGACY_KWARGS, **LEGACY_RANKER_KWARGS.get(name, {}), **kwargs}
+    elif ranker_format != RANKER_FORMAT:
+        raise ArtifactError(
+            f"{path / MANIFEST}: ranker_format {ranker_format!r}; this code reads 1 and {RANKER_FORMAT}"
+        )
     if kwargs.get("num_items") != len(vocab):
         raise ArtifactError(
             f"{path / MANIFEST}: the ranker has {kwargs.get('num_items')} items, {VOCAB_FILE} {len(vocab)}"

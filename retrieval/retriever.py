@@ -401,6 +401,9 @@ class Retriever:
         """Scores the candidates of the queries asking for a rerank (one ranker call per ranker)
         and cuts each to its best ``k`` by the ranker's score, in place in ``found``.
 
+        The ranker gets each candidate's retrieval score (``found[i][1]``, what the search
+        returned), and the candidates in the retrieval order (DSTN's context is the top of it).
+
         Returns:
             Per reranked query, the ranker's logits of the items kept, best first.
         """
@@ -412,9 +415,12 @@ class Retriever:
         for name, members in by_ranker.items():
             width = max(1, max(len(found[i][0]) for i in members))
             candidates = np.zeros((len(members), width), np.int64)  # 0 = no item
+            scores = np.zeros((len(members), width), np.float32)
             for row, i in enumerate(members):
                 candidates[row, : len(found[i][0])] = found[i][0]
-            logits = self.rankers[name].score([prepared[i].known for i in members], candidates)
+                scores[row, : len(found[i][1])] = found[i][1]
+            histories = [prepared[i].known for i in members]
+            logits = self.rankers[name].score(histories, candidates, retrieval_scores=scores)
             for row, i in enumerate(members):
                 n = len(found[i][0])
                 # Best logit first; ties keep the retrieval order (a stable sort).

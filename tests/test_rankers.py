@@ -15,18 +15,22 @@ from rankers.layers import AUGRUCell, Dice
 
 NUM_ITEMS, DIM, MAX_LEN, NUM_ATTRIBUTES = 24, 8, 8, 6
 CLUSTER_SIZE = 6  # items 1..24 in 4 clusters of 6: cluster(i) = (i - 1) // 6
+CONTEXT = 3  # DSTN's context size in these tests (the requests carry CONTEXT + 1 context items)
 # Tiny widths so that the whole file stays fast; no dropout, so training-mode calls are deterministic.
 KWARGS = {
     "din": {"attention_units": (8,), "hidden_units": (8,), "activation": "dice"},
     "dien": {"hidden_units": (8,), "activation": "prelu", "aux_weight": 0.5},
     "afm": {"attention_units": 4},
-    "dstn": {"attention_units": 8, "hidden_units": (8,)},
+    "dstn": {"attention_units": 8, "hidden_units": (8,), "context_size": CONTEXT},
 }
+# The contract tests below need the ranker's own part in the logits: g = 0.5, not the initial 0
+# (which makes every ranker's logit the retrieval score, tested on its own).
+SHARED = {"retrieval_score": True, "ranker_scale_init": 0.5}
 
 
 def make_ranker(name: str, num_attributes: int = NUM_ATTRIBUTES, **overrides):
     keras.utils.set_random_seed(0)
-    kwargs = {**KWARGS.get(name, {}), **overrides}
+    kwargs = {**SHARED, **KWARGS.get(name, {}), **overrides}
     ranker = build_ranker(
         name, num_items=NUM_ITEMS, dim=DIM, max_len=MAX_LEN, num_attributes=num_attributes, **kwargs
     )
@@ -43,7 +47,9 @@ def attributes_of(ids: np.ndarray) -> np.ndarray:
 def requests(
     seed: int, batch: int = 4, length: int = MAX_LEN, num_candidates: int = 5, attributes: bool = True
 ) -> dict[str, np.ndarray]:
-    """Left-padded histories (at least one item), candidates (row 0's last is padding), unclicked items."""
+    """Left-padded histories (at least one item), candidates (row 0's last is padding), unclicked
+    items, retrieval scores (-inf in the padded slot, as a retriever's empty slot) and a context
+    (CONTEXT + 1 distinct items, row 0's last is padding)."""
     rng = np.random.default_rng(seed)
     history = np.zeros((batch, length), np.int32)
     for row in history:
@@ -52,7 +58,17 @@ def requests(
     candidates = rng.integers(1, NUM_ITEMS + 1, (batch, num_candidates)).astype(np.int32)
     candidates[0, -1] = 0
     unclicked = rng.integers(0, NUM_ITEMS + 1, (batch, 3)).astype(np.int32)
-    x = {"history": history, "candidates": candidates, "unclicked": unclicked}
+    scores = rng.normal(size=(batch, num_candidates)).astype(np.float32)
+    scores[0, -1] = -np.inf
+    context = np.stack([rng.permutation(NUM_ITEMS)[: CONTEXT + 1] + 1 for _ in range(batch)]).astype(np.int32)
+    context[0, -1] = 0
+    x = {
+        "history": history,
+        "candidates": candidates,
+        "unclicked": unclicked,
+        "retrieval_scores": scores,
+        "context": context,
+    }
     if attributes:
         x["history_attributes"] = attributes_of(history)
         x["candidate_attributes"] = attributes_of(candidates)
@@ -96,6 +112,8 @@ def test_padded_candidates_change_no_other_logit(name: str, training: bool) -> N
     more = dict(x)
     more["candidates"] = np.concatenate([x["candidates"], np.zeros((4, 3), np.int32)], axis=1)
     more["candidate_attributes"] = attributes_of(more["candidates"])
+    # Whatever the scores of padded slots say (a retriever's empty slot holds -inf).
+    more["retrieval_scores"] = np.concatenate([x["retrieval_scores"], np.full((4, 3), 7.0, np.float32)], 1)
     # Training mode too: Dice's batch statistics must ignore the padded rows.
     base, padded = logits(ranker, x, training), logits(ranker, more, training)
     np.testing.assert_allclose(padded[:, :5], base, atol=1e-5)
@@ -152,12 +170,15 @@ def test_all_padding_history_gives_finite_logits(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ranker_names())
-def test_config_round_trip_gives_identical_logits(name: str) -> None:
-    ranker = make_ranker(name)
+@pytest.mark.parametrize("retrieval_score", [True, False])
+def test_config_round_trip_gives_identical_logits(name: str, retrieval_score: bool) -> None:
+    ranker = make_ranker(name, retrieval_score=retrieval_score, ranker_scale_init=0.25)
     x = requests(4)
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(ranker))
     assert clone.built  # the build config in the serialized form rebuilds the weights
     assert clone.get_config() == ranker.get_config()
+    assert (clone.retrieval_score, clone.ranker_scale_init) == (retrieval_score, 0.25)
+    assert len(clone.weights) == len(ranker.weights)  # g, w, b exist only with the option
     clone.set_weights(ranker.get_weights())
     np.testing.assert_allclose(logits(clone, x), logits(ranker, x), atol=1e-6)
 
@@ -165,13 +186,68 @@ def test_config_round_trip_gives_identical_logits(name: str) -> None:
 @pytest.mark.parametrize("name", ranker_names())
 def test_keras_file_round_trip_gives_identical_logits(name: str, tmp_path) -> None:
     ranker = make_ranker(name)
+    ranker.retrieval_weight.assign(1.7)  # and the affine retrieval term is saved with the weights
     x = requests(5)
     ranker(x, training=True)  # moves Dice's averages away from their initial values
     expected = logits(ranker, x)
     ranker.save(tmp_path / "ranker.keras")
     loaded = keras.saving.load_model(tmp_path / "ranker.keras")
-    assert type(loaded) is type(ranker)
+    assert type(loaded) is type(ranker) and loaded.retrieval_score
     np.testing.assert_allclose(logits(loaded, x), expected, atol=1e-6)
+
+
+# --- the retriever's score as an input --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ranker_names())
+def test_an_untrained_ranker_orders_exactly_like_the_retriever(name: str) -> None:
+    ranker = make_ranker(name, ranker_scale_init=0.0)  # the default start: g = 0, w = 1, b = 0
+    x = requests(20, num_candidates=7)
+    out = logits(ranker, x)
+    real = x["candidates"] > 0
+    np.testing.assert_array_equal(out[real], x["retrieval_scores"][real])
+    assert np.all(out[~real] == 0.0)
+    order = np.argsort(-np.where(real, out, -np.inf), axis=1, kind="stable")
+    np.testing.assert_array_equal(order, np.argsort(-x["retrieval_scores"], axis=1, kind="stable"))
+    # The ranker's own part is really there, only scaled by g = 0: with g = 1 the order changes.
+    ranker.ranker_scale.assign(1.0)
+    moved = logits(ranker, x)
+    assert np.abs(moved[real] - x["retrieval_scores"][real]).max() > 0  # AFM's part starts tiny
+
+
+@pytest.mark.parametrize("name", ranker_names())
+def test_the_logit_is_the_scaled_ranker_part_plus_an_affine_retrieval_term(name: str) -> None:
+    ranker = make_ranker(name)
+    plain = make_ranker(name, retrieval_score=False)  # same seed: the same own weights
+    x = requests(21)
+    own = logits(plain, x)  # f(x), the ranker alone
+    ranker.ranker_scale.assign(0.7)
+    ranker.retrieval_weight.assign(2.0)
+    ranker.retrieval_bias.assign(-0.3)
+    real = x["candidates"] > 0
+    expected = np.where(real, 0.7 * own + 2.0 * np.where(real, x["retrieval_scores"], 0) - 0.3, 0.0)
+    np.testing.assert_allclose(logits(ranker, x), expected, rtol=1e-5, atol=1e-5)
+    # Without the option the scores are ignored; with it they are required.
+    np.testing.assert_array_equal(logits(plain, {**x, "retrieval_scores": 3 * x["retrieval_scores"]}), own)
+    with pytest.raises(ValueError, match="retrieval_scores"):
+        ranker({k: v for k, v in x.items() if k != "retrieval_scores"})
+
+
+@pytest.mark.parametrize("name", ranker_names())
+def test_training_from_the_retrievers_order_learns_the_rankers_part(name: str) -> None:
+    # From the default start (g = 0) with uninformative retrieval scores: the gate must open.
+    ranker = make_ranker(name, ranker_scale_init=0.0)
+    x, y = clustered_task()
+    x["retrieval_scores"] = np.random.default_rng(1).normal(size=y.shape).astype(np.float32)
+    mask = x["candidates"] > 0
+    before = float(click_loss(y, ranker(x), mask))
+    ranker.compile(optimizer=keras.optimizers.Adam(0.02), jit_compile=False)
+    # 60 steps: AFM's own logit starts near 0 (zero biases, tiny products), so g = 0 and f ≈ 0
+    # are close to a saddle that takes it ~40 steps to leave; the others leave at once.
+    ranker.fit(x, y, batch_size=16, epochs=10, shuffle=False, verbose=0)
+    after = float(click_loss(y, ranker(x), mask))
+    print(f"{name}: {before:.3f} -> {after:.3f}, g = {float(ranker.ranker_scale):.3f}")
+    assert after < 0.7 * before and abs(float(ranker.ranker_scale)) > 0.05
 
 
 def clustered_task(n: int = 96, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -390,27 +466,51 @@ def test_dien_auxiliary_loss_matches_numpy_and_is_added_only_when_weighted() -> 
 # --- DSTN ----------------------------------------------------------------------------------
 
 
-def test_dstn_interactive_attention_matches_numpy_exp_and_excludes_the_candidate_itself() -> None:
-    ranker: DSTN = make_ranker("dstn", num_attributes=0)
+@pytest.mark.parametrize("context_size", [0, CONTEXT])
+def test_dstn_interactive_attention_matches_numpy_exp_and_excludes_the_candidate_itself(
+    context_size: int,
+) -> None:
+    ranker: DSTN = make_ranker("dstn", num_attributes=0, context_size=context_size)
     x = requests(13, attributes=False)
-    x["candidates"][1, 2] = x["candidates"][1, 0]  # a duplicate is context, the candidate itself is not
+    x["candidates"][1, 2] = x["candidates"][1, 0]  # a duplicate: context when N = 0 (by position)
+    x["candidates"][2, 1] = x["context"][2, 1]  # a candidate among the context items
     alpha = {key: np.asarray(value) for key, value in ranker.attention(x).items()}
     table = np.asarray(ranker.item_tower.table)
     d = DIM
-    aux_ids = {"context": x["candidates"], "clicked": x["history"], "unclicked": x["unclicked"]}
+    context = x["context"][:, : CONTEXT + 1] if context_size else x["candidates"]
+    aux_ids = {"context": context, "clicked": x["history"], "unclicked": x["unclicked"]}
+
+    def context_seen(b: int, c: int) -> list[bool]:
+        """N = 0: every other position. N > 0: the first N real context items other than the candidate."""
+        if not context_size:
+            return [aux != 0 and i != c for i, aux in enumerate(context[b])]
+        seen, taken = [], 0
+        for aux in context[b]:
+            ok = aux != 0 and aux != x["candidates"][b, c] and taken < context_size
+            taken += ok
+            seen.append(ok)
+        return seen
+
     for name, ids in aux_ids.items():
         layer = ranker.attentions[name]
         kernel, bias, h, b_out = (np.asarray(v) for v in (layer.kernel, layer.bias, layer.h, layer.out_bias))
         for b in range(4):
             for c, target in enumerate(x["candidates"][b]):
+                seen = context_seen(b, c) if name == "context" else [aux != 0 for aux in ids[b]]
                 for i, aux in enumerate(ids[b]):
                     hidden = np.maximum(table[target] @ kernel[:d] + table[aux] @ kernel[d:] + bias, 0)
-                    excluded = aux == 0 or (name == "context" and i == c)
-                    expected = 0.0 if excluded else np.exp(hidden @ h + b_out)
+                    expected = np.exp(hidden @ h + b_out) if seen[i] else 0.0
                     np.testing.assert_allclose(alpha[name][b, c, i], expected, rtol=1e-4)
-    context = alpha["context"]
-    assert np.all(np.diagonal(context, axis1=1, axis2=2) == 0.0)
-    assert context[1, 0, 2] > 0 and context[1, 2, 0] > 0
+    context_alpha = alpha["context"]
+    if context_size:
+        # N items per candidate; row 0's context has N real items only, and 1 of them is a
+        # candidate of row 0 at most once, so some see N - 1 there. Row 2's candidate 1 is the
+        # context's item 1: never its own context.
+        assert context_alpha[2, 1, 1] == 0.0
+        assert np.all((context_alpha[1:] > 0).sum(-1) == CONTEXT)
+    else:
+        assert np.all(np.diagonal(context_alpha, axis1=1, axis2=2) == 0.0)
+        assert context_alpha[1, 0, 2] > 0 and context_alpha[1, 2, 0] > 0
     # Not normalised: a softmax would sum to 1, these grow with the number of clicked items.
     assert alpha["clicked"].sum(-1).max() > 2.0
     # Without the unclicked input that set is empty: its aggregate is zero, the logits stay finite.
@@ -419,11 +519,36 @@ def test_dstn_interactive_attention_matches_numpy_exp_and_excludes_the_candidate
     assert np.all(np.isfinite(logits(ranker, x)))
 
 
+def test_dstn_context_has_the_same_size_and_effect_for_any_number_of_candidates() -> None:
+    # The train/test mismatch this fixes: 21 candidates in training, 200 at test time. With a
+    # fixed-size context a candidate's logit no longer depends on how many others are scored.
+    ranker: DSTN = make_ranker("dstn")
+    x = requests(22, num_candidates=4)
+    x["candidates"][0, -1] = 5
+    x["retrieval_scores"][0, -1] = 0.5
+    x["candidate_attributes"] = attributes_of(x["candidates"])
+    rng = np.random.default_rng(22)
+    more = {**x, "candidates": np.concatenate([x["candidates"], rng.integers(1, 25, (4, 36))], axis=1)}
+    more["candidates"] = more["candidates"].astype(np.int32)
+    more["candidate_attributes"] = attributes_of(more["candidates"])
+    more["retrieval_scores"] = np.concatenate([x["retrieval_scores"], rng.normal(size=(4, 36))], 1)
+    more["context"] = np.concatenate([x["context"], rng.integers(1, 25, (4, 6))], 1).astype(np.int32)
+    few, many = ranker.attention(x)["context"], ranker.attention(more)["context"]
+    counts = [(np.asarray(a) > 0).sum(-1) for a in (few, many)]
+    assert counts[0].max() == counts[1].max() == CONTEXT  # never more than N, 4 or 40 candidates
+    np.testing.assert_allclose(logits(ranker, more)[:, :4], logits(ranker, x), rtol=1e-5, atol=1e-6)
+    # The paper's context (N = 0) is every other candidate: it grows with the list.
+    paper: DSTN = make_ranker("dstn", context_size=0)
+    assert (np.asarray(paper.attention(more)["context"]) > 0).sum(-1).max() == 39
+    with pytest.raises(ValueError, match="'context' input"):
+        ranker({k: v for k, v in x.items() if k != "context"})
+
+
 # --- AFM -----------------------------------------------------------------------------------
 
 
 def test_afm_matches_numpy() -> None:
-    ranker: AFM = make_ranker("afm")
+    ranker: AFM = make_ranker("afm", retrieval_score=False)
     rng = np.random.default_rng(14)
     for table in (ranker.item_bias.embeddings, ranker.attribute_bias.embeddings):
         table.assign(rng.normal(size=table.shape).astype(np.float32))

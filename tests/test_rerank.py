@@ -30,18 +30,27 @@ from tests.test_server import MAX_LEN, NUM_ITEMS, REPO, make_model
 HISTORY = ["item03", "item11", "item07"]
 
 
-def save_din(out: Path, vocab: ItemVocab, model_version: str, seed: int) -> Path:
-    """An untrained DIN (seeded weights): enough to check where and how its scores are used."""
+def save_din(
+    out: Path, vocab: ItemVocab, model_version: str, seed: int, retrieval_weight: float = 0.01, **options
+) -> Path:
+    """An untrained DIN (seeded weights): enough to check where and how its scores are used. Its
+    logit is ``g · DIN + w · retrieval score`` with ``g = 1`` (not the untrained 0, which would
+    return the retrieval order) and a small ``w``, so both parts decide the order, unless
+    ``options`` say otherwise."""
     kwargs = {
         "num_items": len(vocab),
         "dim": 8,
         "max_len": MAX_LEN,
         "attention_units": [8],
         "hidden_units": [8],
+        "ranker_scale_init": 1.0,
+        **options,
     }
     keras.utils.set_random_seed(seed)
     ranker = build_ranker("din", **kwargs)
     ranker.build()
+    if ranker.retrieval_score:
+        ranker.retrieval_weight.assign(retrieval_weight)
     save_ranker(out, ranker, "din", kwargs, vocab, model_version)
     return out
 
@@ -67,7 +76,9 @@ def reranked_by_hand(retriever: Retriever, ranker: LoadedRanker, history: list[s
     """Oracle: retrieve n without rerank, score them with the ranker, sort by logit (stable)."""
     plain = retriever.retrieve(history, n).items
     known = retriever.model.vocab.lookup(history)
-    logits = ranker.score([known[known > 0]], retriever.model.vocab.lookup([i for i, _, _ in plain])[None])[0]
+    candidates = retriever.model.vocab.lookup([i for i, _, _ in plain])[None]
+    scores = np.array([[s for _, s, _ in plain]], np.float32)
+    logits = ranker.score([known[known > 0]], candidates, retrieval_scores=scores)[0]
     order = sorted(range(len(plain)), key=lambda j: -logits[j])[:k]
     return [(plain[j], float(logits[j])) for j in order]
 
@@ -167,6 +178,27 @@ def test_rerank_over_grpc_equals_the_retriever(client: RetrievalClient, retrieve
     plain = client.retrieve(HISTORY, 5)
     assert plain.rank_scores is None and plain.ranker_version == ""
     assert list(client.model_info().rankers) == ["din"]
+
+
+def test_a_served_rerank_reads_the_retrieval_scores(model: ModelArtifact, tmp_path: Path) -> None:
+    # g = 0, w = -1: the ranker's logit is minus the retrieval score, so a served rerank must
+    # return the retrieved candidates in reverse. Without the scores (all 0) every logit would
+    # tie and the stable sort would keep the retrieval order.
+    path = save_din(tmp_path / "reverse", model.vocab, model.version, 0, -1.0, ranker_scale_init=0.0)
+    reverse = load_ranker(path, model)
+    retriever = Retriever(model, build_index_from_model(model, "Flat"), rankers=[reverse])
+    server, port = create_server(retriever, port=0)
+    try:
+        with RetrievalClient(f"127.0.0.1:{port}") as client:
+            client.wait_until_serving(timeout=10)
+            reranked = client.retrieve(HISTORY, 4, rerank=Rerank(candidates=12))
+            plain = client.retrieve(HISTORY, 12)
+    finally:
+        server.stop(None)
+    assert [i for i, _, _ in reranked.items] == [i for i, _, _ in plain.items][::-1][:4]
+    scores = [s for _, s, _ in plain.items][::-1][:4]
+    np.testing.assert_allclose(reranked.rank_scores, [-s for s in scores], rtol=1e-5)
+    assert [s for _, s, _ in reranked.items] == pytest.approx(scores)  # each keeps its retrieval score
 
 
 def test_the_query_tool_asks_for_a_rerank(address: str, client: RetrievalClient) -> None:

@@ -13,6 +13,13 @@ are then reranked: retrieval-only vs reranked NDCG@10 / HR@10, AUC and GAUC are 
 written with the ranker artifact to OUT/metrics.json. Every setting is a field of
 retrieval.ranking.RankerConfig, settable with --set field=value (ranker arguments:
 --set options.NAME=JSON).
+
+Every ranker reads the retriever's score of each candidate by default: its own part is trained
+on the training clicks, then blended with the retrieval score (g * own + w * score + b) on the
+validation users' whole retrieved lists, whose clicks neither the retriever nor the ranker
+trained on (--set retrieval_fit=clicks or joint for the alternatives; --set
+options.retrieval_score=false for the ranker alone; see retrieval.ranking.RankerConfig).
+DSTN's context is the request's top --set context_size=N retrieved items (default 20).
 """
 
 from __future__ import annotations

@@ -120,6 +120,16 @@ class Ranker(keras.Model, abc.ABC):
             self.retrieval_bias = self.add_weight(shape=(), initializer="zeros", name="retrieval_bias")
         self.built = True
 
+    @property
+    def blend_variables(self) -> tuple[Any, Any, Any]:
+        """The retrieval term's ``(g, w, b)`` variables (only with ``retrieval_score``)."""
+        return self.ranker_scale, self.retrieval_weight, self.retrieval_bias
+
+    def set_blend(self, scale: float, weight: float, bias: float) -> None:
+        """Sets ``g``, ``w``, ``b`` of ``g·own + w·s + b`` (only with ``retrieval_score``)."""
+        for variable, value in zip(self.blend_variables, (scale, weight, bias), strict=True):
+            variable.assign(value)
+
     @abc.abstractmethod
     def build_layers(self) -> None:
         """Builds the ranker's own layers (the shapes follow from ``dim`` and the options)."""

@@ -1142,10 +1142,8 @@ def train_ranker(
     if model.retrieval_score and config.retrieval_fit != "joint" and valid_set is not None:
         blend = "lists" if config.retrieval_fit == "lists" and data.valid_lists is not None else "clicks"
     if blend:  # the ranker's own part alone; g, w, b are fitted on held-out data
-        for variable, value in (
-            (model.ranker_scale, 1.0), (model.retrieval_weight, 0.0), (model.retrieval_bias, 0.0)
-        ):  # fmt: skip
-            variable.assign(value)
+        model.set_blend(1.0, 0.0, 0.0)
+        for variable in model.blend_variables:
             variable.trainable = False
     elif model.retrieval_score:
         # w = 1, b = 0 orders as the retriever but is badly calibrated (raw inner products far
@@ -1180,12 +1178,7 @@ def train_ranker(
     if validation.best_weights is not None:
         model.set_weights(validation.best_weights)
     if validation.best_blend is not None:
-        for variable, value in zip(
-            (model.ranker_scale, model.retrieval_weight, model.retrieval_bias),
-            validation.best_blend,
-            strict=True,
-        ):
-            variable.assign(value)
+        model.set_blend(*validation.best_blend)
 
     scorer = RankerScorer(model, attributes, uses_unclicked)
     found = evaluate_reranking(data.test, {config.ranker: scorer.score})
@@ -1224,7 +1217,8 @@ def _retrieval_term(model: Ranker) -> dict[str, Any]:
     if not model.retrieval_score:
         return {}
     names = ("ranker_scale", "retrieval_weight", "retrieval_bias")
-    return {"retrieval_term": {name: float(np.asarray(getattr(model, name))) for name in names}}
+    values = (float(np.asarray(v)) for v in model.blend_variables)
+    return {"retrieval_term": dict(zip(names, values, strict=True))}
 
 
 def train_ranker_from_dirs(

@@ -350,7 +350,7 @@ def epoch_batches(
     n = len(y)
     x_all = {k: tf.constant(v) for k, v in x.items()}
     y_all = tf.constant(y)
-    lengths = tf.constant(np.count_nonzero(x["items"], axis=1).astype(np.int32)) if n else None
+    lengths = tf.constant(np.count_nonzero(x["items"], axis=1).astype(np.int32)) if length_buckets else None
     num_batches = -(-n // batch_size)
     weighted = length_buckets and y.ndim == 2
     targets_per_batch = max(np.count_nonzero(y) / max(num_batches, 1), 1.0)

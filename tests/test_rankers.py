@@ -221,9 +221,7 @@ def test_the_logit_is_the_scaled_ranker_part_plus_an_affine_retrieval_term(name:
     plain = make_ranker(name, retrieval_score=False)  # same seed: the same own weights
     x = requests(21)
     own = logits(plain, x)  # f(x), the ranker alone
-    ranker.ranker_scale.assign(0.7)
-    ranker.retrieval_weight.assign(2.0)
-    ranker.retrieval_bias.assign(-0.3)
+    ranker.set_blend(0.7, 2.0, -0.3)
     real = x["candidates"] > 0
     expected = np.where(real, 0.7 * own + 2.0 * np.where(real, x["retrieval_scores"], 0) - 0.3, 0.0)
     np.testing.assert_allclose(logits(ranker, x), expected, rtol=1e-5, atol=1e-5)

@@ -539,6 +539,14 @@ def test_fit_list_blend_recovers_a_known_softmax_choice_model() -> None:
     assert fit_bias(np.zeros(4), np.array([1, 0, 0, 0]), np.ones(4, bool)) == pytest.approx(np.log(1 / 3))
 
 
+def assert_exported_blend(metrics: dict, best: dict) -> None:
+    """The exported ``g, w, b`` (``metrics.json``) are the best epoch's fitted blend."""
+    term = metrics["retrieval_term"]
+    assert [term["ranker_scale"], term["retrieval_weight"], term["retrieval_bias"]] == pytest.approx(
+        best["blend"], abs=1e-4
+    )
+
+
 def test_retrieval_fit_on_lists_fits_the_blend_on_the_validation_users_whole_lists(setup) -> None:
     data, model, index = setup
     config = RankerConfig(
@@ -553,18 +561,10 @@ def test_retrieval_fit_on_lists_fits_the_blend_on_the_validation_users_whole_lis
     history = trained.metrics["validation_per_epoch"]
     best = min(history, key=lambda h: h["val_list_loss"])
     assert trained.metrics["best_epoch"] == best["epoch"]
-    term = trained.metrics["retrieval_term"]
-    assert [term["ranker_scale"], term["retrieval_weight"], term["retrieval_bias"]] == pytest.approx(
-        best["blend"], abs=1e-4
-    )
+    assert_exported_blend(trained.metrics, best)
     # Refit from the final model's own logits on the validation lists: the same g and w.
     ranker = trained.model
-    for variable, value in (
-        (ranker.ranker_scale, 1.0),
-        (ranker.retrieval_weight, 0.0),
-        (ranker.retrieval_bias, 0.0),
-    ):
-        variable.assign(value)
+    ranker.set_blend(1.0, 0.0, 0.0)  # the ranker's own logits alone
     present = lists.candidates > 0
     own = RankerScorer(ranker, None, False).score(
         lists.histories, np.where(present, lists.candidates, 0), None, lists.scores
@@ -585,18 +585,10 @@ def test_retrieval_fit_on_clicks_trains_the_ranker_alone_then_fits_the_blend(set
     trained = train_ranker(config, ranking, verbose=0)
     history = trained.metrics["validation_per_epoch"]
     best = next(h for h in history if h["epoch"] == trained.metrics["best_epoch"])
-    term = trained.metrics["retrieval_term"]
-    assert [term["ranker_scale"], term["retrieval_weight"], term["retrieval_bias"]] == pytest.approx(
-        best["blend"], abs=1e-4
-    )
+    assert_exported_blend(trained.metrics, best)
     # The blend was fitted on the ranker's own logits: refit it from the final model's.
     ranker = trained.model
-    for variable, value in (
-        (ranker.ranker_scale, 1.0),
-        (ranker.retrieval_weight, 0.0),
-        (ranker.retrieval_bias, 0.0),
-    ):
-        variable.assign(value)
+    ranker.set_blend(1.0, 0.0, 0.0)  # the ranker's own logits alone
     valid = ranking.valid
     own = np.asarray(ranker(valid.inputs(unclicked=False)))  # the fake model has no attributes
     refit = fit_blend(own, valid.retrieval_scores, valid.labels > 0, valid.candidates > 0)

@@ -25,37 +25,37 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15proto/retrieval.proto\x12\x0cretrieval.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\x02\n\x0fRetrieveRequest\x12\x0f\n\x07history\x18\x01 \x03(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12#\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x13.retrieval.v1.Event\x12*\n\x05merge\x18\x04 \x01(\x0e\x32\x1b.retrieval.v1.MergeStrategy\x12\x18\n\x10\x64iversity_lambda\x18\x05 \x01(\x02\x12\x16\n\x0eper_interest_k\x18\x06 \x01(\r\x12\x13\n\x0b\x65xclude_ids\x18\x07 \x03(\t\x12\x11\n\tallow_ids\x18\x08 \x03(\t\x12\x18\n\x10return_interests\x18\t \x01(\x08\x12\x0f\n\x07user_id\x18\n \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x0b \x01(\t\x12\x14\n\x0crequest_time\x18\x0c \x01(\x03\x12$\n\x06rerank\x18\x10 \x01(\x0b\x32\x14.retrieval.v1.Rerank\",\n\x06Rerank\x12\x0e\n\x06ranker\x18\x01 \x01(\t\x12\x12\n\ncandidates\x18\x02 \x01(\r\";\n\x05\x45vent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\"R\n\nScoredItem\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x10\n\x08interest\x18\x03 \x01(\r\x12\x12\n\nrank_score\x18\x04 \x01(\x02\"\xac\x01\n\x10RetrieveResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.retrieval.v1.ScoredItem\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x15\n\runknown_items\x18\x03 \x01(\r\x12)\n\tinterests\x18\x04 \x03(\x0b\x32\x16.retrieval.v1.Interest\x12\x16\n\x0eranker_version\x18\x05 \x01(\t\"\x1a\n\x08Interest\x12\x0e\n\x06values\x18\x01 \x03(\x02\"G\n\x14\x42\x61tchRetrieveRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.retrieval.v1.RetrieveRequest\"J\n\x15\x42\x61tchRetrieveResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.retrieval.v1.RetrieveResponse\"\x15\n\x13GetModelInfoRequest\"\x87\x01\n\tIndexInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x61\x63tory\x18\x02 \x01(\t\x12\x15\n\rsearch_params\x18\x03 \x01(\t\x12\x10\n\x08is_exact\x18\x04 \x01(\x08\x12\x0e\n\x06recall\x18\x05 \x01(\x02\x12\x10\n\x08recall_k\x18\x06 \x01(\r\x12\r\n\x05\x63ount\x18\x07 \x01(\x04\"\xf9\x01\n\tModelInfo\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12\r\n\x05tower\x18\x02 \x01(\t\x12\x15\n\rnum_interests\x18\x03 \x01(\r\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x0f\n\x07max_len\x18\x05 \x01(\r\x12\x11\n\tnum_items\x18\x06 \x01(\x04\x12&\n\x05index\x18\x07 \x01(\x0b\x32\x17.retrieval.v1.IndexInfo\x12\x15\n\rside_features\x18\x08 \x03(\t\x12.\n\nstart_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07rankers\x18\n \x03(\t*^\n\rMergeStrategy\x12\x1e\n\x1aMERGE_STRATEGY_UNSPECIFIED\x10\x00\x12\r\n\tMAX_SCORE\x10\x01\x12\x0f\n\x0bROUND_ROBIN\x10\x02\x12\r\n\tDIVERSITY\x10\x03\x32\x83\x02\n\x10RetrievalService\x12I\n\x08Retrieve\x12\x1d.retrieval.v1.RetrieveRequest\x1a\x1e.retrieval.v1.RetrieveResponse\x12X\n\rBatchRetrieve\x12\".retrieval.v1.BatchRetrieveRequest\x1a#.retrieval.v1.BatchRetrieveResponse\x12J\n\x0cGetModelInfo\x12!.retrieval.v1.GetModelInfoRequest\x1a\x17.retrieval.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15proto/retrieval.proto\x12\x0cretrieval.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\x02\n\x0fRetrieveRequest\x12\x0f\n\x07history\x18\x01 \x03(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12#\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x13.retrieval.v1.Event\x12*\n\x05merge\x18\x04 \x01(\x0e\x32\x1b.retrieval.v1.MergeStrategy\x12\x18\n\x10\x64iversity_lambda\x18\x05 \x01(\x02\x12\x16\n\x0eper_interest_k\x18\x06 \x01(\r\x12\x13\n\x0b\x65xclude_ids\x18\x07 \x03(\t\x12\x11\n\tallow_ids\x18\x08 \x03(\t\x12\x18\n\x10return_interests\x18\t \x01(\x08\x12\x0f\n\x07user_id\x18\n \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x0b \x01(\t\x12\x14\n\x0crequest_time\x18\x0c \x01(\x03\x12$\n\x06rerank\x18\x10 \x01(\x0b\x32\x14.retrieval.v1.Rerank\"?\n\x06Rerank\x12\x0e\n\x06ranker\x18\x01 \x01(\t\x12\x12\n\ncandidates\x18\x02 \x01(\r\x12\x11\n\tunclicked\x18\x03 \x03(\t\";\n\x05\x45vent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\"R\n\nScoredItem\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x10\n\x08interest\x18\x03 \x01(\r\x12\x12\n\nrank_score\x18\x04 \x01(\x02\"\xac\x01\n\x10RetrieveResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.retrieval.v1.ScoredItem\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x15\n\runknown_items\x18\x03 \x01(\r\x12)\n\tinterests\x18\x04 \x03(\x0b\x32\x16.retrieval.v1.Interest\x12\x16\n\x0eranker_version\x18\x05 \x01(\t\"\x1a\n\x08Interest\x12\x0e\n\x06values\x18\x01 \x03(\x02\"G\n\x14\x42\x61tchRetrieveRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.retrieval.v1.RetrieveRequest\"J\n\x15\x42\x61tchRetrieveResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.retrieval.v1.RetrieveResponse\"\x15\n\x13GetModelInfoRequest\"\x87\x01\n\tIndexInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x61\x63tory\x18\x02 \x01(\t\x12\x15\n\rsearch_params\x18\x03 \x01(\t\x12\x10\n\x08is_exact\x18\x04 \x01(\x08\x12\x0e\n\x06recall\x18\x05 \x01(\x02\x12\x10\n\x08recall_k\x18\x06 \x01(\r\x12\r\n\x05\x63ount\x18\x07 \x01(\x04\"\xf9\x01\n\tModelInfo\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12\r\n\x05tower\x18\x02 \x01(\t\x12\x15\n\rnum_interests\x18\x03 \x01(\r\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x0f\n\x07max_len\x18\x05 \x01(\r\x12\x11\n\tnum_items\x18\x06 \x01(\x04\x12&\n\x05index\x18\x07 \x01(\x0b\x32\x17.retrieval.v1.IndexInfo\x12\x15\n\rside_features\x18\x08 \x03(\t\x12.\n\nstart_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07rankers\x18\n \x03(\t*^\n\rMergeStrategy\x12\x1e\n\x1aMERGE_STRATEGY_UNSPECIFIED\x10\x00\x12\r\n\tMAX_SCORE\x10\x01\x12\x0f\n\x0bROUND_ROBIN\x10\x02\x12\r\n\tDIVERSITY\x10\x03\x32\x83\x02\n\x10RetrievalService\x12I\n\x08Retrieve\x12\x1d.retrieval.v1.RetrieveRequest\x1a\x1e.retrieval.v1.RetrieveResponse\x12X\n\rBatchRetrieve\x12\".retrieval.v1.BatchRetrieveRequest\x1a#.retrieval.v1.BatchRetrieveResponse\x12J\n\x0cGetModelInfo\x12!.retrieval.v1.GetModelInfoRequest\x1a\x17.retrieval.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.retrieval_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MERGESTRATEGY']._serialized_start=1368
-  _globals['_MERGESTRATEGY']._serialized_end=1462
+  _globals['_MERGESTRATEGY']._serialized_start=1387
+  _globals['_MERGESTRATEGY']._serialized_end=1481
   _globals['_RETRIEVEREQUEST']._serialized_start=73
   _globals['_RETRIEVEREQUEST']._serialized_end=410
   _globals['_RERANK']._serialized_start=412
-  _globals['_RERANK']._serialized_end=456
-  _globals['_EVENT']._serialized_start=458
-  _globals['_EVENT']._serialized_end=517
-  _globals['_SCOREDITEM']._serialized_start=519
-  _globals['_SCOREDITEM']._serialized_end=601
-  _globals['_RETRIEVERESPONSE']._serialized_start=604
-  _globals['_RETRIEVERESPONSE']._serialized_end=776
-  _globals['_INTEREST']._serialized_start=778
-  _globals['_INTEREST']._serialized_end=804
-  _globals['_BATCHRETRIEVEREQUEST']._serialized_start=806
-  _globals['_BATCHRETRIEVEREQUEST']._serialized_end=877
-  _globals['_BATCHRETRIEVERESPONSE']._serialized_start=879
-  _globals['_BATCHRETRIEVERESPONSE']._serialized_end=953
-  _globals['_GETMODELINFOREQUEST']._serialized_start=955
-  _globals['_GETMODELINFOREQUEST']._serialized_end=976
-  _globals['_INDEXINFO']._serialized_start=979
-  _globals['_INDEXINFO']._serialized_end=1114
-  _globals['_MODELINFO']._serialized_start=1117
-  _globals['_MODELINFO']._serialized_end=1366
-  _globals['_RETRIEVALSERVICE']._serialized_start=1465
-  _globals['_RETRIEVALSERVICE']._serialized_end=1724
+  _globals['_RERANK']._serialized_end=475
+  _globals['_EVENT']._serialized_start=477
+  _globals['_EVENT']._serialized_end=536
+  _globals['_SCOREDITEM']._serialized_start=538
+  _globals['_SCOREDITEM']._serialized_end=620
+  _globals['_RETRIEVERESPONSE']._serialized_start=623
+  _globals['_RETRIEVERESPONSE']._serialized_end=795
+  _globals['_INTEREST']._serialized_start=797
+  _globals['_INTEREST']._serialized_end=823
+  _globals['_BATCHRETRIEVEREQUEST']._serialized_start=825
+  _globals['_BATCHRETRIEVEREQUEST']._serialized_end=896
+  _globals['_BATCHRETRIEVERESPONSE']._serialized_start=898
+  _globals['_BATCHRETRIEVERESPONSE']._serialized_end=972
+  _globals['_GETMODELINFOREQUEST']._serialized_start=974
+  _globals['_GETMODELINFOREQUEST']._serialized_end=995
+  _globals['_INDEXINFO']._serialized_start=998
+  _globals['_INDEXINFO']._serialized_end=1133
+  _globals['_MODELINFO']._serialized_start=1136
+  _globals['_MODELINFO']._serialized_end=1385
+  _globals['_RETRIEVALSERVICE']._serialized_start=1484
+  _globals['_RETRIEVALSERVICE']._serialized_end=1743
 # @@protoc_insertion_point(module_scope)

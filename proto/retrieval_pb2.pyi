@@ -52,12 +52,14 @@ class RetrieveRequest(_message.Message):
     def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., merge: _Optional[_Union[MergeStrategy, str]] = ..., diversity_lambda: _Optional[float] = ..., per_interest_k: _Optional[int] = ..., exclude_ids: _Optional[_Iterable[str]] = ..., allow_ids: _Optional[_Iterable[str]] = ..., return_interests: _Optional[bool] = ..., user_id: _Optional[str] = ..., category: _Optional[str] = ..., request_time: _Optional[int] = ..., rerank: _Optional[_Union[Rerank, _Mapping]] = ...) -> None: ...
 
 class Rerank(_message.Message):
-    __slots__ = ("ranker", "candidates")
+    __slots__ = ("ranker", "candidates", "unclicked")
     RANKER_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    UNCLICKED_FIELD_NUMBER: _ClassVar[int]
     ranker: str
     candidates: int
-    def __init__(self, ranker: _Optional[str] = ..., candidates: _Optional[int] = ...) -> None: ...
+    unclicked: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ranker: _Optional[str] = ..., candidates: _Optional[int] = ..., unclicked: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("item_id", "timestamp", "action")

@@ -168,6 +168,9 @@ class RetrievalClient:
         events carrying that side information. The other options are those of
         :meth:`retrieval.retriever.Retriever.retrieve`; ``merge`` may also be a name
         (``"max_score"``, ``"round_robin"``, ``"diversity"``).
+
+        Example:
+            >>> client.retrieve(["B0001", "B0042"], 10, rerank=Rerank("dstn", unclicked=["B0007"]))
         """
         query = Query(
             history, k, timestamps, actions, merge, diversity_lambda,  # type: ignore[arg-type]

@@ -22,6 +22,10 @@ the retriever's scores) and, for DSTN, ``context_size``, and ``ranker_format`` i
 written before those existed (no ``ranker_format``) is loaded as what it was trained as:
 ``retrieval_score=False`` and DSTN's ``context_size=0`` (every other candidate); it scores without
 retrieval scores, exactly as before.
+
+A ranker reading unclicked items (DSTN, manifest ``uses_unclicked``) takes its ``unclicked`` and
+``num_unclicked`` from ``config.json`` (:attr:`LoadedRanker.num_unclicked`): one trained with
+``unclicked="none"`` is fed none at serving time either.
 """
 
 from __future__ import annotations
@@ -59,6 +63,11 @@ MAX_ATTRIBUTES = 16
 
 UNCLICKED_RANKERS = ("dstn",)
 """Rankers that read the ``unclicked`` input; the others are never given it."""
+
+DEFAULT_UNCLICKED, DEFAULT_NUM_UNCLICKED = "previous", 20
+"""How a ranker's unclicked items were built in training (``RankerConfig.unclicked`` and
+``num_unclicked``, :mod:`retrieval.ranking`), the defaults for an artifact whose
+``config.json`` does not say."""
 
 RANKER_FORMAT = 2
 """Version of the ranker manifest's ``ranker_kwargs`` (2: ``retrieval_score`` and DSTN's
@@ -313,12 +322,16 @@ class LoadedRanker:
         manifest: its manifest (``ranker``, ``ranker_kwargs``, ``model_version``, ...).
         vocab: the item vocabulary (identical to the retrieval model's).
         scorer: scores dense ids, see :meth:`RankerScorer.score`.
+        num_unclicked: unclicked items per request the ranker was trained with (DSTN's
+            ``num_unclicked``); 0 = it reads none (another ranker, or DSTN trained with
+            ``unclicked="none"``), and none is fed to it.
     """
 
     path: Path
     manifest: dict[str, Any]
     vocab: ItemVocab
     scorer: RankerScorer
+    num_unclicked: int = 0
 
     @property
     def version(self) -> str:
@@ -468,6 +481,7 @@ def load_ranker(
             f"{path / MANIFEST}: the ranker has {kwargs.get('num_items')} items, {VOCAB_FILE} {len(vocab)}"
         )
     attributes = _load_attributes(path, manifest, listed, len(vocab))
+    num_unclicked = _num_unclicked(path, manifest, listed)
     try:
         ranker = build_ranker(name, **kwargs)
         ranker.build()
@@ -478,8 +492,34 @@ def load_ranker(
             f"{path}: cannot rebuild ranker {name!r} from its weights: {type(e).__name__}: "
             f"{text[0][:300] if text else ''}"
         ) from e
-    scorer = RankerScorer(ranker, attributes, bool(manifest.get("uses_unclicked")))
-    return LoadedRanker(path, manifest, vocab, scorer)
+    scorer = RankerScorer(ranker, attributes, num_unclicked > 0)
+    return LoadedRanker(path, manifest, vocab, scorer, num_unclicked)
+
+
+def _num_unclicked(path: Path, manifest: dict[str, Any], listed: set[str]) -> int:
+    """Unclicked items per request the ranker was trained with: 0 unless the manifest says it
+    reads them (``uses_unclicked``, DSTN) and its ``config.json`` does not say ``unclicked="none"``;
+    else the config's ``num_unclicked`` (the training defaults without a config).
+
+    Raises:
+        ArtifactError: an unreadable config, or an unclicked mode or count it cannot be.
+    """
+    if not manifest.get("uses_unclicked"):
+        return 0
+    config: dict[str, Any] = {}
+    if CONFIG_FILE in listed:
+        try:
+            config = dict(json.loads(contained_file(path, CONFIG_FILE).read_text(encoding="utf-8")))
+        except (ValueError, TypeError, OSError, RecursionError, UnicodeDecodeError) as e:
+            raise ArtifactError(f"{path / CONFIG_FILE} is not a valid configuration: {e}") from e
+    mode = config.get("unclicked", DEFAULT_UNCLICKED)
+    count = config.get("num_unclicked", DEFAULT_NUM_UNCLICKED)
+    if mode not in ("previous", "none") or isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ArtifactError(
+            f"{path / CONFIG_FILE}: unclicked {mode!r} with num_unclicked {count!r}; expected "
+            "'previous' or 'none' and a positive count"
+        )
+    return 0 if mode == "none" else count
 
 
 def check_same_vocab(path: Path, vocab: ItemVocab, expected: ItemVocab) -> None:

@@ -50,8 +50,9 @@ rankers read as ``history_attributes`` / ``candidate_attributes``.
 so "shown but not clicked" is simulated as the first ``num_unclicked`` items the retriever
 returned for the user's *previous* request (the history one event shorter) minus the item
 clicked at that request. It is a function of the history alone (no later event), built the same
-way for training, validation and test (whose previous request is the validation one).
-``unclicked="none"`` feeds none.
+way for training, validation and test (whose previous request is the validation one), and by
+the server (:meth:`retrieval.retriever.Retriever.retrieve_many`, when a request brings no
+impressions of its own). ``unclicked="none"`` feeds none.
 
 **Retrieval scores**: every candidate of an example carries the retriever's score for that
 request (``retrieval_scores``): the max over the request's interests of the inner product with
@@ -104,6 +105,8 @@ from retrieval.evaluate import encode_histories
 from retrieval.metrics import ranking_metrics
 from retrieval.model_artifact import ModelArtifact, pad_left
 from retrieval.ranker_artifact import (
+    DEFAULT_NUM_UNCLICKED,
+    DEFAULT_UNCLICKED,
     UNCLICKED_RANKERS,
     AttributeTable,
     RankerScorer,
@@ -173,8 +176,8 @@ class RankerConfig:
     retrieved_positives_only: bool = True
     positions_per_user: int = 10
     candidates: int = 200
-    unclicked: str = "previous"
-    num_unclicked: int = 20
+    unclicked: str = DEFAULT_UNCLICKED
+    num_unclicked: int = DEFAULT_NUM_UNCLICKED
     context_size: int = 20
     retrieval_fit: str = "lists"
     epochs: int = 10

@@ -60,10 +60,18 @@ class Rerank:
         ranker: name of one of the retriever's rankers; ``""`` = its only one.
         candidates: items retrieved (with the query's merge and filters) and scored,
             ``k..MAX_K``; 0 = ``max(k, DEFAULT_RERANK_CANDIDATES)``.
+        unclicked: external ids of items shown to the user and not clicked (the caller's
+            impressions, at most ``MAX_FILTER_IDS``; unknown ids are ignored), for a ranker
+            that reads them (DSTN); the others ignore them. The ranker reads the first
+            ``num_unclicked`` known ones (as many as it was trained with). Empty = the server
+            computes them as training did: the retriever's top ``num_unclicked`` for the
+            history without its last event, minus that event's item
+            (:meth:`Retriever.retrieve_many`).
     """
 
     ranker: str = ""
     candidates: int = 0
+    unclicked: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,9 @@ class _Prepared:
     unknown: int
     ranker: LoadedRanker | None  # the rerank's ranker, None = no rerank
     depth: int  # items retrieved: k, or the rerank's candidates
+    unclicked: np.ndarray | None = None  # int64 dense ids the ranker reads, None = none or computed
+    previous: np.ndarray | None = None  # int [n - 1] the previous request's history, to compute them
+    num_unclicked: int = 0  # unclicked items the ranker reads (0 = none)
 
 
 class Retriever:
@@ -330,6 +341,15 @@ class Retriever:
         queries sharing merge options, per-interest depth and filters (one search when
         they all share them); each answer equals :meth:`retrieve` of that query alone.
 
+        A rerank by a ranker that reads unclicked items (:attr:`LoadedRanker.num_unclicked` > 0,
+        DSTN) without the request's own (``Rerank.unclicked``) gets them as its training did
+        (:mod:`retrieval.ranking`, "Unclicked items"): the first ``num_unclicked`` items the
+        retriever returns for the *previous* request, the known history without its last event
+        (max-score merge, that history excluded, no side features and none of the request's
+        filters, as ranker training retrieved), other than the last event's item. That previous
+        request is one more row of the same tower call and of a search (the request's own when
+        it has no filters and the max-score merge); a history of one known event has none.
+
         Raises:
             InvalidArgument: no queries, more than ``MAX_BATCH``, or a bad query (the message
                 starts with ``requests[i]`` when there are several).
@@ -344,8 +364,23 @@ class Retriever:
                 prepared.append(self._prepare(query))
             except InvalidArgument as e:
                 raise InvalidArgument(f"requests[{i}]: {e}" if len(queries) > 1 else str(e)) from None
-        features = {name: [p.features[name] for p in prepared] for name in self.model.side.event_features}
-        interests = self.model.encode([p.known for p in prepared], features)  # [B, K, d], one call
+        # Rows of the tower call and the searches: the queries, then the previous requests of
+        # the reranks that compute their unclicked items (row len(queries) + j: query extra[j]).
+        extra = [i for i, p in enumerate(prepared) if p.previous is not None]
+        previous = [p.previous for p in prepared if p.previous is not None]
+        histories = [p.known for p in prepared] + previous
+        features = {
+            name: [p.features[name] for p in prepared] + [np.zeros(len(h), np.int32) for h in previous]
+            for name in self.model.side.event_features
+        }
+        encoded = self.model.encode(histories, features)  # [B + E, K, d], one call
+        interests = encoded[: len(prepared)]
+        depths = [p.depth for p in prepared]
+        excludes = [p.exclude for p in prepared]
+        allows = [p.allow for p in prepared]
+        depths += [prepared[i].num_unclicked + 1 for i in extra]  # + the clicked one
+        excludes += [np.unique(h).astype(np.int64) for h in previous]
+        allows += [None] * len(extra)
 
         groups: dict[tuple[MergeStrategy, float, int, tuple[tuple[str, ...], str]], list[int]] = {}
         for i, (query, p) in enumerate(zip(queries, prepared, strict=True)):
@@ -355,15 +390,17 @@ class Retriever:
             if query.merge is not MergeStrategy.MAX_SCORE:
                 fetch = max(p.depth, fetch)
             groups.setdefault((query.merge, query.diversity_lambda, fetch, p.allow_key), []).append(i)
+        for j in range(len(extra)):  # as ranker training retrieved: max-score, no filter
+            groups.setdefault((MergeStrategy.MAX_SCORE, 0.0, 0, ((), "")), []).append(len(prepared) + j)
         found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # ids, scores, interests
         for (merge, lam, fetch, _), members in groups.items():
             started = time.perf_counter()
             result = search_interests(
                 self.index,
-                interests[members],
-                max(prepared[i].depth for i in members),
-                exclude=[prepared[i].exclude for i in members],
-                allow=prepared[members[0]].allow,
+                encoded[members],
+                max(depths[i] for i in members),
+                exclude=[excludes[i] for i in members],
+                allow=allows[members[0]],
                 merge=None if merge is MergeStrategy.MAX_SCORE else strategy(merge, self.categories, lam),
                 per_interest_k=fetch,
                 # DIVERSITY ranks by each item's best score over all interests: score exactly.
@@ -372,9 +409,16 @@ class Retriever:
             if self.observe_search is not None:
                 self.observe_search(time.perf_counter() - started)
             for row, i in enumerate(members):
-                kept = np.flatnonzero(result.ids[row] >= 0)[: prepared[i].depth]
+                kept = np.flatnonzero(result.ids[row] >= 0)[: depths[i]]
                 found[i] = (result.ids[row][kept], result.scores[row][kept], result.interests[row][kept])
-        rank_scores = self._rerank(queries, prepared, found)
+        unclicked = {i: p.unclicked for i, p in enumerate(prepared) if p.unclicked is not None}
+        for j, i in enumerate(extra):
+            # Training's rule (retrieval.ranking): the previous request's retrieved items in its
+            # order, without the item clicked at it (the history's last event), the first n.
+            shown = found.pop(len(prepared) + j)[0]
+            p = prepared[i]
+            unclicked[i] = shown[(shown > 0) & (shown != p.known[-1])][: p.num_unclicked]
+        rank_scores = self._rerank(queries, prepared, found, unclicked)
         answers = []
         for i, (query, p) in enumerate(zip(queries, prepared, strict=True)):
             ids, scores, slots = found[i]
@@ -397,12 +441,14 @@ class Retriever:
         queries: Sequence[Query],
         prepared: Sequence[_Prepared],
         found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+        unclicked: Mapping[int, np.ndarray],
     ) -> dict[int, list[float]]:
         """Scores the candidates of the queries asking for a rerank (one ranker call per ranker)
         and cuts each to its best ``k`` by the ranker's score, in place in ``found``.
 
         The ranker gets each candidate's retrieval score (``found[i][1]``, what the search
-        returned), and the candidates in the retrieval order (DSTN's context is the top of it).
+        returned), the candidates in the retrieval order (DSTN's context is the top of it) and,
+        when it reads them, query ``i``'s unclicked items ``unclicked[i]`` (none when absent).
 
         Returns:
             Per reranked query, the ranker's logits of the items kept, best first.
@@ -420,7 +466,11 @@ class Retriever:
                 candidates[row, : len(found[i][0])] = found[i][0]
                 scores[row, : len(found[i][1])] = found[i][1]
             histories = [prepared[i].known for i in members]
-            logits = self.rankers[name].score(histories, candidates, retrieval_scores=scores)
+            ranker = self.rankers[name]
+            shown = None
+            if ranker.num_unclicked:
+                shown = [unclicked.get(i, np.zeros(0, np.int64)) for i in members]
+            logits = ranker.score(histories, candidates, shown, retrieval_scores=scores)
             for row, i in enumerate(members):
                 n = len(found[i][0])
                 # Best logit first; ties keep the retrieval order (a stable sort).
@@ -485,6 +535,13 @@ class Retriever:
                 raise InvalidArgument(f"unknown category {query.category!r}: no item of the model has it")
             members = self.item_categories.ids(query.category)
             allow = members if allow is None else np.intersect1d(allow, members)
+        unclicked = previous = None
+        if ranker is not None and ranker.num_unclicked and query.rerank is not None:
+            if query.rerank.unclicked:  # the caller's impressions replace the computed ones
+                shown = self.model.vocab.lookup(list(query.rerank.unclicked))
+                unclicked = shown[shown != PAD][: ranker.num_unclicked].astype(np.int64)
+            elif len(known) > 1:
+                previous = known[:-1]
         return _Prepared(
             known=known,
             features=features,
@@ -494,6 +551,9 @@ class Retriever:
             unknown=len(history) - len(known),
             ranker=ranker,
             depth=depth,
+            unclicked=unclicked,
+            previous=previous,
+            num_unclicked=0 if ranker is None else ranker.num_unclicked,
         )
 
     def _ranker(self, rerank: Rerank | None, k: int) -> tuple[LoadedRanker | None, int]:
@@ -517,6 +577,10 @@ class Retriever:
         if not k <= depth <= MAX_K:
             raise InvalidArgument(
                 f"rerank candidates must be 0 or between k ({k}) and {MAX_K}, got {rerank.candidates}"
+            )
+        if len(rerank.unclicked) > MAX_FILTER_IDS:
+            raise InvalidArgument(
+                f"rerank unclicked has {len(rerank.unclicked)} ids, at most {MAX_FILTER_IDS} are accepted"
             )
         return self.rankers[name], depth
 

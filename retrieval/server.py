@@ -146,7 +146,7 @@ def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
         user_id=request.user_id,
         category=request.category,
         request_time=request.request_time,
-        rerank=Rerank(request.rerank.ranker, request.rerank.candidates)
+        rerank=Rerank(request.rerank.ranker, request.rerank.candidates, list(request.rerank.unclicked))
         if request.HasField("rerank")
         else None,
     )
@@ -177,6 +177,7 @@ def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
     if query.rerank is not None:
         request.rerank.ranker = query.rerank.ranker
         request.rerank.candidates = query.rerank.candidates
+        request.rerank.unclicked.extend(query.rerank.unclicked)
         request.rerank.SetInParent()  # present even with default values
     if query.timestamps is None and query.actions is None:
         request.history.extend(query.history)

@@ -2,6 +2,7 @@
 
 python tools/query.py --address 127.0.0.1:50051 --history 50 172 133 --k 10 --titles runs/ml100k-sa
 python tools/query.py --history 50 172 133 --merge diversity --lambda 0.5 --exclude 1 --json
+python tools/query.py --history 50 172 133 --rerank dstn --unclicked 98 181   # with impressions
 python tools/query.py --info    # the served model and index, as JSON
 """
 
@@ -50,6 +51,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--rerank-candidates", type=int, default=0, help="candidates the ranker scores (0 = max(k, 200))"
     )
+    p.add_argument(
+        "--unclicked",
+        nargs="+",
+        default=[],
+        metavar="ID",
+        help="with --rerank: items shown and not clicked, for a ranker that reads them (DSTN); "
+        "none given: the server computes them",
+    )
     p.add_argument("--interests", action="store_true", help="also print the user's interest vectors")
     p.add_argument("--user-id", default="", help="sent for the server's log only")
     p.add_argument("--info", action="store_true", help="print the served model and index instead")
@@ -64,6 +73,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.info and not args.history:
         p.error("--history is required (unless --info)")
+    if args.unclicked and args.rerank is None:
+        p.error("--unclicked is read by the ranker: give --rerank too")
     return args
 
 
@@ -119,7 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return_interests=args.interests,
                 user_id=args.user_id,
                 category=args.category,
-                rerank=None if args.rerank is None else Rerank(args.rerank, args.rerank_candidates),
+                rerank=None
+                if args.rerank is None
+                else Rerank(args.rerank, args.rerank_candidates, args.unclicked),
             )
         except grpc.RpcError as e:
             print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)

@@ -80,6 +80,17 @@ class TwoTowerModel(keras.Model):
         return cls(**config)
 
 
+def takes_side_information(tower: str) -> bool:
+    """Whether the user tower ``tower`` reads side information (``ModelConfig.fusion``,
+    ``side_features``): its constructor takes a ``fusion`` argument.
+
+    Example:
+        >>> takes_side_information("sasrec"), takes_side_information("youtubednn")
+        (True, False)
+    """
+    return "fusion" in inspect.signature(tower_class(tower)).parameters
+
+
 def build_model(
     config: ModelConfig,
     num_embeddings: int,
@@ -105,7 +116,7 @@ def build_model(
         if f.name in accepted and f.name not in skip and getattr(config, f.name) is not None
     }
     side = side or SideVocab()
-    if (side.features or config.fusion != "none") and "fusion" not in accepted:
+    if (side.features or config.fusion != "none") and not takes_side_information(config.tower):
         raise ValueError(f"tower {config.tower!r} does not take side information (fusion, side features)")
     if side.event_features:
         options["side_features"] = side.vocab_sizes()

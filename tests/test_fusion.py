@@ -152,3 +152,13 @@ def test_sa_with_nova_keeps_interests_in_the_span_of_item_embeddings() -> None:
     np.testing.assert_allclose(interests, np.asarray(a) @ np.asarray(h), atol=1e-5)
     flipped = dict(x, action=np.where(x["items"] > 0, 4 - x["action"], 0).astype(np.int32))
     assert np.abs(np.asarray(tower.attention(flipped)[0]) - np.asarray(a)).max() > 1e-4
+
+
+def test_towers_taking_side_information_are_the_ones_build_model_accepts_it_for() -> None:
+    from retrieval.config import ModelConfig
+    from retrieval.model import build_model, takes_side_information
+    from towers import tower_names
+
+    assert [t for t in tower_names() if takes_side_information(t)] == ["bert4rec", "sa", "sasrec"]
+    with pytest.raises(ValueError, match="'youtubednn' does not take side information"):
+        build_model(ModelConfig(tower="youtubednn", dim=8, max_len=5, fusion="sum"), 10)

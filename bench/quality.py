@@ -1,0 +1,598 @@
+"""Retrieval quality: towers × datasets × protocols × seeds, trained, evaluated and reported.
+
+    python -m bench.quality --datasets beauty --towers sasrec sa --seeds 42 43 44
+    python -m bench.quality --datasets beauty ml100k --protocols loo comirec --epochs 30
+    python -m bench.quality --datasets beauty --towers sasrec --fusions none nova sum gated concat
+    python -m bench.quality --quick                      # smoke run: ML-100K's first 200 users
+
+Datasets are preset names (``ml100k``, ``beauty``, ``sports``: ``retrieval/presets.py``'s files in
+``../shared/data``) or paths; ``--max-users N`` trains on a slice of each (:func:`slice_dataset`).
+Every (dataset, protocol, tower, fusion, seed) is one training run and one model artifact folder,
+``OUT/<dataset>/<protocol>/<tower>-<fusion>/seed<N>``. A run starts from the preset
+``<dataset>-<tower>`` (``retrieval/presets.py``) when there is one, then takes the protocol,
+tower, fusion, seed, ``--epochs`` and every ``--set``. A finished run is read back (its saved
+configuration must be the one asked for), an interrupted one resumes from its last epoch's
+checkpoint, so the benchmark continues where it stopped.
+
+Seeds vary training only (weights, data order, negatives, dropout): the split is the same for
+every seed. The report covers the runs of the command given. Writes into ``--out``
+(``results.json`` and ``results.md`` after every run, the plots at the end):
+
+* ``results.json``: every run's ``metrics.json``, the mean and sample standard deviation of each
+  test metric over the seeds of every (dataset, protocol, tower, fusion), and the most-popular
+  baseline of every dataset × protocol;
+* ``results.md``: one table per dataset × protocol (the protocol's headline metrics, mean ± std,
+  training seconds, the popularity baseline), under the date, commit, command and load average;
+* ``recall_at_k.png``: HR@K (leave-one-out) or Recall@K (ComiRec) for every K measured, one line
+  per tower/fusion; ``training_curves.png``: validation metric and training loss per epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from bench.peers import commit, machine
+from retrieval.callbacks import run_folder
+from retrieval.config import Config, apply_overrides
+from retrieval.data import load_interactions
+from retrieval.model import takes_side_information
+from retrieval.presets import DATASETS, PRESETS, SHARED_DATA, apply_preset
+from retrieval.train import train
+from towers import tower_names
+from towers.side import FUSIONS
+
+PROTOCOLS = ("loo", "comirec")
+DEFAULT_SEEDS = (42, 43, 44)
+"""Three seeds, the first the default ``train.seed`` (so seed 42 is the plain ``tools/train.py`` run)."""
+QUICK_TOWERS = ("youtubednn", "sasrec")
+QUICK_MAX_USERS = 200
+QUICK_SETS = ("model.dim=16", "model.max_len=20", "train.num_negatives=20")
+"""``--quick``'s small models, applied before ``--set``."""
+
+COLUMNS = {
+    "loo": ("hr@10", "ndcg@10", "hr@20", "ndcg@20", "hr@50", "ndcg@50"),
+    "comirec": (
+        "recall@20",
+        "recall@50",
+        "hitrate@20",
+        "hitrate@50",
+        "ndcg@50",
+        "diversity@20",
+        "diversity@50",
+    ),
+}
+"""Each protocol's headline test metrics, the table's columns (those measured)."""
+TITLES = {
+    "loo": "leave-one-out, full ranking, history excluded",
+    "comirec": "ComiRec's protocol (users 8:1:1, 80% history / 20% targets)",
+}
+CURVE = {"loo": "hr", "comirec": "recall"}
+"""The metric of the Recall@K plot: leave-one-out has one target, so its HR@K is its Recall@K."""
+MONITOR = {"loo": "ndcg@10", "comirec": "recall@50"}
+"""The validation metric of the training curves (the one early stopping watches)."""
+LABELS = {"hr": "HR", "hitrate": "HR", "ndcg": "NDCG", "recall": "Recall", "diversity": "Diversity"}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset of the benchmark.
+
+    Attributes:
+        name: its folder under ``--out`` and its name in the report.
+        path: the interactions the runs read.
+        preset: the key of :data:`retrieval.presets.DATASETS` it was named by, or None (a path).
+    """
+
+    name: str
+    path: str
+    preset: str | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: a dataset, a protocol, a tower with a fusion mode, a seed."""
+
+    dataset: Dataset
+    protocol: str
+    tower: str
+    fusion: str
+    side_features: str
+    seed: int
+
+    @property
+    def preset(self) -> str | None:
+        """The preset the run starts from: ``<dataset>-<tower>``, when it exists."""
+        name = f"{self.dataset.preset}-{self.tower}"
+        return name if self.dataset.preset and name in PRESETS else None
+
+    def folder(self, out: Path) -> Path:
+        """The run's model artifact folder."""
+        return out / self.dataset.name / self.protocol / f"{self.tower}-{self.fusion}" / f"seed{self.seed}"
+
+
+def slice_dataset(source: str, max_users: int, folder: Path) -> str:
+    """The events of ``source``'s first ``max_users`` users (in order of first appearance),
+    written into ``folder`` in a format that keeps what the source has; returns the file.
+
+    A source whose timestamps are only positions (S3-Rec files) becomes ``folder/data.txt``, an
+    S3-Rec file with the item attributes in ``data_item2attributes.json`` beside it; any other
+    becomes ``folder/data.csv``, a ``user,item,timestamp`` table with every side column (e.g.
+    ``rating``) and the titles, but not the item attributes, which tables do not carry.
+    """
+    data = load_interactions(source)
+    users = data.events["user"].unique()[:max_users]
+    events = data.events[data.events["user"].isin(users)]
+    folder.mkdir(parents=True, exist_ok=True)
+    if not data.has_time:
+        path = folder / "data.txt"
+        lines = [" ".join([user, *group["item"]]) for user, group in events.groupby("user", sort=False)]
+        path.write_text("\n".join(lines) + "\n")
+        if "attributes" in data.items.columns:
+            kept = data.items[data.items["item"].isin(events["item"]) & data.items["attributes"].notna()]
+            attributes = dict(zip(kept["item"], map(list, kept["attributes"]), strict=True))
+            (folder / "data_item2attributes.json").write_text(json.dumps(attributes))
+        return str(path)
+    path = folder / "data.csv"
+    if "title" in data.items.columns:
+        events = events.merge(data.items[["item", "title"]], on="item", how="left")
+    events.to_csv(path, index=False)
+    return str(path)
+
+
+def resolve_dataset(spec: str, max_users: int, out: Path) -> Dataset:
+    """A preset dataset name (``ml100k``, ``beauty``, ``sports``, read from ``../shared/data``) or a
+    path. With ``max_users``, the dataset is the slice :func:`slice_dataset` writes into
+    ``OUT/<name>/``, where ``<name>`` ends with ``-<max_users>users``."""
+    preset = spec if spec in DATASETS else None
+    path = SHARED_DATA / DATASETS[spec] if preset else Path(spec).resolve()
+    if not path.exists():
+        raise ValueError(f"dataset {spec!r}: {path} does not exist")
+    name = preset or (path.stem if path.suffix else path.name)
+    if not max_users:
+        return Dataset(name, str(path), preset)
+    name = f"{name}-{max_users}users"
+    return Dataset(name, slice_dataset(str(path), max_users, (out / name).resolve()), preset)
+
+
+def plan(
+    datasets: Sequence[Dataset],
+    protocols: Sequence[str],
+    towers: Sequence[str],
+    fusions: Sequence[str],
+    side_features: str,
+    seeds: Sequence[int],
+) -> list[Run]:
+    """Every run, in the order they are trained: by dataset, protocol, tower, fusion, then seed.
+
+    A tower that reads side information (:func:`retrieval.model.takes_side_information`) runs
+    each of ``fusions`` (the ones other than ``none`` with ``side_features``); any other tower
+    runs ``none`` only.
+    """
+    runs = []
+    for dataset in datasets:
+        for protocol in protocols:
+            for tower in towers:
+                modes = fusions if takes_side_information(tower) else ("none",)
+                for fusion in modes:
+                    side = side_features if fusion != "none" else ""
+                    if fusion != "none" and not side:
+                        raise ValueError(f"fusion {fusion!r} needs --side-features")
+                    runs += [Run(dataset, protocol, tower, fusion, side, seed) for seed in seeds]
+    return runs
+
+
+def run_config(run: Run, epochs: int | None, overrides: Sequence[str]) -> Config:
+    """The run's configuration: defaults, its preset, the run's own fields, ``--epochs``, ``--set``."""
+    config = apply_preset(Config(), run.preset) if run.preset else Config()
+    own = [
+        f"data.path={run.dataset.path}",
+        f"data.protocol={run.protocol}",
+        f"model.tower={run.tower}",
+        f"model.fusion={run.fusion}",
+        f"model.side_features={run.side_features}",
+        f"train.seed={run.seed}",
+        *([f"train.epochs={epochs}"] if epochs is not None else []),
+    ]
+    return apply_overrides(config, [*own, *overrides])
+
+
+def _differences(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
+    """``field: saved -> given`` for every configuration field that differs."""
+    flat = [{f"{s}.{k}": v for s, fields in c.items() for k, v in fields.items()} for c in (saved, given)]
+    keys = sorted(set(flat[0]) | set(flat[1]))
+    return [
+        f"{k}: {flat[0].get(k)!r} -> {flat[1].get(k)!r}" for k in keys if flat[0].get(k) != flat[1].get(k)
+    ]
+
+
+def finished(config: Config, out: Path) -> bool:
+    """Whether ``out`` is the finished artifact of ``config``.
+
+    Raises:
+        ValueError: ``out`` holds a finished run of another configuration.
+    """
+    if not (out / "metrics.json").is_file():
+        return False
+    differ = _differences(json.loads((out / "config.json").read_text()), config.to_dict())
+    if differ:
+        raise ValueError(
+            f"{out} holds a finished run of another configuration ({'; '.join(differ)}): "
+            "remove it or choose another --out"
+        )
+    return True
+
+
+def run_one(config: Config, out: Path, verbose: int = 2) -> tuple[dict[str, Any], str]:
+    """One run's metrics and how they were obtained: ``read`` (the finished artifact of this very
+    configuration, :func:`finished`), ``resumed`` (from the checkpoint of an interrupted run) or
+    ``trained``."""
+    if finished(config, out):
+        return json.loads((out / "metrics.json").read_text()), "read"
+    resume = run_folder(out).is_dir()
+    metrics = train(config, out, verbose=verbose, resume=resume)
+    keras.backend.clear_session()  # each run builds new graphs: drop the previous run's
+    return metrics, "resumed" if resume else "trained"
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """The mean and the sample standard deviation (``ddof = 1``; None for a single value)."""
+    x = np.asarray(values, np.float64)
+    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else None
+
+
+def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (dataset, protocol, tower, fusion), in order of first appearance: the seeds and the
+    mean and std over them of every test metric and of ``train_seconds``."""
+    groups: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["dataset"], r["protocol"], r["tower"], r["fusion"]), []).append(r)
+    out = []
+    for (dataset, protocol, tower, fusion), members in groups.items():
+        values: dict[str, list[float]] = {}
+        for r in members:
+            for k, v in {**r["metrics"]["test"], "train_seconds": r["metrics"]["train_seconds"]}.items():
+                values.setdefault(k, []).append(float(v))
+        stats = {k: mean_std(v) for k, v in values.items() if len(v) == len(members)}
+        out.append(
+            {
+                "dataset": dataset,
+                "protocol": protocol,
+                "tower": tower,
+                "fusion": fusion,
+                "side_features": members[0]["side_features"],
+                "seeds": [r["seed"] for r in members],
+                "mean": {k: m for k, (m, _) in stats.items()},
+                "std": {k: s for k, (_, s) in stats.items()},
+            }
+        )
+    return out
+
+
+def baselines(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The most-popular baseline per dataset × protocol (the same split for every run of it)."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        seen.setdefault(
+            (r["dataset"], r["protocol"]),
+            {
+                "dataset": r["dataset"],
+                "protocol": r["protocol"],
+                "test": r["metrics"]["baseline_popularity_test"],
+            },
+        )
+    return list(seen.values())
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _label(metric: str) -> str:
+    family, _, k = metric.partition("@")
+    return f"{LABELS.get(family, family)}@{k}"
+
+
+def _cell(mean: float | None, std: float | None, digits: int = 4) -> str:
+    if mean is None:
+        return "–"
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def tables(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(dataset, protocol, Markdown table)`` per dataset × protocol of the report's groups:
+    the popularity baseline, then one row per tower/fusion."""
+    out = []
+    for key in dict.fromkeys((g["dataset"], g["protocol"]) for g in report["groups"]):
+        groups = [g for g in report["groups"] if (g["dataset"], g["protocol"]) == key]
+        baseline: Mapping[str, float] = next(
+            (b["test"] for b in report["baselines"] if (b["dataset"], b["protocol"]) == key), {}
+        )
+        columns = [c for c in COLUMNS[key[1]] if any(c in g["mean"] for g in groups)]
+        header = ["tower", "fusion (side information)", "seeds", *map(_label, columns), "train s"]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        if baseline:
+            cells = [_cell(baseline.get(c), None) for c in columns]
+            lines.append("| most popular | – | – | " + " | ".join(cells) + " | – |")
+        for g in groups:
+            fusion = g["fusion"] if g["fusion"] == "none" else f"{g['fusion']} ({g['side_features']})"
+            cells = [_cell(g["mean"].get(c), g["std"].get(c)) for c in columns]
+            seconds = _cell(g["mean"]["train_seconds"], g["std"]["train_seconds"], 0)
+            lines.append(
+                f"| `{g['tower']}` | {fusion} | {len(g['seeds'])} | " + " | ".join(cells) + f" | {seconds} |"
+            )
+        out.append((key[0], key[1], "\n".join(lines)))
+    return out
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """``results.md``: where and how it was measured, then :func:`tables`."""
+    meta = report["meta"]
+    lines = [
+        f"Measured {meta['date']} at commit `{meta['commit']}` on {meta['machine']} (load average "
+        f"{meta['load_start']} at the start, {meta['load_end']} at the end).",
+        "",
+        f"```bash\n{meta['command']}\n```",
+        "",
+        "Test split. Each cell is the mean ± sample standard deviation over the seeds (`seeds`: how "
+        "many; they vary training only, the split is fixed). `train s`: training wall seconds, the "
+        "per-epoch validation included. Each run's `metrics.json` is in "
+        "`<dataset>/<protocol>/<tower>-<fusion>/seed<N>/`, with the run's resolved `config.json`: its "
+        "preset `<dataset>-<tower>` (`retrieval/presets.py`; none for a dataset given as a path), "
+        "then the protocol, tower, fusion, seed, `--epochs` and every `--set`.",
+    ]
+    for dataset, protocol, table in tables(report):
+        lines += ["", f"### {dataset}: {TITLES[protocol]}", "", table]
+    return "\n".join(lines) + "\n"
+
+
+def _panels(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((g["dataset"], g["protocol"]) for g in report["groups"]))
+
+
+def plot_recall_at_k(report: Mapping[str, Any], path: Path) -> None:
+    """HR@K or Recall@K (:data:`CURVE`) against K, per dataset × protocol: one line per
+    tower/fusion (mean over seeds, std as error bars) and the popularity baseline dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    panels = _panels(report)
+    cols = min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
+    for ax, (dataset, protocol) in zip(axes.flat, panels, strict=False):
+        family = CURVE[protocol]
+
+        def ks(metrics: Mapping[str, Any], family: str = family) -> list[int]:
+            return sorted(int(m.split("@")[1]) for m in metrics if m.split("@")[0] == family)
+
+        for g in report["groups"]:
+            if (g["dataset"], g["protocol"]) != (dataset, protocol):
+                continue
+            k = ks(g["mean"])
+            std = [g["std"][f"{family}@{x}"] or 0.0 for x in k]
+            label = g["tower"] if g["fusion"] == "none" else f"{g['tower']} {g['fusion']}"
+            ax.errorbar(
+                k, [g["mean"][f"{family}@{x}"] for x in k], yerr=std, marker="o", capsize=3, label=label
+            )
+        for b in report["baselines"]:
+            if (b["dataset"], b["protocol"]) == (dataset, protocol) and ks(b["test"]):
+                k = ks(b["test"])
+                ax.plot(k, [b["test"][f"{family}@{x}"] for x in k], "k--", marker=".", label="most popular")
+        ax.set_xscale("log")
+        measured = sorted(
+            {
+                x
+                for g in report["groups"]
+                if (g["dataset"], g["protocol"]) == (dataset, protocol)
+                for x in ks(g["mean"])
+            }
+        )
+        ax.set_xticks(measured, [str(x) for x in measured])
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        ax.set_xlabel("K")
+        ax.set_ylabel(f"test {LABELS[family]}@K" + (" (= Recall@K)" if protocol == "loo" else ""))
+        ax.set_title(f"{dataset}, {protocol}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_training_curves(report: Mapping[str, Any], path: Path) -> None:
+    """Per dataset × protocol, the validation metric (:data:`MONITOR`) and the training loss per
+    epoch of every run (``validation_per_epoch``, ``train_loss_per_epoch``), a colour per
+    tower/fusion, one line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    panels = _panels(report)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.6 * len(panels)), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (val_ax, loss_ax), (dataset, protocol) in zip(axes, panels, strict=True):
+        monitor = MONITOR[protocol]
+        groups = [g for g in report["groups"] if (g["dataset"], g["protocol"]) == (dataset, protocol)]
+        for i, g in enumerate(groups):
+            colour = colours[i % len(colours)]
+            label = g["tower"] if g["fusion"] == "none" else f"{g['tower']} {g['fusion']}"
+            members = [
+                r
+                for r in report["runs"]
+                if (r["dataset"], r["protocol"], r["tower"], r["fusion"])
+                == (dataset, protocol, g["tower"], g["fusion"])
+            ]
+            for j, r in enumerate(members):
+                history = [h for h in r["metrics"].get("validation_per_epoch", []) if monitor in h]
+                losses = r["metrics"].get("train_loss_per_epoch", [])
+                name = label if j == 0 else None
+                val_ax.plot(
+                    [h["epoch"] for h in history],
+                    [h[monitor] for h in history],
+                    color=colour,
+                    marker=".",
+                    alpha=0.8,
+                    label=name,
+                )
+                loss_ax.plot(
+                    range(1, len(losses) + 1), losses, color=colour, marker=".", alpha=0.8, label=name
+                )
+        val_ax.set_ylabel(f"validation {_label(monitor)}")
+        loss_ax.set_ylabel("training loss")
+        for ax in (val_ax, loss_ax):
+            ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+            ax.set_xlabel("epoch")
+            ax.set_title(f"{dataset}, {protocol}", fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(
+    out: Path, meta: dict[str, Any], records: Sequence[Mapping[str, Any]], plots: bool
+) -> dict[str, Any]:
+    """Writes ``results.json`` and ``results.md`` (and, with ``plots``, the two PNGs); returns the report."""
+    meta["load_end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    report = {
+        "meta": meta,
+        "runs": list(records),
+        "groups": aggregate(records),
+        "baselines": baselines(records),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    (out / "results.md").write_text(markdown(report))
+    if plots and records:
+        plot_recall_at_k(report, out / "recall_at_k.png")
+        plot_training_curves(report, out / "training_curves.png")
+    return report
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--datasets", nargs="+", help=f"preset names ({', '.join(DATASETS)}) or paths (default: all three)"
+    )
+    p.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=["loo"], help="default: loo")
+    p.add_argument("--towers", nargs="+", choices=tower_names(), help="default: every tower")
+    p.add_argument(
+        "--fusions",
+        nargs="+",
+        choices=FUSIONS,
+        default=["none"],
+        help="fusion modes of the towers that read side information "
+        f"({', '.join(t for t in tower_names() if takes_side_information(t))}); default none",
+    )
+    p.add_argument("--side-features", default="attributes", help="side features of the fusion runs")
+    p.add_argument(
+        "--seeds", nargs="+", type=int, help=f"training seeds (default {' '.join(map(str, DEFAULT_SEEDS))})"
+    )
+    p.add_argument("--epochs", type=int, help="every run's train.epochs (default: the preset's)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="for every run")
+    p.add_argument(
+        "--max-users",
+        type=int,
+        help=f"each dataset's first N users only (0 = all; --quick: {QUICK_MAX_USERS})",
+    )
+    p.add_argument(
+        "--out", type=Path, help="results folder (default runs/quality, runs/quality-quick with --quick)"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke run: ML-100K's first {QUICK_MAX_USERS} users, towers {' '.join(QUICK_TOWERS)}, "
+        f"one seed, 1 epoch, {' '.join(QUICK_SETS)} (each flag given still applies)",
+    )
+    p.add_argument("--no-plots", action="store_true", help="write results.json and results.md only")
+    p.add_argument("--quiet", action="store_true", help="no Keras progress output")
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.quick:
+        args.datasets = args.datasets or ["ml100k"]
+        args.towers = args.towers or list(QUICK_TOWERS)
+        args.seeds = args.seeds or [DEFAULT_SEEDS[0]]
+        args.epochs = 1 if args.epochs is None else args.epochs
+        args.max_users = QUICK_MAX_USERS if args.max_users is None else args.max_users
+        args.set = [*QUICK_SETS, *args.set]
+    args.datasets = list(dict.fromkeys(args.datasets or DATASETS))
+    args.towers = list(dict.fromkeys(args.towers or tower_names()))
+    args.seeds = list(dict.fromkeys(args.seeds or DEFAULT_SEEDS))
+    args.max_users = args.max_users or 0
+    args.out = args.out or Path("runs/quality-quick" if args.quick else "runs/quality")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    meta: dict[str, Any] = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(),
+        "command": "python -m bench.quality " + shlex.join(args.argv),
+        "machine": machine(),
+        "load_start": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "seeds": args.seeds,
+        "epochs": args.epochs,
+        "set": args.set,
+    }
+    try:
+        datasets = [resolve_dataset(d, args.max_users, args.out) for d in args.datasets]
+        runs = plan(datasets, args.protocols, args.towers, args.fusions, args.side_features, args.seeds)
+        configs = [run_config(r, args.epochs, args.set) for r in runs]  # every override checked first
+        done = sum(finished(c, r.folder(args.out)) for r, c in zip(runs, configs, strict=True))
+        interrupted = sum(run_folder(r.folder(args.out)).is_dir() for r in runs)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(runs)} runs: {done} finished, {interrupted} interrupted; writing to {args.out}", flush=True)
+    records = []
+    for i, (run, config) in enumerate(zip(runs, configs, strict=True)):
+        folder = run.folder(args.out)
+        print(f"\n=== [{i + 1}/{len(runs)}] {folder}", flush=True)
+        metrics, how = run_one(config, folder, verbose=0 if args.quiet else 2)
+        records.append(
+            {
+                **{k: v for k, v in dataclasses.asdict(run).items() if k != "dataset"},
+                "dataset": run.dataset.name,
+                "data": run.dataset.path,
+                "preset": run.preset,
+                "folder": str(folder),
+                "obtained": how,
+                "metrics": metrics,
+            }
+        )
+        write_report(args.out, meta, records, plots=False)
+    report = write_report(args.out, meta, records, plots=not args.no_plots)
+    print("\n" + markdown(report))
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

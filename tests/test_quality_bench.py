@@ -1,0 +1,188 @@
+"""``bench/quality.py``: the run plan and configurations, then a ``--quick`` report end to end
+(aggregates against numpy over the runs' own ``metrics.json``, the table, read-back)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench import quality
+from retrieval import presets
+from retrieval.config import Config
+from retrieval.data import load_interactions
+from retrieval.presets import SHARED_DATA, Preset
+
+
+def test_plan_runs_fusions_only_on_towers_with_side_information() -> None:
+    data = quality.Dataset("log", "/x/log.csv")
+    runs = quality.plan([data], ["loo"], ["youtubednn", "sasrec", "sa"], ["none", "nova"], "gap_prev", [1, 2])
+    assert [(r.tower, r.fusion, r.side_features, r.seed) for r in runs] == [
+        ("youtubednn", "none", "", 1),
+        ("youtubednn", "none", "", 2),
+        ("sasrec", "none", "", 1),
+        ("sasrec", "none", "", 2),
+        ("sasrec", "nova", "gap_prev", 1),
+        ("sasrec", "nova", "gap_prev", 2),
+        ("sa", "none", "", 1),
+        ("sa", "none", "", 2),
+        ("sa", "nova", "gap_prev", 1),
+        ("sa", "nova", "gap_prev", 2),
+    ]
+    assert runs[4].folder(Path("out")) == Path("out/log/loo/sasrec-nova/seed1")
+    with pytest.raises(ValueError, match="needs --side-features"):
+        quality.plan([data], ["loo"], ["sasrec"], ["nova"], "", [1])
+
+
+def test_run_config_layers_preset_run_epochs_then_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    tuned = Preset(
+        "beauty-sasrec",
+        "beauty",
+        ("model.tower=sasrec", "train.learning_rate=0.005", "train.epochs=7", "model.dim=32"),
+    )
+    monkeypatch.setitem(presets.PRESETS, "beauty-sasrec", tuned)
+    named = quality.Dataset("beauty", "/data/Beauty.txt", preset="beauty")
+    run = quality.Run(named, "comirec", "sasrec", "nova", "attributes", 7)
+    assert run.preset == "beauty-sasrec"
+    config = quality.run_config(run, None, [])
+    assert (config.train.learning_rate, config.train.epochs, config.model.dim) == (0.005, 7, 32)  # the preset
+    assert (config.data.path, config.data.protocol, config.train.seed) == ("/data/Beauty.txt", "comirec", 7)
+    assert (config.model.fusion, config.model.side_features) == ("nova", "attributes")
+    config = quality.run_config(run, 3, ["model.dim=8", "train.learning_rate=0.01"])
+    assert (config.train.epochs, config.model.dim, config.train.learning_rate) == (3, 8, 0.01)
+    # A dataset given as a path has no preset: the defaults.
+    plain = quality.Run(quality.Dataset("log", "/x/log.csv"), "loo", "sasrec", "none", "", 1)
+    assert plain.preset is None
+    assert quality.run_config(plain, None, []).train.learning_rate == Config().train.learning_rate
+
+
+def test_preset_dataset_names_resolve_to_shared_data(shared_data: Path, tmp_path: Path) -> None:
+    dataset = quality.resolve_dataset("ml100k", 0, tmp_path)
+    assert (dataset.name, dataset.path, dataset.preset) == ("ml100k", str(SHARED_DATA / "ml-100k"), "ml100k")
+    with pytest.raises(ValueError, match="does not exist"):
+        quality.resolve_dataset(str(tmp_path / "missing.csv"), 0, tmp_path)
+
+
+def test_slices_keep_the_first_users_and_what_the_format_carries(tmp_path: Path) -> None:
+    s3rec = tmp_path / "Toy.txt"
+    s3rec.write_text("7 3 1 2\n5 2 4\n9 1 3 4 5\n")
+    (tmp_path / "Toy_item2attributes.json").write_text(json.dumps({"1": [10], "2": [11, 12], "5": [13]}))
+    sliced = quality.slice_dataset(str(s3rec), 2, tmp_path / "s3rec")
+    assert Path(sliced).read_text() == "7 3 1 2\n5 2 4\n"
+    kept = json.loads((tmp_path / "s3rec" / "data_item2attributes.json").read_text())
+    assert kept == {"1": ["10"], "2": ["11", "12"]}  # item 5 is not in the slice, 3 and 4 have none
+    assert load_interactions(sliced).items.set_index("item")["attributes"].to_dict()["2"] == ["11", "12"]
+
+    table = tmp_path / "log.csv"
+    table.write_text("user,item,timestamp,rating,title\nb,x,5,4,X\na,y,3,2,Y\nb,y,9,5,Y\nc,x,1,1,X\n")
+    sliced = quality.slice_dataset(str(table), 2, tmp_path / "table")
+    events = load_interactions(sliced).events
+    assert events[["user", "item", "timestamp", "rating"]].values.tolist() == [
+        ["b", "x", 5, 4],
+        ["a", "y", 3, 2],
+        ["b", "y", 9, 5],
+    ]  # users b and a (the first two to appear), time and side columns kept
+    assert load_interactions(sliced).items.set_index("item")["title"].to_dict() == {"x": "X", "y": "Y"}
+
+
+def test_mean_std_is_the_sample_deviation() -> None:
+    assert quality.mean_std([0.1, 0.2, 0.6]) == pytest.approx((0.3, np.std([0.1, 0.2, 0.6], ddof=1)))
+    assert quality.mean_std([0.25]) == (0.25, None)  # one seed: no spread to report
+    assert quality._cell(0.25, None) == "0.2500"
+    assert quality._cell(0.123456, 0.01) == "0.1235 ± 0.0100"
+
+
+def _table_rows(markdown: str, heading: str) -> dict[str, dict[str, str]]:
+    """The rows of the table under ``heading``, by their first two cells."""
+    section = markdown.split(heading, 1)[1].split("###", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[f"{cells[0]} {cells[1]}"] = dict(zip(header, cells, strict=True))
+    return rows
+
+
+def test_quick_report(synthetic_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "quality"
+    argv = ["--quick", "--datasets", str(synthetic_csv), "--seeds", "1", "2", "--out", str(out), "--quiet"]
+    assert quality.main(argv) == 0
+
+    report = json.loads((out / "results.json").read_text())
+    for name in ("recall_at_k.png", "training_curves.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --quick: two towers, the given seeds, 1 epoch, small models, the data's first 200 users
+    # (all 60 of them) written as a slice.
+    folders = {
+        (t, s): out / "log-200users" / "loo" / f"{t}-none" / f"seed{s}"
+        for t in quality.QUICK_TOWERS
+        for s in (1, 2)
+    }
+    assert sorted((r["tower"], r["seed"]) for r in report["runs"]) == sorted(folders)
+    assert {r["obtained"] for r in report["runs"]} == {"trained"}
+    for (tower, seed), folder in folders.items():
+        config = json.loads((folder / "config.json").read_text())
+        assert (config["model"]["tower"], config["train"]["seed"], config["train"]["epochs"]) == (
+            tower,
+            seed,
+            1,
+        )
+        assert config["model"]["dim"] == 16
+        assert config["data"]["path"] == str(out.resolve() / "log-200users" / "data.csv")
+    # Seeds change training: the two runs of a tower do not have the same loss.
+    for tower in quality.QUICK_TOWERS:
+        losses = [
+            json.loads((folders[tower, s] / "metrics.json").read_text())["train_loss_per_epoch"]
+            for s in (1, 2)
+        ]
+        assert losses[0] != losses[1]
+
+    # Aggregates: mean and sample std over the seeds' own metrics.json files.
+    groups = {g["tower"]: g for g in report["groups"]}
+    assert sorted(groups) == sorted(quality.QUICK_TOWERS)
+    for tower, group in groups.items():
+        per_seed = [json.loads((folders[tower, s] / "metrics.json").read_text()) for s in (1, 2)]
+        assert group["seeds"] == [1, 2]
+        assert set(group["mean"]) == {*per_seed[0]["test"], "train_seconds"}
+        for metric in ("hr@10", "ndcg@10", "hr@50", "recall@20", "ndcg@50"):
+            values = np.array([m["test"][metric] for m in per_seed])
+            assert group["mean"][metric] == pytest.approx(values.mean(), abs=1e-12)
+            assert group["std"][metric] == pytest.approx(values.std(ddof=1), abs=1e-12)
+        seconds = [m["train_seconds"] for m in per_seed]
+        assert group["mean"]["train_seconds"] == pytest.approx(np.mean(seconds))
+    baseline = report["baselines"][0]["test"]
+    assert (
+        baseline
+        == json.loads((folders["sasrec", 1] / "metrics.json").read_text())["baseline_popularity_test"]
+    )
+
+    # The table: the baseline and one row per configured tower/fusion, cells from the aggregates.
+    markdown = (out / "results.md").read_text()
+    assert "python -m bench.quality --quick --datasets" in markdown and "load average" in markdown
+    rows = _table_rows(markdown, "### log-200users: leave-one-out")
+    assert sorted(rows) == sorted(["most popular –", "`youtubednn` none", "`sasrec` none"])
+    assert list(rows["most popular –"])[3:9] == ["HR@10", "NDCG@10", "HR@20", "NDCG@20", "HR@50", "NDCG@50"]
+    assert rows["most popular –"]["NDCG@10"] == f"{baseline['ndcg@10']:.4f}"
+    for tower in groups:
+        row = rows[f"`{tower}` none"]
+        assert row["seeds"] == "2"
+        ndcg = [
+            json.loads((folders[tower, s] / "metrics.json").read_text())["test"]["ndcg@10"] for s in (1, 2)
+        ]
+        assert row["NDCG@10"] == f"{np.mean(ndcg):.4f} ± {np.std(ndcg, ddof=1):.4f}"
+
+    # A second invocation reads every finished run back: nothing trains.
+    def no_training(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(quality, "train", no_training)
+    assert quality.main(argv) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert {r["obtained"] for r in again["runs"]} == {"read"}
+    assert again["groups"] == report["groups"]
+    # Another configuration over a finished run is refused before anything runs.
+    assert quality.main([*argv, "--epochs", "2"]) == 2

@@ -8,7 +8,8 @@
 Datasets are preset names (``ml100k``, ``beauty``, ``sports``: ``retrieval/presets.py``'s files in
 ``../shared/data``) or paths; ``--max-users N`` trains on a slice of each (:func:`slice_dataset`).
 Every (dataset, protocol, tower, fusion, seed) is one training run and one model artifact folder,
-``OUT/<dataset>/<protocol>/<tower>-<fusion>/seed<N>``. A run starts from the preset
+``OUT/<dataset>/<protocol>/<tower>-<fusion>/seed<N>`` (or under ``--runs``, so that the reports of
+several commands, each in its own ``--out``, share their common runs). A run starts from the preset
 ``<dataset>-<tower>`` (``retrieval/presets.py``) when there is one, then takes the protocol,
 tower, fusion, seed, ``--epochs`` and every ``--set``. A finished run is read back (its saved
 configuration must be the one asked for), an interrupted one resumes from its last epoch's
@@ -174,22 +175,30 @@ def plan(
     fusions: Sequence[str],
     side_features: str,
     seeds: Sequence[int],
+    fusion_towers: Sequence[str] | None = None,
 ) -> list[Run]:
     """Every run, in the order they are trained: by dataset, protocol, tower, fusion, then seed.
 
-    A tower that reads side information (:func:`retrieval.model.takes_side_information`) runs
-    each of ``fusions`` (the ones other than ``none`` with ``side_features``); any other tower
-    runs ``none`` only.
+    Each of ``fusion_towers`` (default: every tower of ``towers`` that reads side information,
+    :func:`retrieval.model.takes_side_information`) runs each of ``fusions``, the modes other
+    than ``none`` with ``side_features``; every other tower runs ``none`` only.
+
+    Raises:
+        ValueError: a fusion mode without side features, or a fusion tower that reads none.
     """
+    if fusion_towers is None:
+        fusion_towers = [t for t in towers if takes_side_information(t)]
+    refused = [t for t in fusion_towers if not takes_side_information(t)]
+    if refused:
+        raise ValueError(f"tower(s) {', '.join(refused)} take no side information (no fusion modes)")
+    if not side_features and any(f != "none" for f in fusions) and fusion_towers:
+        raise ValueError(f"fusion modes {', '.join(f for f in fusions if f != 'none')} need --side-features")
     runs = []
     for dataset in datasets:
         for protocol in protocols:
             for tower in towers:
-                modes = fusions if takes_side_information(tower) else ("none",)
-                for fusion in modes:
+                for fusion in fusions if tower in fusion_towers else ("none",):
                     side = side_features if fusion != "none" else ""
-                    if fusion != "none" and not side:
-                        raise ValueError(f"fusion {fusion!r} needs --side-features")
                     runs += [Run(dataset, protocol, tower, fusion, side, seed) for seed in seeds]
     return runs
 
@@ -351,9 +360,9 @@ def markdown(report: Mapping[str, Any]) -> str:
         "Test split. Each cell is the mean ± sample standard deviation over the seeds (`seeds`: how "
         "many; they vary training only, the split is fixed). `train s`: training wall seconds, the "
         "per-epoch validation included. Each run's `metrics.json` is in "
-        "`<dataset>/<protocol>/<tower>-<fusion>/seed<N>/`, with the run's resolved `config.json`: its "
-        "preset `<dataset>-<tower>` (`retrieval/presets.py`; none for a dataset given as a path), "
-        "then the protocol, tower, fusion, seed, `--epochs` and every `--set`.",
+        f"`{meta['runs']}/<dataset>/<protocol>/<tower>-<fusion>/seed<N>/`, with its resolved "
+        "`config.json`: its preset `<dataset>-<tower>` (`retrieval/presets.py`; none for a dataset "
+        "given as a path), then the protocol, tower, fusion, seed, `--epochs` and every `--set`.",
     ]
     for dataset, protocol, table in tables(report):
         lines += ["", f"### {dataset}: {TITLES[protocol]}", "", table]
@@ -510,6 +519,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="fusion modes of the towers that read side information "
         f"({', '.join(t for t in tower_names() if takes_side_information(t))}); default none",
     )
+    p.add_argument(
+        "--fusion-towers",
+        nargs="+",
+        choices=tower_names(),
+        help="the towers run in every --fusions mode "
+        "(default: those of --towers that read side information); the others run none only",
+    )
     p.add_argument("--side-features", default="attributes", help="side features of the fusion runs")
     p.add_argument(
         "--seeds", nargs="+", type=int, help=f"training seeds (default {' '.join(map(str, DEFAULT_SEEDS))})"
@@ -525,12 +541,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--out", type=Path, help="results folder (default runs/quality, runs/quality-quick with --quick)"
     )
     p.add_argument(
+        "--runs",
+        type=Path,
+        help="where the run folders are (default --out): reports of different commands in their own "
+        "--out can share runs",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help=f"smoke run: ML-100K's first {QUICK_MAX_USERS} users, towers {' '.join(QUICK_TOWERS)}, "
         f"one seed, 1 epoch, {' '.join(QUICK_SETS)} (each flag given still applies)",
     )
     p.add_argument("--no-plots", action="store_true", help="write results.json and results.md only")
+    p.add_argument(
+        "--dry-run", action="store_true", help="list the runs (new, interrupted, finished) and stop"
+    )
     p.add_argument("--quiet", action="store_true", help="no Keras progress output")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -546,6 +571,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.seeds = list(dict.fromkeys(args.seeds or DEFAULT_SEEDS))
     args.max_users = args.max_users or 0
     args.out = args.out or Path("runs/quality-quick" if args.quick else "runs/quality")
+    args.runs = args.runs or args.out
     return args
 
 
@@ -560,20 +586,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seeds": args.seeds,
         "epochs": args.epochs,
         "set": args.set,
+        "runs": str(args.runs),
     }
     try:
-        datasets = [resolve_dataset(d, args.max_users, args.out) for d in args.datasets]
-        runs = plan(datasets, args.protocols, args.towers, args.fusions, args.side_features, args.seeds)
+        datasets = [resolve_dataset(d, args.max_users, args.runs) for d in args.datasets]
+        runs = plan(
+            datasets,
+            args.protocols,
+            args.towers,
+            args.fusions,
+            args.side_features,
+            args.seeds,
+            args.fusion_towers,
+        )
         configs = [run_config(r, args.epochs, args.set) for r in runs]  # every override checked first
-        done = sum(finished(c, r.folder(args.out)) for r, c in zip(runs, configs, strict=True))
-        interrupted = sum(run_folder(r.folder(args.out)).is_dir() for r in runs)
+        done = sum(finished(c, r.folder(args.runs)) for r, c in zip(runs, configs, strict=True))
+        interrupted = sum(run_folder(r.folder(args.runs)).is_dir() for r in runs)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{len(runs)} runs: {done} finished, {interrupted} interrupted; writing to {args.out}", flush=True)
+    print(f"{len(runs)} runs: {done} finished, {interrupted} interrupted, in {args.runs}", flush=True)
+    if args.dry_run:
+        for run, config in zip(runs, configs, strict=True):
+            folder = run.folder(args.runs)
+            state = (
+                "finished"
+                if finished(config, folder)
+                else "interrupted"
+                if run_folder(folder).is_dir()
+                else "new"
+            )
+            print(f"{state:<11} {folder}  (preset {run.preset or '-'}, {config.train.epochs} epochs)")
+        return 0
     records = []
     for i, (run, config) in enumerate(zip(runs, configs, strict=True)):
-        folder = run.folder(args.out)
+        folder = run.folder(args.runs)
         print(f"\n=== [{i + 1}/{len(runs)}] {folder}", flush=True)
         metrics, how = run_one(config, folder, verbose=0 if args.quiet else 2)
         records.append(

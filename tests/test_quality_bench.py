@@ -33,8 +33,13 @@ def test_plan_runs_fusions_only_on_towers_with_side_information() -> None:
         ("sa", "nova", "gap_prev", 2),
     ]
     assert runs[4].folder(Path("out")) == Path("out/log/loo/sasrec-nova/seed1")
-    with pytest.raises(ValueError, match="needs --side-features"):
+    # Only the fusion towers named run the fusion modes.
+    runs = quality.plan([data], ["loo"], ["sasrec", "sa"], ["none", "nova"], "gap_prev", [1], ["sasrec"])
+    assert [(r.tower, r.fusion) for r in runs] == [("sasrec", "none"), ("sasrec", "nova"), ("sa", "none")]
+    with pytest.raises(ValueError, match="nova need --side-features"):
         quality.plan([data], ["loo"], ["sasrec"], ["nova"], "", [1])
+    with pytest.raises(ValueError, match="youtubednn take no side information"):
+        quality.plan([data], ["loo"], ["youtubednn"], ["nova"], "gap_prev", [1], ["youtubednn"])
 
 
 def test_run_config_layers_preset_run_epochs_then_set(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,7 +112,9 @@ def _table_rows(markdown: str, heading: str) -> dict[str, dict[str, str]]:
     return rows
 
 
-def test_quick_report(synthetic_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quick_report(
+    synthetic_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "quality"
     argv = ["--quick", "--datasets", str(synthetic_csv), "--seeds", "1", "2", "--out", str(out), "--quiet"]
     assert quality.main(argv) == 0
@@ -184,5 +191,14 @@ def test_quick_report(synthetic_csv: Path, tmp_path: Path, monkeypatch: pytest.M
     again = json.loads((out / "results.json").read_text())
     assert {r["obtained"] for r in again["runs"]} == {"read"}
     assert again["groups"] == report["groups"]
+    # ... also into a report of its own that reads the runs from elsewhere (--runs).
+    assert quality.main([*argv, "--out", str(tmp_path / "other"), "--runs", str(out)]) == 0
+    other = json.loads((tmp_path / "other" / "results.json").read_text())
+    assert other["groups"] == report["groups"] and {r["obtained"] for r in other["runs"]} == {"read"}
+    assert not (tmp_path / "other" / "log-200users").exists()
+    capsys.readouterr()
+    assert quality.main([*argv, "--dry-run"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "seed" in line]
+    assert listed == ["finished"] * 4
     # Another configuration over a finished run is refused before anything runs.
     assert quality.main([*argv, "--epochs", "2"]) == 2

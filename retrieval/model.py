@@ -64,8 +64,6 @@ class TwoTowerModel(keras.Model):
                 "attach a task (model.task = retrieval.losses.build_task(...)) before training"
             )
         loss = self.task(y_pred, y, self.item_tower)
-        if sample_weight is not None:  # one weight per batch (mixed-length batching), per row
-            loss = loss * tf.reduce_mean(tf.cast(sample_weight, loss.dtype))
         if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
             loss = loss + tf.add_n(self.losses)
         return loss

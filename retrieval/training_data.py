@@ -339,50 +339,78 @@ def epoch_batches(
     its rows (inputs ``[B, L]`` left-padded, and ``[B, L]`` targets), keeping a multiple of
     :data:`TRIM_MULTIPLE` columns: the towers ignore padding, so only the work changes.
 
-    With ``length_buckets`` the epoch's shuffled examples are cut into runs of
-    :data:`BUCKET_BATCHES` batches, each run sorted by history length and cut into batches, and
-    the batches of a run are shuffled: a batch holds histories of similar lengths, so trimming
-    removes most of the padding (mixed-length batching). With ``[N, L]`` targets a batch's loss
-    is a mean over its targets, whose number now varies with the batch's lengths: each batch
-    then comes with a sample weight, its targets over the epoch's mean targets per batch, so
-    that every target weighs the same whatever batch it falls in, as in mixed batches.
+    With ``length_buckets`` (:func:`bucketed_order`) a batch holds histories of similar
+    lengths, so trimming removes most of the padding (mixed-length batching), and every epoch
+    still has ``ceil(N / batch_size)`` batches. With one target per example a batch has
+    ``batch_size`` rows; with ``[N, L]`` targets (``all_positions``, ``cloze``) the rows vary
+    and each batch holds about the same number of targets (the epoch's targets over its
+    batches), as a mixed batch does on average: long histories come a few to a batch, short
+    ones many.
     """
     n = len(y)
     x_all = {k: tf.constant(v) for k, v in x.items()}
     y_all = tf.constant(y)
-    lengths = tf.constant(np.count_nonzero(x["items"], axis=1).astype(np.int32)) if length_buckets else None
     num_batches = -(-n // batch_size)
-    weighted = length_buckets and y.ndim == 2
-    targets_per_batch = max(np.count_nonzero(y) / max(num_batches, 1), 1.0)
+    lengths = np.count_nonzero(x["items"], axis=1)
+    targets = np.count_nonzero(y.reshape(n, -1), axis=1)
 
     def epoch_order(e: Any) -> tf.data.Dataset:
         key = tf.stack([tf.constant(seed, tf.int64), e])
         order = tf.argsort(tf.random.stateless_uniform([n], key))
         if not length_buckets:
             return tf.data.Dataset.from_tensor_slices(order).batch(batch_size)
-        run = tf.range(n) // (batch_size * BUCKET_BATCHES)  # runs of the shuffled order
-        width = int(x["items"].shape[1]) + 1
-        order = tf.gather(order, tf.argsort(run * width + tf.gather(lengths, order), stable=True))
-        # Shuffle the batches within each run; -1 fills the last batch up to batch_size.
-        padded = tf.concat([order, -tf.ones([num_batches * batch_size - n], order.dtype)], 0)
-        batches = tf.reshape(padded, [num_batches, batch_size])
-        batch_run = tf.range(num_batches) // BUCKET_BATCHES
-        jitter = tf.random.stateless_uniform([num_batches], key + tf.constant([0, 1 << 32], tf.int64))
-        shuffled = tf.argsort(tf.cast(batch_run, tf.float32) + jitter)  # jitter < 1: stays in its run
-        return tf.data.Dataset.from_tensor_slices(tf.gather(batches, shuffled))
+        rows, splits = tf.numpy_function(
+            lambda order, e: bucketed_order(order, lengths, targets, batch_size, seed, int(e)),
+            [order, e],
+            [tf.int64, tf.int64],
+            stateful=False,
+        )
+        rows.set_shape([n])
+        splits.set_shape([num_batches + 1])
+        return tf.data.Dataset.from_tensor_slices(tf.RaggedTensor.from_row_splits(rows, splits))
 
     def gather(rows: Any) -> tuple[Any, ...]:
-        rows = tf.boolean_mask(rows, rows >= 0)
-        xs, ys = _trim_padding({k: tf.gather(v, rows) for k, v in x_all.items()}, tf.gather(y_all, rows))
-        if not weighted:
-            return xs, ys
-        weight = tf.cast(tf.math.count_nonzero(ys), tf.float32) / targets_per_batch
-        return xs, ys, tf.fill(tf.shape(rows), weight)
+        return _trim_padding({k: tf.gather(v, rows) for k, v in x_all.items()}, tf.gather(y_all, rows))
 
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs)
     return epochs_ds.flat_map(epoch_order).map(
         gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     )
+
+
+def bucketed_order(
+    order: np.ndarray, lengths: np.ndarray, targets: np.ndarray, batch_size: int, seed: int, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One epoch's length-bucketed batches: the rows of ``order`` regrouped, and the batch bounds.
+
+    The shuffled ``order`` is cut into runs of :data:`BUCKET_BATCHES` × ``batch_size``
+    examples; each run is sorted by history length (``lengths``) and cut into
+    ``ceil(run / batch_size)`` batches holding about equal numbers of targets (``targets``
+    per example: every batch ``batch_size`` rows when each example has one), never empty; the
+    batches of a run are shuffled (seeded by ``(seed, epoch)``).
+
+    Returns:
+        ``rows`` int64 ``[N]`` (a permutation of ``order``) and ``splits`` int64
+        ``[num_batches + 1]``: batch ``b`` is ``rows[splits[b]:splits[b + 1]]``.
+    """
+    rng = np.random.default_rng([seed, epoch, 1])
+    run_size = batch_size * BUCKET_BATCHES
+    pieces: list[np.ndarray] = []
+    for start in range(0, len(order), run_size):
+        run = order[start : start + run_size]
+        run = run[np.argsort(lengths[run], kind="stable")]
+        k = -(-len(run) // batch_size)
+        cum = np.cumsum(targets[run], dtype=np.float64)
+        # Bound j (1..k-1) where the run's targets reach j/k, kept strictly increasing and
+        # inside the run so that every batch has at least one row.
+        bounds = np.searchsorted(cum, cum[-1] * np.arange(1, k) / k, side="right")
+        j = np.arange(1, k)
+        bounds = np.clip(bounds, j, len(run) - (k - j))
+        bounds = np.maximum.accumulate(bounds - j) + j
+        batches = np.split(run, bounds)
+        pieces += [batches[b] for b in rng.permutation(k)]
+    splits = np.cumsum([0] + [len(b) for b in pieces])
+    return np.concatenate(pieces).astype(np.int64), splits.astype(np.int64)
 
 
 def _trim_padding(x: dict[str, Any], y: Any) -> tuple[dict[str, Any], Any]:

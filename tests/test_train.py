@@ -26,7 +26,7 @@ from retrieval.config import Config, ModelConfig, TrainConfig, apply_overrides
 from retrieval.losses import CandidateSampler, SampledSoftmaxTask
 from retrieval.model import build_model
 from retrieval.train import make_optimizer
-from retrieval.training_data import epoch_batches
+from retrieval.training_data import bucketed_order, epoch_batches
 from tests.conftest import run_tool
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5"]
@@ -309,24 +309,33 @@ def test_every_objective_trains_with_length_buckets(synthetic_csv, tmp_path, tow
     assert np.isfinite(metrics["train_loss_per_epoch"]).all() and metrics["test"]
 
 
-def test_length_buckets_weigh_every_target_the_same() -> None:
-    """A bucketed batch of [B, L] targets carries weight = its targets / the epoch's mean per batch."""
+def test_length_buckets_balance_targets_per_batch() -> None:
+    """With [N, L] targets a bucketed batch holds about the epoch's mean targets per batch
+    (its rows vary with the lengths), every batch is non-empty and there are ceil(N / B) of them."""
     rng = np.random.default_rng(2)
     lengths = rng.integers(1, 30, size=500)
     x = {"items": _left_padded(lengths, 30)}
     y = x["items"].copy()
-    total, weights = 0.0, []
-    for _, targets, weight in epoch_batches(x, y, 50, 0, 0, 1, length_buckets=True):
-        w = weight.numpy()
-        assert w.shape == (targets.shape[0],) and np.all(w == w[0])
-        weights.append(float(w[0]))
-        total += np.count_nonzero(targets.numpy())
-        assert w[0] == pytest.approx(np.count_nonzero(targets.numpy()) / (lengths.sum() / 10), rel=1e-5)
-    assert total == lengths.sum() and np.mean(weights) == pytest.approx(1.0, rel=1e-5)
-    assert max(weights) > 2 * min(weights)  # the batches differ, so the weights matter
-    # Mixed batches, or one target per example: no weight.
-    assert len(next(iter(epoch_batches(x, y, 50, 0, 0, 1)))) == 2
-    assert len(next(iter(epoch_batches(x, y[:, -1], 50, 0, 0, 1, length_buckets=True)))) == 2
+    batches = list(epoch_batches(x, y, 50, 0, 0, 1, length_buckets=True))
+    assert len(batches) == 10 and all(len(b) == 2 for b in batches)  # (x, y): no sample weight
+    counts = np.array([np.count_nonzero(t.numpy()) for _, t in batches])
+    rows = np.array([t.shape[0] for _, t in batches])
+    assert counts.sum() == lengths.sum()
+    mean = lengths.sum() / 10
+    assert np.all(np.abs(counts - mean) <= 29)  # within one history of the mean
+    assert rows.min() >= 1 and rows.max() > 2 * rows.min()  # short histories come many to a batch
+    # One target per example: batch_size rows each (the last one the rest).
+    last = [t.shape[0] for _, t in epoch_batches(x, y[:, -1], 50, 0, 0, 1, length_buckets=True)]
+    assert last == [50] * 10
+
+
+def test_bucketed_order_never_leaves_a_batch_empty() -> None:
+    """Histories far longer than a batch's share of targets still give ceil(N / B) non-empty batches."""
+    lengths = np.array([1] * 20 + [500] * 3)
+    order = np.random.default_rng(0).permutation(len(lengths))
+    rows, splits = bucketed_order(order, lengths, lengths, 4, 0, 0)
+    assert sorted(rows.tolist()) == list(range(len(lengths)))
+    assert len(splits) == 7 and np.all(np.diff(splits) >= 1)
 
 
 @pytest.mark.parametrize(("tower", "objective"), [("sasrec", "all_positions"), ("youtubednn", "last")])

@@ -1,7 +1,7 @@
 """Does re-ranking the retriever's candidates help? Every ranker on one dataset: a results table.
 
     python -m bench.ranking                                   # Amazon Beauty, trains a SASRec retriever
-    python -m bench.ranking --model runs/bench-towers/sasrec-none --out runs/bench-ranking
+    python -m bench.ranking --model runs/quality/beauty/loo/sasrec-none/seed42 --out runs/bench-ranking
     python -m bench.ranking --data ../shared/data/ml-100k --tower sa --tower-epochs 3 --epochs 2 \\
         --out runs/bench-ranking-ml100k                       # a small smoke run
 

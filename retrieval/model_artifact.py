@@ -16,7 +16,6 @@ Folder layout (``tools/train.py --out DIR``)::
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +26,7 @@ import numpy as np
 from retrieval.artifacts import MANIFEST, ArtifactError, contained_file, read_manifest
 from retrieval.features import SideVocab
 from retrieval.vocab import ItemVocab
-
-logger = logging.getLogger(__name__)
+from retrieval.xla import COMPILED_BATCHES, XlaFunction, pad_to, padded_size
 
 KIND = "model"
 SIDE_FILE = "side_vocab.json"
@@ -187,15 +185,10 @@ def tower_function(exported: Any, xla: bool = False) -> UserVectorsFn:
     return user_vectors
 
 
-COMPILED_BATCHES = (1, 8, 32, 256, 1024)
-"""Batch sizes the compiled user tower runs at: a batch is padded with empty histories to the
-next one (larger batches go in chunks of the last), so XLA compiles at most five shapes."""
-
-
 def compiled_tower(exported: Any) -> UserVectorsFn:
     """The SavedModel's ``user_vectors`` endpoint compiled by XLA (faster than the plain graph:
     ``bench/serving.py`` has a row with it), with a fallback to the plain graph should XLA
-    refuse it.
+    refuse it (:class:`retrieval.xla.XlaFunction`).
 
     XLA compiles once per input shape (0.3-1 s, on first use: :func:`retrieval.reload.warm_up`
     does it before serving), so rows are padded to one of :data:`COMPILED_BATCHES`. Not the
@@ -204,20 +197,15 @@ def compiled_tower(exported: Any) -> UserVectorsFn:
     """
     import tensorflow as tf
 
-    compiled = tf.function(lambda inputs: exported.user_vectors(inputs), jit_compile=True)
-    plain: list[bool] = []  # set once XLA has refused the tower
+    tower = XlaFunction(
+        lambda inputs: exported.user_vectors(inputs), exported.user_vectors, "this user tower"
+    )
 
     def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
         rows = len(inputs["items"])
-        size = next(b for b in COMPILED_BATCHES if b >= rows)
-        padded = {k: tf.constant(np.pad(v, ((0, size - rows), (0, 0))), tf.int32) for k, v in inputs.items()}
-        if not plain:
-            try:
-                return compiled(padded).numpy()[:rows]
-            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
-                logger.warning("XLA cannot compile this user tower, serving the plain graph: %s", e)
-                plain.append(True)
-        return exported.user_vectors(padded).numpy()[:rows]
+        size = padded_size(rows, COMPILED_BATCHES) or rows
+        padded = {k: tf.constant(pad_to(v, (size, v.shape[1])), tf.int32) for k, v in inputs.items()}
+        return tower(padded)[:rows]
 
     # The closure holds the loaded object itself: its endpoint alone does not keep the
     # variables alive, and TensorFlow frees them once the object is collected.

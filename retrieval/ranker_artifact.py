@@ -45,6 +45,7 @@ from rankers import Ranker, build_ranker
 from retrieval.artifacts import MANIFEST, ArtifactError, contained_file, read_manifest, write_artifact
 from retrieval.model_artifact import ModelArtifact, pad_left
 from retrieval.vocab import PAD, ItemVocab
+from retrieval.xla import COMPILED_BATCHES, COMPILED_WIDTHS, XlaFunction, pad_to, padded_size
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ LEGACY_KWARGS = {"retrieval_score": False}
 """What a format-1 artifact's ranker was built with (the defaults of that time)."""
 
 LEGACY_RANKER_KWARGS = {"dstn": {"context_size": 0}}
+
+_VARYING_WIDTHS = ("candidates", "retrieval_scores", "unclicked")
+"""Scorer inputs whose width varies between calls (padded to ``COMPILED_WIDTHS`` under XLA)."""
 
 MAX_CELLS = 16_384
 """Most ``rows × candidates`` one call of the model scores; larger requests are split into rows.
@@ -185,15 +189,24 @@ class RankerScorer:
 
     The model runs inside one ``tf.function`` whose input signature fixes the history width
     (``max_len``) and leaves the batch and candidate dimensions open, so it is traced once (at
-    construction) and every later call, whatever its shape, reuses that graph. The signature
+    construction) and every later call, whatever its shape, reuses that graph (called through
+    its concrete function, without ``tf.function``'s per-call argument matching). The signature
     holds ``retrieval_scores`` when the ranker reads them (``model.retrieval_score``) and
     ``context`` when it reads one (``model.context_size`` > 0: DSTN's top retrieved items, taken
     here from the candidates, which callers give in the retriever's order).
+
+    With ``xla`` the same function runs compiled by XLA (:class:`retrieval.xla.XlaFunction`, as
+    the user tower's ``--xla``), on inputs zero-padded to a few shapes so that XLA compiles few
+    programs: rows to :data:`~retrieval.xla.COMPILED_BATCHES`, candidate and unclicked lists to
+    :data:`~retrieval.xla.COMPILED_WIDTHS` (longer ones run the plain graph). Padding changes no
+    logit: no ranker's logit of a candidate depends on padded candidates, rows or unclicked
+    slots, and inference reads no batch statistics (Dice uses its moving averages).
 
     Args:
         model: a built ranker.
         attributes: the item attribute table the ranker was trained with (``None`` when it reads none).
         uses_unclicked: whether to feed the ``unclicked`` input (DSTN).
+        xla: run the model compiled by XLA (falls back to the plain graph should XLA refuse it).
 
     Example:
         >>> scorer = RankerScorer(ranker, attributes, uses_unclicked=False)
@@ -201,7 +214,9 @@ class RankerScorer:
         >>> scorer.score([np.array([3, 7, 9])], candidates, retrieval_scores=scores)  # float32 [1, 3]
     """
 
-    def __init__(self, model: Ranker, attributes: AttributeTable | None, uses_unclicked: bool) -> None:
+    def __init__(
+        self, model: Ranker, attributes: AttributeTable | None, uses_unclicked: bool, xla: bool = False
+    ) -> None:
         self.model = model
         self.attributes = attributes
         self.uses_unclicked = uses_unclicked
@@ -226,6 +241,10 @@ class RankerScorer:
 
         self.function = tf.function(logits, input_signature=[signature], autograph=False)
         # Traced here, once: a first trace racing between server threads is avoided.
+        self.concrete = self.function.get_concrete_function()
+        self.compiled = (
+            XlaFunction(logits, self.concrete, f"ranker {type(model).__name__}", signature) if xla else None
+        )
         probe = {"history": np.zeros((1, self.max_len), np.int32), "candidates": np.ones((1, 1), np.int32)}
         if uses_unclicked:
             probe["unclicked"] = np.zeros((1, 1), np.int32)
@@ -305,12 +324,34 @@ class RankerScorer:
             inputs["retrieval_scores"] = np.where(present, scores, 0.0).astype(np.float32)
         if self.context_width:
             inputs["context"] = context_of(cand, self.context_width)
-        step = max(1, MAX_CELLS // width)
+        step = self._rows_per_call(width)
         for start in range(0, batch, step):
-            part = {k: v[start : start + step] for k, v in inputs.items()}
-            out[start : start + step] = self.function(part).numpy()
+            out[start : start + step] = self._run({k: v[start : start + step] for k, v in inputs.items()})
         out[~present] = -np.inf
         return out
+
+    def _rows_per_call(self, width: int) -> int:
+        """Rows one call scores: at most ``MAX_CELLS`` cells, counting the compiled path's padding."""
+        wide = None if self.compiled is None else padded_size(width, COMPILED_WIDTHS)
+        if wide is None:
+            return max(1, MAX_CELLS // width)
+        return max([b for b in COMPILED_BATCHES if b * wide <= MAX_CELLS] or [1])
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """Logits ``[rows, width]`` of one call's inputs: compiled on zero-padded copies with
+        ``xla`` (when the shapes fit its sizes), else the plain graph."""
+        rows, width = inputs["candidates"].shape
+        if self.compiled is not None:
+            # Rows and the candidate and unclicked lists vary; the history and context are fixed.
+            widths = {
+                k: padded_size(v.shape[1], COMPILED_WIDTHS) if k in _VARYING_WIDTHS else v.shape[1]
+                for k, v in inputs.items()
+            }
+            size = padded_size(rows, COMPILED_BATCHES)
+            if size is not None and None not in widths.values():
+                padded = {k: tf.constant(pad_to(v, (size, widths[k] or 0))) for k, v in inputs.items()}
+                return self.compiled(padded)[:rows, :width]
+        return self.concrete({k: tf.constant(v) for k, v in inputs.items()}).numpy()
 
 
 @dataclass(frozen=True)
@@ -429,7 +470,7 @@ def save_ranker(
 
 
 def load_ranker(
-    path: Path, model: ModelArtifact | ItemVocab | None = None, verify: bool = True
+    path: Path, model: ModelArtifact | ItemVocab | None = None, verify: bool = True, xla: bool = False
 ) -> LoadedRanker:
     """Loads a ranker artifact written by :func:`save_ranker` (checksums verified by default).
 
@@ -439,6 +480,7 @@ def load_ranker(
             trained against another vocabulary is refused (another model version with the same
             vocabulary is accepted, with a warning). ``None`` skips the check.
         verify: check every file's SHA-256 against the manifest.
+        xla: score with the ranker compiled by XLA (:class:`RankerScorer`).
 
     Raises:
         retrieval.artifacts.ArtifactError: missing, incomplete or corrupted folder, a vocabulary
@@ -492,7 +534,7 @@ def load_ranker(
             f"{path}: cannot rebuild ranker {name!r} from its weights: {type(e).__name__}: "
             f"{text[0][:300] if text else ''}"
         ) from e
-    scorer = RankerScorer(ranker, attributes, num_unclicked > 0)
+    scorer = RankerScorer(ranker, attributes, num_unclicked > 0, xla=xla)
     return LoadedRanker(path, manifest, vocab, scorer, num_unclicked)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from retrieval.artifacts import resolve_current
 from retrieval.deployment import deployment_dirs, deployment_rankers
-from retrieval.retriever import Query, Retriever
+from retrieval.retriever import Query, Rerank, Retriever
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +55,20 @@ class RetrieverSlot:
 
 def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = (1, 8, 32)) -> None:
     """Answers a few batches so the first real ones do not pay for lazy initialisation: by
-    default one per batch size the user tower is compiled for, up to the default micro-batch
-    (``retrieval.model_artifact.COMPILED_BATCHES``).
+    default one per batch size the user tower and the rankers are compiled for, up to the
+    default micro-batch (``retrieval.xla.COMPILED_BATCHES``), and per ranker the same batches
+    reranking the default number of candidates.
 
     Raises:
         Exception: whatever the retriever raises; a version that cannot answer is not served.
     """
     vocab = retriever.model.vocab
     history = list(vocab.ids[-retriever.model.max_len :])
+    k = min(10, len(vocab))
     for size in batch_sizes:
-        retriever.retrieve_many([Query(history, k=min(10, len(vocab)))] * size)
+        retriever.retrieve_many([Query(history, k)] * size)
+        for name in retriever.rankers:
+            retriever.retrieve_many([Query(history, k, rerank=Rerank(name))] * size)
 
 
 def load_deployment(root: Path, xla: bool = False) -> Retriever:

@@ -247,7 +247,8 @@ class Retriever:
     ) -> Retriever:
         """Loads a model folder, an index folder and ranker folders, refusing an index built
         from another model and rankers trained against another vocabulary. ``xla`` compiles the
-        user tower (:func:`retrieval.model_artifact.load_model`).
+        user tower (:func:`retrieval.model_artifact.load_model`) and the rankers
+        (:class:`retrieval.ranker_artifact.RankerScorer`).
 
         The versions are compared before the model's TensorFlow graph is loaded, so a mismatch
         fails fast.
@@ -262,7 +263,7 @@ class Retriever:
         if ranker_dirs:
             from retrieval.ranker_artifact import load_ranker
 
-            rankers = [load_ranker(Path(d), model) for d in ranker_dirs]
+            rankers = [load_ranker(Path(d), model, xla=xla) for d in ranker_dirs]
         return cls(model, index, manifest["model_version"], index_manifest=manifest, rankers=rankers)
 
     @property

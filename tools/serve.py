@@ -38,8 +38,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--xla",
         action="store_true",
-        help="run the user tower compiled by XLA (faster, compiled at start; not with --watch: "
-        "TensorFlow keeps every compiled version in memory)",
+        help="run the user tower and the rankers compiled by XLA (faster, compiled at start; not "
+        "with --watch: TensorFlow keeps every compiled version in memory)",
     )
     p.add_argument(
         "--watch",

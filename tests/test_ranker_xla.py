@@ -1,0 +1,102 @@
+"""The XLA-compiled ranker scorer (``load_ranker(..., xla=True)``, ``tools/serve.py --xla``)
+answers as the plain graph: same logits to 1e-5 whatever the padding of rows, candidate lists
+and unclicked lists, for every ranker, in the scorer and through the Retriever."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retrieval.index_artifact import build_index_from_model
+from retrieval.ranker_artifact import MAX_CELLS, AttributeTable, RankerScorer, load_ranker
+from retrieval.retriever import Query, Rerank, Retriever
+from retrieval.xla import COMPILED_BATCHES, COMPILED_WIDTHS, pad_to, padded_size
+from tests.test_rankers import NUM_ITEMS, make_ranker
+from tests.test_rerank import HISTORY, save_din
+from tests.test_server import make_model
+
+
+def attribute_table(seed: int = 0) -> AttributeTable:
+    """Two attributes per item of 6 (row 0, padding, has none)."""
+    table = np.random.default_rng(seed).integers(1, 7, (NUM_ITEMS + 1, 2)).astype(np.int32)
+    table[0] = 0
+    return AttributeTable(tuple(f"a{i}" for i in range(1, 7)), table)
+
+
+def lists(
+    seed: int, rows: int, width: int
+) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray]:
+    """Histories of 1..12 items, candidate lists in a retriever's shape (best first, each row's
+    tail empty: -1), unclicked lists of 0..5 items and retrieval scores."""
+    rng = np.random.default_rng(seed)
+    histories = [rng.integers(1, NUM_ITEMS + 1, rng.integers(1, 13)) for _ in range(rows)]
+    candidates = rng.integers(1, NUM_ITEMS + 1, (rows, width))
+    for row in candidates:
+        row[rng.integers(1, width + 1) :] = -1
+    unclicked = [rng.integers(1, NUM_ITEMS + 1, rng.integers(0, 6)) for _ in range(rows)]
+    scores = np.sort(rng.normal(size=(rows, width)).astype(np.float32), axis=1)[:, ::-1]
+    return histories, candidates, unclicked, scores
+
+
+@pytest.mark.parametrize("name", ["din", "dien", "afm", "dstn"])
+def test_the_compiled_scorer_gives_the_plain_graphs_logits(name: str) -> None:
+    ranker = make_ranker(name)
+    unclicked = name == "dstn"
+    plain = RankerScorer(ranker, attribute_table(), unclicked)
+    fast = RankerScorer(ranker, attribute_table(), unclicked, xla=True)
+    assert fast.compiled is not None
+    # One row in a padded batch of 1; 9 rows in a batch of 32 with 33 candidates padded to 64.
+    for seed, (rows, width) in enumerate([(1, 5), (9, 33)]):
+        histories, candidates, shown, scores = lists(seed, rows, width)
+        expected = plain.score(histories, candidates, shown, scores)
+        got = fast.score(histories, candidates, shown, scores)
+        np.testing.assert_array_equal(np.isinf(got), candidates <= 0)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert not fast.compiled.refused  # XLA compiled it: the comparison was of the compiled path
+    assert fast.tracing_count() == plain.tracing_count() == 1
+
+
+def test_din_at_the_default_depth_in_chunks_and_beyond_the_compiled_widths() -> None:
+    ranker = make_ranker("din")
+    plain = RankerScorer(ranker, attribute_table(), False)
+    fast = RankerScorer(ranker, attribute_table(), False, xla=True)
+    # 40 rows of 200: chunks of the largest compiled batch within MAX_CELLS (32 rows, then 8);
+    # 1001 candidates are wider than any compiled width and run the plain graph.
+    assert fast._rows_per_call(200) == 32 and MAX_CELLS >= 32 * 200
+    for seed, (rows, width) in enumerate([(40, 200), (2, 1001)]):
+        histories, candidates, _, scores = lists(10 + seed, rows, width)
+        np.testing.assert_allclose(
+            fast.score(histories, candidates, retrieval_scores=scores),
+            plain.score(histories, candidates, retrieval_scores=scores),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+
+
+def test_padding_sizes() -> None:
+    assert [padded_size(n, COMPILED_BATCHES) for n in (1, 2, 8, 9, 1024, 1025)] == [1, 8, 8, 32, 1024, None]
+    assert padded_size(200, COMPILED_WIDTHS) == 200 and padded_size(201, COMPILED_WIDTHS) == 512
+    padded = pad_to(np.ones((2, 3), np.int32), (8, 16))
+    assert padded.shape == (8, 16) and padded.sum() == 6 and padded[:2, :3].all()
+
+
+def test_a_retriever_with_compiled_rankers_reranks_as_the_plain_one(tmp_path: Path) -> None:
+    model = make_model()
+    path = save_din(tmp_path / "din", model.vocab, model.version, 0)
+    index = build_index_from_model(model, "Flat")
+    plain = Retriever(model, index, rankers=[load_ranker(path, model)])
+    fast = Retriever(model, index, rankers=[load_ranker(path, model, xla=True)])
+    assert fast.rankers["din"].scorer.compiled is not None
+    queries = [
+        Query(HISTORY, 5, rerank=Rerank(candidates=12)),
+        Query(["item20", "item21"], 4, rerank=Rerank()),
+    ]
+    for query in queries:
+        (a,) = fast.retrieve_many([query])
+        (b,) = plain.retrieve_many([query])
+        assert a.items == b.items
+        np.testing.assert_allclose(a.rank_scores, b.rank_scores, rtol=1e-5, atol=1e-5)
+    together = fast.retrieve_many(queries)
+    assert [r.items for r in together] == [plain.retrieve_many([q])[0].items for q in queries]

@@ -409,13 +409,13 @@ def test_dstn_context_has_the_same_size_in_training_and_evaluation(setup) -> Non
     lists = ranking.test
     cands = np.where(lists.candidates > 0, lists.candidates, 0)
     seen: dict[str, np.ndarray] = {}
-    original = scorer.function
+    original = scorer.concrete  # what the scorer calls, on the inputs it built
 
     def spy(inputs: dict[str, np.ndarray]):
         seen.update(inputs)
         return original(inputs)
 
-    scorer.function = spy  # type: ignore[assignment]
+    scorer.concrete = spy  # type: ignore[assignment]
     scorer.score(lists.histories, cands, lists.unclicked, lists.scores)
     assert seen["context"].shape == (len(cands), 5) and seen["candidates"].shape[1] == 20
     np.testing.assert_array_equal(seen["context"], cands[:, :5])  # the head of the retrieved list

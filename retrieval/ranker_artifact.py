@@ -47,6 +47,13 @@ from retrieval.model_artifact import ModelArtifact, pad_left
 from retrieval.vocab import PAD, ItemVocab
 from retrieval.xla import COMPILED_BATCHES, COMPILED_WIDTHS, XlaFunction, pad_to, padded_size
 
+XLA_ROWS = 1
+"""Lists a call may hold to run compiled (``xla``); larger calls run the plain graph. In one
+run of ``bench/serving.py`` (2026-12-01, 1M items, DIN over 200 candidates) the compiled
+ranker cut the p99 a rerank adds at concurrency 1 from 5.3 to 4.0 ms, but with micro-batches
+of several requests (8 and 32 in flight) the server spent 8.8-11.2 ms of CPU per request
+against the plain graph's 5.8-5.9."""
+
 log = logging.getLogger(__name__)
 
 KIND = "ranker"
@@ -197,8 +204,10 @@ class RankerScorer:
 
     With ``xla`` the same function runs compiled by XLA (:class:`retrieval.xla.XlaFunction`, as
     the user tower's ``--xla``), on inputs zero-padded to a few shapes so that XLA compiles few
-    programs: rows to :data:`~retrieval.xla.COMPILED_BATCHES`, candidate and unclicked lists to
-    :data:`~retrieval.xla.COMPILED_WIDTHS` (longer ones run the plain graph). Padding changes no
+    programs: candidate and unclicked lists to :data:`~retrieval.xla.COMPILED_WIDTHS` (longer
+    ones run the plain graph). Only calls of at most :data:`XLA_ROWS` lists run compiled: XLA
+    shortens one request's rerank, but the plain graph scores a micro-batch of several lists
+    about twice as fast per list (see :data:`XLA_ROWS`). Padding changes no
     logit: no ranker's logit of a candidate depends on padded candidates, rows or unclicked
     slots, and inference reads no batch statistics (Dice uses its moving averages).
 
@@ -331,17 +340,14 @@ class RankerScorer:
         return out
 
     def _rows_per_call(self, width: int) -> int:
-        """Rows one call scores: at most ``MAX_CELLS`` cells, counting the compiled path's padding."""
-        wide = None if self.compiled is None else padded_size(width, COMPILED_WIDTHS)
-        if wide is None:
-            return max(1, MAX_CELLS // width)
-        return max([b for b in COMPILED_BATCHES if b * wide <= MAX_CELLS] or [1])
+        """Rows one call scores: at most ``MAX_CELLS`` cells."""
+        return max(1, MAX_CELLS // width)
 
     def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Logits ``[rows, width]`` of one call's inputs: compiled on zero-padded copies with
         ``xla`` (when the shapes fit its sizes), else the plain graph."""
         rows, width = inputs["candidates"].shape
-        if self.compiled is not None:
+        if self.compiled is not None and rows <= XLA_ROWS:
             # Rows and the candidate and unclicked lists vary; the history and context are fixed.
             widths = {
                 k: padded_size(v.shape[1], COMPILED_WIDTHS) if k in _VARYING_WIDTHS else v.shape[1]

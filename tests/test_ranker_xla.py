@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from retrieval.index_artifact import build_index_from_model
-from retrieval.ranker_artifact import MAX_CELLS, AttributeTable, RankerScorer, load_ranker
+from retrieval.ranker_artifact import MAX_CELLS, XLA_ROWS, AttributeTable, RankerScorer, load_ranker
 from retrieval.retriever import Query, Rerank, Retriever
 from retrieval.xla import COMPILED_BATCHES, COMPILED_WIDTHS, pad_to, padded_size
 from tests.test_rankers import NUM_ITEMS, make_ranker
@@ -47,8 +47,8 @@ def test_the_compiled_scorer_gives_the_plain_graphs_logits(name: str) -> None:
     plain = RankerScorer(ranker, attribute_table(), unclicked)
     fast = RankerScorer(ranker, attribute_table(), unclicked, xla=True)
     assert fast.compiled is not None
-    # One row in a padded batch of 1; 9 rows in a batch of 32 with 33 candidates padded to 64.
-    for seed, (rows, width) in enumerate([(1, 5), (9, 33)]):
+    # One list of 5 candidates padded to 16, one of 33 padded to 64.
+    for seed, (rows, width) in enumerate([(1, 5), (1, 33)]):
         histories, candidates, shown, scores = lists(seed, rows, width)
         expected = plain.score(histories, candidates, shown, scores)
         got = fast.score(histories, candidates, shown, scores)
@@ -58,14 +58,22 @@ def test_the_compiled_scorer_gives_the_plain_graphs_logits(name: str) -> None:
     assert fast.tracing_count() == plain.tracing_count() == 1
 
 
-def test_din_at_the_default_depth_in_chunks_and_beyond_the_compiled_widths() -> None:
+def test_only_single_lists_run_compiled(monkeypatch) -> None:
+    """A micro-batch of several lists, or a list wider than any compiled width, runs the plain
+    graph (faster per list there); one list of the default depth runs compiled."""
     ranker = make_ranker("din")
     plain = RankerScorer(ranker, attribute_table(), False)
     fast = RankerScorer(ranker, attribute_table(), False, xla=True)
-    # 40 rows of 200: chunks of the largest compiled batch within MAX_CELLS (32 rows, then 8);
-    # 1001 candidates are wider than any compiled width and run the plain graph.
-    assert fast._rows_per_call(200) == 32 and MAX_CELLS >= 32 * 200
-    for seed, (rows, width) in enumerate([(40, 200), (2, 1001)]):
+    assert fast.compiled is not None and XLA_ROWS == 1
+    calls: list[tuple[int, ...]] = []
+    compiled = fast.compiled.compiled
+    monkeypatch.setattr(
+        fast.compiled, "compiled", lambda x: calls.append(tuple(x["candidates"].shape)) or compiled(x)
+    )
+    # 40 rows of 200 go in chunks of MAX_CELLS cells; 1001 candidates are wider than any
+    # compiled width.
+    assert fast._rows_per_call(200) == MAX_CELLS // 200
+    for seed, (rows, width) in enumerate([(40, 200), (2, 1001), (1, 1001), (1, 200)]):
         histories, candidates, _, scores = lists(10 + seed, rows, width)
         np.testing.assert_allclose(
             fast.score(histories, candidates, retrieval_scores=scores),
@@ -73,6 +81,7 @@ def test_din_at_the_default_depth_in_chunks_and_beyond_the_compiled_widths() -> 
             rtol=1e-5,
             atol=1e-5,
         )
+    assert calls == [(1, 200)]  # the one single list of a compiled width
 
 
 def test_padding_sizes() -> None:

@@ -41,16 +41,22 @@ def encode_histories(
     features: Features | None = None,
     batch_size: int = 1024,
 ) -> np.ndarray:
-    """Interests for every history, float32 ``[U, K, d]``, in batches (``features`` as in
-    :meth:`ModelArtifact.encode`)."""
-    parts = [
-        model.encode(
-            histories[i : i + batch_size],
-            None if features is None else {k: v[i : i + batch_size] for k, v in features.items()},
-        )
-        for i in range(0, len(histories), batch_size)
-    ]
-    return np.concatenate(parts) if parts else np.zeros((0, model.num_interests, model.dim), np.float32)
+    """Interests for every history, float32 ``[U, K, d]`` (``features`` as in
+    :meth:`ModelArtifact.encode`).
+
+    Histories are encoded in batches of similar lengths, each only as wide as its longest
+    history (rounded up to a multiple of 8): the towers ignore padding, so the result is that
+    of full-width batches, for a fraction of the work on short histories.
+    """
+    out = np.zeros((len(histories), model.num_interests, model.dim), np.float32)
+    lengths = np.array([min(len(h), model.max_len) for h in histories], np.int64)
+    order = np.argsort(lengths, kind="stable")
+    for i in range(0, len(order), batch_size):
+        rows = order[i : i + batch_size]
+        width = -(-max(int(lengths[rows].max()), 1) // 8) * 8
+        part = None if features is None else {k: [v[r] for r in rows] for k, v in features.items()}
+        out[rows] = model.encode([histories[r] for r in rows], part, width=width)
+    return out
 
 
 def _top_k_rows(scores: np.ndarray, exclude: Sequence[np.ndarray], k: int) -> np.ndarray:
@@ -62,7 +68,7 @@ def _top_k_rows(scores: np.ndarray, exclude: Sequence[np.ndarray], k: int) -> np
     for row, ids in zip(scores, exclude, strict=True):
         row[ids] = -np.inf
     n = min(k, scores.shape[1] - 1)
-    part = np.argpartition(-scores, n - 1, axis=1)[:, :n]
+    part = np.argpartition(scores, -n, axis=1)[:, -n:]  # the n largest (no negated copy)
     part_scores = np.take_along_axis(scores, part, axis=1)
     order = np.argsort(-part_scores, axis=1, kind="stable")
     top = np.take_along_axis(part, order, axis=1)
@@ -87,8 +93,12 @@ def exact_top_k(
     """
 
     def scores(rows: slice) -> np.ndarray:
-        per_interest = np.einsum("ukd,vd->ukv", interests[rows], item_embeddings)  # [u, K, V]
-        masked = ~np.any(interests[rows] != 0, axis=2)  # [u, K]
+        block = interests[rows]  # [u, K, d]
+        # One BLAS matmul (numpy's einsum does not use BLAS for this contraction: ~15x slower).
+        per_interest = (block.reshape(-1, block.shape[2]) @ item_embeddings.T).reshape(
+            block.shape[0], block.shape[1], -1
+        )  # [u, K, V]
+        masked = ~np.any(block != 0, axis=2)  # [u, K]
         per_interest[masked] = -np.inf
         return per_interest.max(axis=1)
 
@@ -194,7 +204,7 @@ def candidate_scores(
     out = np.empty(candidates.shape, np.float32)
     for start in range(0, len(candidates), batch):
         rows = slice(start, start + batch)
-        per_interest = np.einsum("ukd,ucd->ukc", interests[rows], item_embeddings[candidates[rows]])
+        per_interest = np.matmul(interests[rows], item_embeddings[candidates[rows]].transpose(0, 2, 1))
         per_interest[~np.any(interests[rows] != 0, axis=2)] = -np.inf  # masked interests
         best = per_interest.max(axis=1)  # [u, C]
         best[candidates[rows] == PAD] = -np.inf

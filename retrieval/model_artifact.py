@@ -74,22 +74,26 @@ class ModelArtifact:
     def dim(self) -> int:
         return int(self.item_embeddings.shape[1])
 
-    def encode(self, histories: Sequence[np.ndarray], features: Features | None = None) -> np.ndarray:
+    def encode(
+        self, histories: Sequence[np.ndarray], features: Features | None = None, width: int | None = None
+    ) -> np.ndarray:
         """Dense-id histories (oldest first) -> interests float32 ``[B, K, d]``.
 
         Args:
             histories: per user, dense item ids.
             features: per side feature the tower reads, per user an int array aligned with
                 the history (see ``retrieval.features.encode_events``); missing = unknown (0).
+            width: columns of the tower's input, at most ``max_len`` (None = ``max_len``).
+                Histories are cut to it: a batch of short histories may be encoded in fewer
+                columns, with the same result (towers ignore padding), for less work.
 
-        Each history is cut to its last ``max_len`` events and left-padded with 0.
+        Each history is cut to its last ``width`` events and left-padded with 0.
         """
-        inputs = {"items": pad_left(histories, self.max_len)}
+        width = self.max_len if width is None else min(max(int(width), 1), self.max_len)
+        inputs = {"items": pad_left(histories, width)}
         for name in self.side.event_features:
             given = (features or {}).get(name)
-            inputs[name] = (
-                pad_left(given, self.max_len) if given is not None else np.zeros_like(inputs["items"])
-            )
+            inputs[name] = pad_left(given, width) if given is not None else np.zeros_like(inputs["items"])
         return self.user_vectors(inputs)
 
 

@@ -13,6 +13,7 @@ from retrieval.data import build_sequences, load_interactions
 from retrieval.evaluate import (
     candidate_scores,
     category_codes,
+    encode_histories,
     evaluate_model_on_data,
     evaluate_protocol,
     exact_top_k,
@@ -259,3 +260,35 @@ def test_tool_refuses_bad_requests(trained_toy: Path, toy_data: Path, tmp_path: 
     assert run_tool("evaluate", "--compare", str(tmp_path / "missing")) == 2
     with pytest.raises(SystemExit):
         run_tool("evaluate", "--data", str(toy_data))  # --model missing
+
+
+@pytest.mark.parametrize(
+    ("tower", "fusion", "side"), [("sasrec", "nova", "gap_prev"), ("bert4rec", "none", "")]
+)
+def test_length_sorted_trimmed_encoding_equals_full_width(
+    synthetic_csv: Path, tmp_path: Path, tower: str, fusion: str, side: str
+) -> None:
+    """encode_histories batches similar lengths in trimmed widths: the interests of an exported
+    tower are those of full-width, unsorted encoding (towers ignore padding)."""
+    from retrieval.config import Config, apply_overrides
+    from retrieval.model_artifact import load_model
+    from retrieval.train import train
+
+    overrides = [f"data.path={synthetic_csv}", f"model.tower={tower}", f"model.fusion={fusion}"]
+    overrides += [f"model.side_features={side}", "model.dim=8", "model.max_len=24", "train.epochs=1"]
+    config = apply_overrides(Config(), [*overrides, "train.num_negatives=8", "train.batch_size=16"])
+    train(config, tmp_path / "m", verbose=0)
+    model = load_model(tmp_path / "m")
+    rng = np.random.default_rng(3)
+    histories = [rng.integers(1, len(model.vocab) + 1, n) for n in rng.integers(1, 40, 50)]
+    features = None
+    if side:
+        features = {side: [rng.integers(1, 4, len(h)) for h in histories]}
+    got = encode_histories(model, histories, features, batch_size=7)
+    want = np.concatenate(
+        [
+            model.encode([h], None if features is None else {side: [features[side][i]]})
+            for i, h in enumerate(histories)
+        ]
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -485,6 +485,8 @@ class RetrievalTask:
         else:
             positive = embed(target_ids)  # [B, d]
             query = self.select(outputs, positive)  # [B, d]
+        if self._catalogue_softmax:
+            return self._catalogue_cross_entropy(query, target_ids, embed), target_ids
         m = tf.shape(target_ids)[0]
         positive_log_q = self._log_q(target_ids, m)  # [M]
         pos_logit, neg_logits, valid = None, [], []
@@ -505,6 +507,28 @@ class RetrievalTask:
             valid.append(ok)
         loss = self.loss(pos_logit, tf.concat(neg_logits, 1), tf.concat(valid, 1))
         return loss, target_ids
+
+    @property
+    def _catalogue_softmax(self) -> bool:
+        """Whether the task is the plain full softmax (every item once, accidental hits removed):
+        the cross-entropy over the catalogue, computed by one fused op."""
+        return (
+            len(self.negatives) == 1
+            and isinstance(self.negatives[0], AllItems)
+            and type(self.loss) is SoftmaxCrossEntropy
+            and self.remove_accidental_hits
+        )
+
+    def _catalogue_cross_entropy(self, query: Any, target_ids: Any, embed: Callable[[Any], Any]) -> Any:
+        """``-log softmax`` of each target over items ``1..V-1``, ``[M]``. The generic path's
+        logits minus the positive's column (its accidental hit) plus the positive's own logit
+        are exactly these logits, and ``log Q = 0`` for every item; the fused op avoids copying
+        the ``[M, V]`` logits three times (a full-softmax step of Beauty SASRec: 588 -> 448 ms)."""
+        source = self.negatives[0]
+        assert isinstance(source, AllItems)
+        ids = source.draw(target_ids)  # [V - 1]: 1..V-1
+        logits = tf.matmul(query, embed(ids), transpose_b=True) / self.temperature  # [M, V - 1]
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=target_ids - 1, logits=logits)
 
     def __call__(self, outputs: Any, target_ids: Any, embed: Callable[[Any], Any]) -> Any:
         """Mean loss over the batch's targets; ``embed`` maps ids to ``[.., d]``.

@@ -10,6 +10,7 @@ from retrieval.losses import (
     LOSSES,
     CandidateSampler,
     GeneralisedBCE,
+    RetrievalTask,
     SampledSoftmaxTask,
     SoftmaxCrossEntropy,
     build_task,
@@ -587,3 +588,24 @@ def test_a_few_steps_reduce_every_loss(loss: str) -> None:
     model.compile(optimizer=keras.optimizers.Adam(0.02), jit_compile=False)
     history = model.fit({"items": x}, y, batch_size=128, epochs=6, verbose=0).history["loss"]
     assert history[-1] < 0.8 * history[0], history
+
+
+def test_full_softmax_fused_path_matches_the_generic_logits(monkeypatch) -> None:
+    """The fused catalogue cross-entropy gives the loss and gradients of the generic path
+    (candidate logits, accidental hit removed, positive logit concatenated)."""
+    rng, table, embed = tiny_catalogue(21)
+    outputs = tf.Variable(rng.normal(size=(3, 4, 4)).astype(np.float32))  # [B, L, d]: all positions
+    targets = tf.constant([[0, 2, 5, 7], [0, 0, 3, 3], [1, 2, 3, 4]])
+
+    def loss_and_gradient() -> tuple[float, np.ndarray]:
+        task = task_for("full_softmax", np.ones(8), targets.numpy(), temperature=0.7)
+        with tf.GradientTape() as tape:
+            loss = task(outputs, targets, embed)
+        return float(loss), tape.gradient(loss, outputs).numpy()
+
+    assert RetrievalTask._catalogue_softmax.fget(task_for("full_softmax", np.ones(8), np.array([1])))
+    fused = loss_and_gradient()
+    monkeypatch.setattr(RetrievalTask, "_catalogue_softmax", property(lambda self: False))
+    generic = loss_and_gradient()
+    assert fused[0] == pytest.approx(generic[0], rel=1e-5)
+    np.testing.assert_allclose(fused[1], generic[1], rtol=1e-4, atol=1e-6)

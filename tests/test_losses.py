@@ -593,7 +593,7 @@ def test_a_few_steps_reduce_every_loss(loss: str) -> None:
 def test_full_softmax_fused_path_matches_the_generic_logits(monkeypatch) -> None:
     """The fused catalogue cross-entropy gives the loss and gradients of the generic path
     (candidate logits, accidental hit removed, positive logit concatenated)."""
-    rng, table, embed = tiny_catalogue(21)
+    rng, _, embed = tiny_catalogue(21)
     outputs = tf.Variable(rng.normal(size=(3, 4, 4)).astype(np.float32))  # [B, L, d]: all positions
     targets = tf.constant([[0, 2, 5, 7], [0, 0, 3, 3], [1, 2, 3, 4]])
 

@@ -20,7 +20,9 @@ class DataConfig:
     (:func:`retrieval.data.load_interactions`, loaded in memory), or ``prepared``, a folder
     written by ``tools/prepare_data.py`` and streamed (:mod:`retrieval.parquet_data`; the
     leave-one-out split only). ``protocol`` is ``"loo"`` (leave-one-out: every user trains on
-    all but the last two events, validates on the second-to-last, tests on the last) or
+    all but the last two events, validates on the second-to-last, tests on the last),
+    ``"loo-refit"`` (the same test, the model trained on every event before it, validation
+    events included: no validation, so a fixed number of epochs, chosen by a ``loo`` run) or
     ``"comirec"`` (ComiRec's: users split 8:1:1 by ``split_seed``; only training users train;
     validation/test users' first 80% of events predict the remaining 20%). ``shuffle_buffer``:
     ``prepared`` only, the examples gathered before each shuffle (memory ~ ``shuffle_buffer``

@@ -117,6 +117,8 @@ class LeaveOneOut:
     """Leave-one-out split: last item for test, second-to-last for validation.
 
     Users with fewer than 3 items train on their whole sequence and have no valid/test example.
+    A refitted split (``leave_one_out(..., refit=True)``) trains on ``sequence[:-1]`` and has no
+    validation users.
 
     Attributes:
         train: per user, ``sequence[:-2]`` (the whole sequence for users with < 3 items).
@@ -368,15 +370,22 @@ def build_sequences(data: Interactions) -> SequenceData:
     )
 
 
-def leave_one_out(data: SequenceData) -> LeaveOneOut:
-    """Splits each sequence: last item for test, second-to-last for validation, the rest for training."""
+def leave_one_out(data: SequenceData, refit: bool = False) -> LeaveOneOut:
+    """Splits each sequence: last item for test, second-to-last for validation, the rest for training.
+
+    With ``refit`` the validation event trains too (``sequence[:-1]``) and there are no
+    validation users: the model for the test is fitted on every event before it, for a number
+    of epochs chosen beforehand by a run without ``refit`` (nothing is left to validate on).
+    """
     evaluated = [u for u, s in enumerate(data.sequences) if len(s) >= 3]
     held_out = [data.sequences[u] for u in evaluated]
+    keep = 1 if refit else 2
+    validated = [] if refit else held_out
     return LeaveOneOut(
-        train=tuple(s if len(s) < 3 else s[:-2] for s in data.sequences),
-        valid_histories=tuple(s[:-2] for s in held_out),
-        valid_targets=np.array([s[-2] for s in held_out], np.int64),
-        valid_users=np.array(evaluated, np.int64),
+        train=tuple(s if len(s) < 3 else s[:-keep] for s in data.sequences),
+        valid_histories=tuple(s[:-2] for s in validated),
+        valid_targets=np.array([s[-2] for s in validated], np.int64),
+        valid_users=np.array([] if refit else evaluated, np.int64),
         test_histories=tuple(s[:-1] for s in held_out),
         test_targets=np.array([s[-1] for s in held_out], np.int64),
         test_users=np.array(evaluated, np.int64),

@@ -275,6 +275,11 @@ def train(
     """
     if not config.data.path:
         raise ValueError("config.data.path is empty: give the interactions to train on")
+    if config.data.protocol == "loo-refit" and config.train.patience > 0:
+        raise ValueError(
+            "data.protocol=loo-refit trains on the validation events, so nothing is left to stop "
+            "early on: set train.patience=0 and train.epochs to a loo run's best_epoch"
+        )
     strategy = strategy or tf.distribute.get_strategy()
     replicas = int(strategy.num_replicas_in_sync)
     if replicas > 1 and config.model.attention_penalty > 0:

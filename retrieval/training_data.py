@@ -62,16 +62,20 @@ class Protocol:
 LOO_SHOWN = ("ndcg@10", "hr@10", "recall@50")
 
 
+TRAINING_PROTOCOLS = ("loo", "loo-refit", "comirec")
+"""``DataConfig.protocol`` values."""
+
+
 def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
     """The split and scoring of ``config.protocol``.
 
     Raises:
         ValueError: an unknown protocol.
     """
-    if config.protocol == "loo":
+    if config.protocol in ("loo", "loo-refit"):
         return Protocol(
             "loo-full",
-            leave_one_out(data),
+            leave_one_out(data, refit=config.protocol == "loo-refit"),
             range(len(data.users)),
             lambda model, histories, targets, features: evaluate_ranking(
                 model, histories, targets, features=features
@@ -93,7 +97,7 @@ def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
             comirec_metrics,
             ("recall@50", "hitrate@50", "recall@20"),
         )
-    raise ValueError(f"unknown protocol {config.protocol!r}; choose loo or comirec")
+    raise ValueError(f"unknown protocol {config.protocol!r}; choose one of {TRAINING_PROTOCOLS}")
 
 
 class TrainingData(abc.ABC):

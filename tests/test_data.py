@@ -307,6 +307,16 @@ def test_leave_one_out_hand_worked() -> None:
     assert split.test_targets.tolist() == [5, 6]
 
 
+def test_refitted_leave_one_out_trains_on_the_validation_event() -> None:
+    split = leave_one_out(sequence_data([1, 2, 3, 4, 5], [6, 1], [2, 4, 6], [3]), refit=True)
+    assert [t.tolist() for t in split.train] == [[1, 2, 3, 4], [6, 1], [2, 4], [3]]
+    assert split.valid_users.shape == split.valid_targets.shape == (0,) and split.valid_histories == ()
+    # The same test as without refit: the last event, from every event before it.
+    assert split.test_users.tolist() == [0, 2]
+    assert [h.tolist() for h in split.test_histories] == [[1, 2, 3, 4], [2, 4]]
+    assert split.test_targets.tolist() == [5, 6]
+
+
 def test_leave_one_out_without_evaluable_users() -> None:
     split = leave_one_out(sequence_data([1, 2], [3]))
     assert [t.tolist() for t in split.train] == [[1, 2], [3]]

@@ -387,6 +387,26 @@ def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path,
         retrieval.train.train(tiny_config(synthetic_csv, "data.protocol=nope"), tmp_path / "x", verbose=0)
 
 
+def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv, tmp_path, exported) -> None:
+    from retrieval.data import build_sequences, load_interactions
+
+    sequences = build_sequences(load_interactions(synthetic_csv)).sequences
+    loo = retrieval.train.train(tiny_config(synthetic_csv, "train.epochs=1"), tmp_path / "a", verbose=0)
+    config = tiny_config(synthetic_csv, "data.protocol=loo-refit", "train.epochs=1")
+    refit = retrieval.train.train(config, tmp_path / "b", verbose=0)
+    # Objective "last": one example per training event after a user's first; refit has one more
+    # per evaluated user (its validation event), no validation, and the same test users.
+    evaluated = sum(len(s) >= 3 for s in sequences)
+    assert refit["train_examples"] == loo["train_examples"] + evaluated
+    assert refit["validation_per_epoch"] == [] and refit["validation"] == {}
+    assert refit["baseline_popularity_test"].keys() == loo["baseline_popularity_test"].keys()
+    assert set(refit["test"]) == set(loo["test"])
+    with pytest.raises(ValueError, match=r"train\.patience=0"):
+        retrieval.train.train(
+            tiny_config(synthetic_csv, "data.protocol=loo-refit", "train.patience=2"), tmp_path / "c"
+        )
+
+
 def test_bert4rec_masks_are_seeded(synthetic_csv, tmp_path, exported) -> None:
     config = tiny_config(synthetic_csv, "model.tower=bert4rec", "model.num_blocks=1", "train.epochs=1")
     runs = [retrieval.train.train(config, tmp_path / f"m{i}", verbose=0) for i in range(2)]

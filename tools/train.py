@@ -29,6 +29,7 @@ from retrieval.distribute import LR_SCALINGS, STRATEGIES, is_chief, make_strateg
 from retrieval.losses import LOSSES
 from retrieval.presets import apply_preset, preset_names
 from retrieval.train import train
+from retrieval.training_data import TRAINING_PROTOCOLS
 from towers import tower_names
 
 # flag dest -> config field; a flag overrides its field only when given.
@@ -66,8 +67,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     )
     p.add_argument(
         "--protocol",
-        choices=["loo", "comirec"],
-        help="split: leave-one-out (default) or ComiRec's 8:1:1 users with 80/20 history/targets",
+        choices=TRAINING_PROTOCOLS,
+        help="split: leave-one-out (default), leave-one-out trained on the validation events too "
+        "(loo-refit: fixed epochs, no validation) or ComiRec's 8:1:1 users with 80/20 history/targets",
     )
     p.add_argument("--out", required=True, help="model artifact folder to create")
     p.add_argument(

@@ -97,7 +97,7 @@ class TrainConfig:
     gbce_t: float = 0.75  # gSASRec's calibration t in [0, 1] (loss = gbce)
     temperature: float = 1.0
     remove_accidental_hits: bool = True
-    interest_selection: str = "hard"  # how K interests meet the target: "hard" | "label_aware"
+    interest_selection: str = "hard"  # how K interests meet the target: hard | label_aware | max
     label_aware_power: float = 1.0  # MIND's p, for interest_selection="label_aware"
     weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
     lr_schedule: str = "constant"  # constant | cosine | linear (decay to 0 by the last step)

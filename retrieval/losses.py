@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 SAMPLERS = ("popularity", "uniform", "log_uniform")
-INTEREST_SELECTIONS = ("hard", "label_aware")
+INTEREST_SELECTIONS = ("hard", "label_aware", "max")
 LOSSES = ("sampled_softmax", "full_softmax", "in_batch", "mixed", "bce", "gbce")
 """Names accepted by :func:`build_task` (``train.loss``)."""
 
@@ -87,6 +87,35 @@ def label_aware_attention(interests: Any, target: Any, power: float = 1.0) -> An
     return tf.einsum("bk,bkd->bd", weights, interests)
 
 
+def interest_scores(query: Any, vectors: Any, per_row: bool) -> Any:
+    """Scores of item vectors under each row's query: ``<q, e>`` for ``[M, d]`` queries, and for
+    ``[M, K, d]`` ones ``max_k <q_k, e>`` (all-zero, i.e. masked, interests skipped), the score
+    the multi-interest search ranks items by (:func:`retrieval.search.search_interests`).
+
+    Args:
+        query: ``[M, d]`` or ``[M, K, d]``.
+        vectors: with ``per_row``, ``[M, d]`` (an item per row) or ``[M, N, d]`` (``N`` per
+            row); without, ``[N, d]`` shared by every row.
+
+    Returns:
+        ``[M]`` for an item per row, else ``[M, N]``.
+    """
+    one = per_row and vectors.shape.rank == 2
+    if query.shape.rank == 2:
+        if one:
+            return tf.reduce_sum(query * vectors, axis=-1)
+        if per_row:
+            return tf.einsum("md,mnd->mn", query, vectors)
+        return tf.matmul(query, vectors, transpose_b=True)
+    if one:
+        scores = tf.einsum("mkd,md->mk", query, vectors)[:, :, None]  # [M, K, 1]
+    else:
+        scores = tf.einsum("mkd,mnd->mkn" if per_row else "mkd,nd->mkn", query, vectors)  # [M, K, N]
+    active = tf.reduce_any(tf.not_equal(query, 0.0), axis=-1)  # [M, K]
+    best = tf.reduce_max(tf.where(active[:, :, None], scores, scores.dtype.min), axis=1)  # [M, N]
+    return best[:, 0] if one else best
+
+
 # --------------------------------------------------------------------------- logits and losses
 
 
@@ -107,7 +136,8 @@ def candidate_logits(
     drawn per row (``candidates [M, N, d]``, ids and log-Q ``[M, N]``).
 
     Args:
-        query: ``[M, d]``; positive: ``[M, d]``; positive_ids: ``[M]``.
+        query: ``[M, d]``, or ``[M, K, d]`` K interests scored by their best (:func:`interest_scores`).
+        positive: ``[M, d]``; positive_ids: ``[M]``.
         candidates: ``[N, d]`` or ``[M, N, d]``; candidate_ids: ``[N]`` or ``[M, N]``.
         positive_log_q: ``[M]`` (or 0): subtracted from the positive logit.
         candidate_log_q: like ``candidate_ids`` (or 0): subtracted from the candidate logits.
@@ -118,13 +148,10 @@ def candidate_logits(
         ``pos_logit [M]``, ``neg_logits [M, N]`` and ``valid`` bool ``[M, N]`` (False = an
         accidental hit, to be left out of the loss).
     """
-    pos_logit = tf.reduce_sum(query * positive, axis=-1) / temperature - positive_log_q  # [M]
-    if candidate_ids.shape.rank == 1:  # shared by the batch
-        neg_logits = tf.matmul(query, candidates, transpose_b=True)  # [M, N]
-        ids = candidate_ids[None, :]  # [1, N]
-    else:  # one set per row
-        neg_logits = tf.einsum("md,mnd->mn", query, candidates)  # [M, N]
-        ids = candidate_ids
+    pos_logit = interest_scores(query, positive, per_row=True) / temperature - positive_log_q  # [M]
+    shared = candidate_ids.shape.rank == 1  # or one set per row
+    neg_logits = interest_scores(query, candidates, per_row=not shared)  # [M, N]
+    ids = candidate_ids[None, :] if shared else candidate_ids  # [1, N] or [M, N]
     neg_logits = neg_logits / temperature - candidate_log_q
     if remove_accidental_hits:
         valid = tf.not_equal(ids, tf.expand_dims(positive_ids, 1))
@@ -426,7 +453,11 @@ class RetrievalTask:
         remove_accidental_hits: drop candidates equal to the row's target.
         logq_correction: subtract ``log Q`` from the logits (only for losses that expect it).
         interest_selection: how the K interests meet the target: ``"hard"``
-            (:func:`select_interest`, ComiRec) or ``"label_aware"`` (:func:`label_aware_attention`, MIND).
+            (:func:`select_interest`, ComiRec), ``"label_aware"`` (:func:`label_aware_attention`,
+            MIND), or ``"max"``: the positive and every negative scored by its best interest
+            (:func:`interest_scores`), as the search ranks items, so that an interest scoring
+            wrong items high is corrected too (under ``"hard"`` only the chosen interest meets
+            the negatives).
         label_aware_power: MIND's ``p`` for ``"label_aware"``.
     """
 
@@ -467,6 +498,8 @@ class RetrievalTask:
         """The training query ``[B, d]`` from interests ``[B, K, d]`` and target embeddings ``[B, d]``."""
         if self.interest_selection == "label_aware":
             return label_aware_attention(interests, target, self.label_aware_power)
+        if self.interest_selection == "max":  # every candidate scored by its best interest
+            return interests
         return select_interest(interests, target)
 
     def _log_q(self, ids: Any, num_positives: Any) -> Any:
@@ -484,7 +517,7 @@ class RetrievalTask:
             positive = embed(target_ids)
         else:
             positive = embed(target_ids)  # [B, d]
-            query = self.select(outputs, positive)  # [B, d]
+            query = self.select(outputs, positive)  # [B, d], or [B, K, d] for "max"
         if self._catalogue_softmax:
             return self._catalogue_cross_entropy(query, target_ids, embed), target_ids
         m = tf.shape(target_ids)[0]
@@ -527,7 +560,7 @@ class RetrievalTask:
         source = self.negatives[0]
         assert isinstance(source, AllItems)
         ids = source.draw(target_ids)  # [V - 1]: 1..V-1
-        logits = tf.matmul(query, embed(ids), transpose_b=True) / self.temperature  # [M, V - 1]
+        logits = interest_scores(query, embed(ids), per_row=False) / self.temperature  # [M, V - 1]
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=target_ids - 1, logits=logits)
 
     def __call__(self, outputs: Any, target_ids: Any, embed: Callable[[Any], Any]) -> Any:

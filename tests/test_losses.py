@@ -609,3 +609,38 @@ def test_full_softmax_fused_path_matches_the_generic_logits(monkeypatch) -> None
     generic = loss_and_gradient()
     assert fused[0] == pytest.approx(generic[0], rel=1e-5)
     np.testing.assert_allclose(fused[1], generic[1], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["sampled_softmax", "full_softmax", "gbce"])
+def test_max_interest_scores_every_candidate_by_its_best_interest(loss: str) -> None:
+    """interest_selection="max": the positive's and each negative's logit is max_k <v_k, e>
+    (masked interests skipped), checked against numpy; under "hard" the negatives meet only the
+    chosen interest, so the two differ."""
+    rng, table, embed = tiny_catalogue(22)
+    interests = rng.normal(size=(3, 3, 4)).astype(np.float32)
+    interests[1, 2] = 0.0  # a masked interest (MIND's K'u) never counts
+    targets = np.array([2, 5, 3])
+    negatives = np.array([1, 4, 6, 7, 2])
+    task = task_for(loss, np.ones(8), targets, num_negatives=5, interest_selection="max", temperature=0.5)
+    fix_negatives(task, negatives)
+    got = float(task(tf.constant(interests), tf.constant(targets), embed))
+
+    def best(b: int, ids: np.ndarray) -> np.ndarray:
+        active = np.any(interests[b] != 0, axis=1)
+        return (interests[b][active] @ table[ids].T).max(axis=0) / 0.5
+
+    expected = []
+    for b, t in enumerate(targets):
+        candidates = np.arange(1, 8) if loss == "full_softmax" else negatives[negatives != t]
+        pos, neg = best(b, np.array([t]))[0], best(b, candidates[candidates != t])
+        if loss == "gbce":
+            beta = GeneralisedBCE.beta_for(0.75, 5, 7)
+            softplus = lambda x: np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0)  # noqa: E731
+            expected.append((beta * softplus(-pos) + softplus(neg).sum()) / (1 + len(neg)))
+        else:  # uniform sampler: log-Q is the same for every id, so it cancels in the softmax
+            logits = np.concatenate([[pos], neg])
+            expected.append(np.log(np.exp(logits - logits.max()).sum()) + logits.max() - pos)
+    assert got == pytest.approx(np.mean(expected), rel=1e-5)
+    hard = task_for(loss, np.ones(8), targets, num_negatives=5, temperature=0.5)
+    fix_negatives(hard, negatives)
+    assert float(hard(tf.constant(interests), tf.constant(targets), embed)) != pytest.approx(got, rel=1e-3)

@@ -12,6 +12,11 @@ queries: the user's most recent item (the best single guess of what comes next) 
 learned interest queries. Each query gives one interest ``v_k = Σ_l w_kl h_l`` over the
 unpadded positions, with DIN's un-normalised weights: no softmax, so the size of ``v_k``
 keeps how strongly the history supports that interest.
+
+It overfits fast, as the DIN paper reports of DIN itself (its mini-batch aware regularisation
+exists for that): on Amazon Beauty validation NDCG@10 peaked after 4 epochs (0.039) and fell
+to 0.024 by epoch 6 while the training loss kept falling, so the ``*-din`` presets stop early
+(``train.patience``) and export the best epoch.
 """
 
 from __future__ import annotations

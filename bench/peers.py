@@ -20,7 +20,9 @@ only the models differ:
   ComiRec-SA, ComiRec-DR, MIND, YouTubeDNN. Models train on the training users only.
 
 Every side trains the same number of epochs at the same batch size, embedding size and history
-length, and is scored at its best validation epoch (validation NDCG@10 under ``loo``, Recall@50
+length (ours from each tower's preset for the dataset, ``retrieval/presets.py``, when ``--data`` is
+a preset dataset, with these shared settings replacing the preset's; ``--no-presets``: defaults),
+and is scored at its best validation epoch (validation NDCG@10 under ``loo``, Recall@50
 under ``comirec``, by our evaluator; ours trains with ``tools/train.py``'s protocol of the same
 name). Speed: training seconds per epoch (validation and checkpoints excluded) and target events
 per second, the ratio ours/peer, the training time each side needs to reach the peer's best
@@ -525,6 +527,8 @@ class Settings:
     negatives: int
     peer_minutes: float
     overrides: tuple[str, ...] = ()
+    presets: bool = True
+    """Whether our towers start from their preset for ``data`` (when it is a preset dataset)."""
 
 
 # --------------------------------------------------------------------------- processes
@@ -584,21 +588,43 @@ def peer_command(run: ModelRun, python: str, split_dir: Path, export: Path, s: S
     return command
 
 
-def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
-    """Our training configuration for ``run``: the defaults of ``retrieval.config`` with the
-    shared sizes and ``run``'s protocol (split with the benchmark's seed, so it is
-    :func:`make_split`'s), and early stopping's best-epoch export without stopping (patience =
-    epochs), so that both sides are scored at their best validation epoch of the same budget."""
-    from retrieval.config import Config, DataConfig, ModelConfig, TrainConfig, apply_overrides
+def ours_preset(model: str, s: Settings) -> str | None:
+    """The preset our ``model`` starts from: ``<dataset>-<model>`` when ``s.data`` is a preset
+    dataset's file (``retrieval.presets.dataset_at``, sliced or not) and ``s.presets``."""
+    from retrieval.presets import PRESETS, dataset_at
 
-    config = Config(
-        DataConfig(path=data, protocol=run.protocol, split_seed=s.seed),
-        ModelConfig(tower=run.model, dim=s.dim, max_len=s.max_len),
-        TrainConfig(epochs=s.epochs, batch_size=s.batch_size, seed=s.seed, patience=max(s.epochs, 1)),
-    )
+    name = f"{dataset_at(s.data)}-{model}"
+    return name if s.presets and name in PRESETS else None
+
+
+def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
+    """Our training configuration for ``run``: the defaults of ``retrieval.config``, then the
+    overrides of the tower's preset (:func:`ours_preset`: its tuned losses, negatives, dropout),
+    then the shared sizes and budget, ``run``'s protocol (split with the benchmark's seed, so it
+    is :func:`make_split`'s), validation every epoch and early stopping's best-epoch export
+    without stopping (patience = epochs), so that both sides are scored at their best validation
+    epoch of the same budget; ``s.overrides`` last."""
+    from retrieval.config import Config, apply_overrides
+    from retrieval.presets import get_preset
+
+    preset = ours_preset(run.model, s)
+    shared = [
+        f"data.path={data}",
+        f"data.protocol={run.protocol}",
+        f"data.split_seed={s.seed}",
+        f"model.tower={run.model}",
+        f"model.dim={s.dim}",
+        f"model.max_len={s.max_len}",
+        f"train.epochs={s.epochs}",
+        f"train.batch_size={s.batch_size}",
+        f"train.seed={s.seed}",
+        f"train.patience={max(s.epochs, 1)}",
+        "train.eval_every=1",
+    ]
     if run.model in ("sa", "dr", "mind"):
-        config = apply_overrides(config, [f"model.num_interests={s.interests}"])
-    return apply_overrides(config, s.overrides).to_dict()
+        shared.append(f"model.num_interests={s.interests}")
+    overrides = [*(get_preset(preset).overrides if preset else ()), *shared, *s.overrides]
+    return apply_overrides(Config(), overrides).to_dict()
 
 
 def ours_worker(spec_file: Path) -> int:
@@ -887,6 +913,15 @@ def markdown(
         f"side: {meta['epochs']} epoch(s), batch {meta['batch_size']}, d = {meta['dim']}, history "
         f"{meta['max_len']}; scored at its best validation epoch (NDCG@10), by our evaluator (exact full "
         "ranking, history excluded) on the same split. Seconds are training only (validation excluded).",
+        "",
+        "Ours: "
+        + (
+            "each tower starts from its preset for this dataset (`retrieval/presets.py`; the sizes "
+            "and budget above replace the preset's)"
+            if meta.get("presets", True)
+            else "the defaults of `retrieval/config.py` (`--no-presets`)"
+        )
+        + (f", then `--set {' '.join(meta['overrides'])}`." if meta.get("overrides") else "."),
     ]
     columns = {
         "loo": ("hr@10", "ndcg@10", "hr@20", "ndcg@20", "hr@50", "ndcg@50"),
@@ -1025,7 +1060,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, An
     data_path, data = load_data(source, args.max_users, folder)
     settings = Settings(
         source, args.max_users, args.epochs, args.batch_size, args.dim, args.max_len, args.seed,
-        args.interests, args.negatives, args.peer_minutes, tuple(args.set),
+        args.interests, args.negatives, args.peer_minutes, tuple(args.set), not args.no_presets,
     )  # fmt: skip
     meta: dict[str, Any] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -1098,6 +1133,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-users", type=int, default=0, help="only the first N users (0 = all)")
     p.add_argument(
         "--set", action="append", default=[], metavar="A.B=C", help="our config override (every tower)"
+    )
+    p.add_argument(
+        "--no-presets",
+        action="store_true",
+        help="our towers from the defaults, not their preset for --data (retrieval/presets.py)",
     )
     p.add_argument("--smoke", "--quick", action="store_true", help="ML-100K, first 200 users, 1 epoch")
     p.add_argument("--install-only", action="store_true", help="install the peers' venvs and stop")

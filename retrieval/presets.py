@@ -129,6 +129,18 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
+def dataset_at(path: str | Path) -> str | None:
+    """The preset dataset (a key of :data:`DATASETS`) whose default location is ``path``, or
+    None for any other path.
+
+    Example:
+        >>> dataset_at(SHARED_DATA / "ml-100k")
+        'ml100k'
+    """
+    resolved = Path(path).resolve()
+    return next((name for name, rel in DATASETS.items() if (SHARED_DATA / rel).resolve() == resolved), None)
+
+
 def apply_preset(config: Config, name: str) -> Config:
     """``config`` with the preset's dataset path and overrides applied.
 

@@ -4,6 +4,7 @@ RecBole's split, the evaluation of exported vectors, and the comparison. Nothing
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -325,3 +326,34 @@ def test_ours_worker_trains_on_the_benchmark_split_and_times_each_epoch(
     )
     assert recomputed["recall@50"] == pytest.approx(best["recall@50"], abs=1e-6)
     assert summary["validation_curve"] == [round(e["validation"]["recall@50"], 6) for e in progress["epochs"]]
+
+
+def test_ours_start_from_the_preset_of_a_preset_dataset(tmp_path: Path) -> None:
+    """On Beauty our sasrec trains with its tuned preset (negatives, dropout) but the shared sizes
+    and budget, validated every epoch; elsewhere, or with presets off, from the defaults."""
+    from retrieval.config import Config
+    from retrieval.presets import DATASETS, PRESETS, SHARED_DATA
+
+    beauty = str(SHARED_DATA / DATASETS["beauty"])
+    run = peers.ModelRun("ours", "sasrec", "loo")
+    settings = peers.Settings(beauty, 0, 3, 128, 16, 20, 5, 2, 10, 0.0, ("train.temperature=0.5",))
+    assert peers.ours_preset("sasrec", settings) == "beauty-sasrec"
+    assert PRESETS["beauty-sasrec"].tuned
+    config = Config.from_dict(peers.ours_config(run, "/tmp/split.txt", settings))
+    assert (config.train.num_negatives, config.train.sampler, config.model.dropout) == (4096, "uniform", 0.5)
+    assert (config.train.epochs, config.train.batch_size, config.train.eval_every) == (3, 128, 1)
+    assert (config.model.dim, config.model.max_len, config.train.patience) == (16, 20, 3)
+    assert (config.data.path, config.data.protocol) == ("/tmp/split.txt", "loo")
+    assert config.train.temperature == 0.5
+
+    defaults = Config()
+    for s in (
+        dataclasses.replace(settings, presets=False),
+        dataclasses.replace(settings, data=str(tmp_path)),
+    ):
+        assert peers.ours_preset("sasrec", s) is None
+        plain = Config.from_dict(peers.ours_config(run, "/tmp/split.txt", s))
+        assert (plain.train.num_negatives, plain.model.dropout) == (
+            defaults.train.num_negatives,
+            defaults.model.dropout,
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from types import ModuleType
 
 import pytest
@@ -73,3 +74,12 @@ def test_cli_errors_are_reported(capsys) -> None:
     assert tool.main(["--data", "x.csv", "--out", "x", "--set", "train.loss_name=bce"]) == 2
     config, _ = tool.parse_args(["--data", "x.csv", "--out", "x", "--set", "train.loss=mixed"])
     assert config.train.loss == "mixed"
+
+
+def test_dataset_at_names_only_the_default_locations(tmp_path) -> None:
+    from retrieval.presets import DATASETS, SHARED_DATA, dataset_at
+
+    for name, rel in DATASETS.items():
+        assert dataset_at(SHARED_DATA / rel) == name
+        assert dataset_at(os.path.relpath(SHARED_DATA / rel)) == name
+    assert dataset_at(tmp_path / "Beauty.txt") is None

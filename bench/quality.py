@@ -472,6 +472,11 @@ def plot_training_curves(report: Mapping[str, Any], path: Path) -> None:
                 )
         val_ax.set_ylabel(f"validation {_label(monitor)}")
         loss_ax.set_ylabel("training loss")
+        if not any(len(line.get_xdata()) for line in val_ax.lines):  # loo-refit: nothing validated
+            val_ax.text(0.5, 0.5, "no validation: trained on\nthe validation events too", ha="center",
+                        va="center", transform=val_ax.transAxes)  # fmt: skip
+            val_ax.set_yticks([])
+            val_ax.set_xlim(loss_ax.get_xlim())
         for ax in (val_ax, loss_ax):
             ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
             ax.set_xlabel("epoch")

@@ -591,10 +591,9 @@ def peer_command(run: ModelRun, python: str, split_dir: Path, export: Path, s: S
 def ours_preset(model: str, s: Settings) -> str | None:
     """The preset our ``model`` starts from: ``<dataset>-<model>`` when ``s.data`` is a preset
     dataset's file (``retrieval.presets.dataset_at``, sliced or not) and ``s.presets``."""
-    from retrieval.presets import PRESETS, dataset_at
+    from retrieval.presets import dataset_at, preset_for
 
-    name = f"{dataset_at(s.data)}-{model}"
-    return name if s.presets and name in PRESETS else None
+    return preset_for(dataset_at(s.data), model) if s.presets else None
 
 
 def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
@@ -605,7 +604,7 @@ def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
     without stopping (patience = epochs), so that both sides are scored at their best validation
     epoch of the same budget; ``s.overrides`` last."""
     from retrieval.config import Config, apply_overrides
-    from retrieval.presets import get_preset
+    from retrieval.presets import apply_preset
 
     preset = ours_preset(run.model, s)
     shared = [
@@ -623,8 +622,8 @@ def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
     ]
     if run.model in ("sa", "dr", "mind"):
         shared.append(f"model.num_interests={s.interests}")
-    overrides = [*(get_preset(preset).overrides if preset else ()), *shared, *s.overrides]
-    return apply_overrides(Config(), overrides).to_dict()
+    config = apply_preset(Config(), preset) if preset else Config()
+    return apply_overrides(config, [*shared, *s.overrides]).to_dict()
 
 
 def ours_worker(spec_file: Path) -> int:

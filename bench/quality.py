@@ -50,7 +50,7 @@ from retrieval.callbacks import run_folder
 from retrieval.config import Config, apply_overrides
 from retrieval.data import load_interactions
 from retrieval.model import takes_side_information
-from retrieval.presets import DATASETS, PRESETS, SHARED_DATA, apply_preset
+from retrieval.presets import DATASETS, SHARED_DATA, apply_preset, preset_for
 from retrieval.train import train
 from towers import tower_names
 from towers.side import FUSIONS
@@ -118,8 +118,7 @@ class Run:
     @property
     def preset(self) -> str | None:
         """The preset the run starts from: ``<dataset>-<tower>``, when it exists."""
-        name = f"{self.dataset.preset}-{self.tower}"
-        return name if self.dataset.preset and name in PRESETS else None
+        return preset_for(self.dataset.preset, self.tower)
 
     def folder(self, out: Path) -> Path:
         """The run's model artifact folder."""

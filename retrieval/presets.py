@@ -129,6 +129,12 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
+def preset_for(dataset: str | None, tower: str) -> str | None:
+    """The preset ``<dataset>-<tower>`` when ``dataset`` is given and that preset exists."""
+    name = f"{dataset}-{tower}"
+    return name if dataset and name in PRESETS else None
+
+
 def dataset_at(path: str | Path) -> str | None:
     """The preset dataset (a key of :data:`DATASETS`) whose default location is ``path``, or
     None for any other path.

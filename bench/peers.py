@@ -1,7 +1,7 @@
 """Side by side with the libraries teams use today: RecBole and DeepMatch, same data, same split.
 
     python -m bench.peers --smoke      # the pipeline: ML-100K's first 200 users, 1 epoch, every model
-    python -m bench.peers --data ../shared/data/amazon-beauty/Beauty.txt --epochs 20 --peer-minutes 25
+    python -m bench.peers --data ../shared/data/amazon-beauty/Beauty.txt --peer-minutes 25
 
 Each peer is installed by this script into a virtual environment of its own under ``--cache``
 (never into the project's), and runs its own model code and training loop in its own process
@@ -19,16 +19,18 @@ only the models differ:
   in ComiRec's definitions: our ``sa``, ``dr``, ``mind``, ``youtubednn`` vs DeepMatch's
   ComiRec-SA, ComiRec-DR, MIND, YouTubeDNN. Models train on the training users only.
 
-Every side trains the same number of epochs at the same batch size, embedding size and history
-length (ours from each tower's preset for the dataset, ``retrieval/presets.py``, when ``--data`` is
-a preset dataset, with these shared settings replacing the preset's; ``--no-presets``: defaults),
-and is scored at its best validation epoch (validation NDCG@10 under ``loo``, Recall@50
-under ``comirec``, by our evaluator; ours trains with ``tools/train.py``'s protocol of the same
-name). Speed: training seconds per epoch (validation and checkpoints excluded) and target events
-per second, the ratio ours/peer, the training time each side needs to reach the peer's best
-validation metric, and the peak RSS of each process. ``--peer-minutes`` caps each peer's training time
-(the issue's reference is RecBole SASRec after 25 minutes). Finished runs are read back, not
-redone (when their settings are the same).
+Both sides of a pair train for the same number of epochs (``--epochs``, or by default our
+tower's budget: its preset's, e.g. 39 for ``beauty-sasrec``, else 20), and every side at the same
+batch size, embedding size and history length (ours from each tower's preset for the dataset,
+``retrieval/presets.py``, when ``--data`` is a preset dataset, with these shared settings
+replacing the preset's; ``--no-presets``: defaults), and is scored at its best validation epoch
+(validation NDCG@10 under ``loo``, Recall@50 under ``comirec``, by our evaluator; ours trains
+with ``tools/train.py``'s protocol of the same name). Speed: training seconds per epoch
+(validation and checkpoints excluded) and target events per second, the ratio ours/peer, the
+training time each side needs to reach the peer's best validation metric, and the peak RSS of
+each process. ``--peer-minutes`` caps each peer's training time (the issue's reference is
+RecBole SASRec after 25 minutes). Finished runs are read back, not redone (when their settings
+are the same).
 """
 
 from __future__ import annotations
@@ -518,7 +520,8 @@ class Settings:
 
     data: str
     max_users: int
-    epochs: int
+    epochs: int | None
+    """Every side's epoch budget; ``None``: per pair, our tower's (:func:`run_settings`)."""
     batch_size: int
     dim: int
     max_len: int
@@ -596,6 +599,29 @@ def ours_preset(model: str, s: Settings) -> str | None:
     return preset_for(dataset_at(s.data), model) if s.presets else None
 
 
+def counterpart(run: ModelRun) -> str:
+    """Our tower that ``run`` is compared with: its own tower, or a peer model's counterpart in
+    :data:`PAIRS`."""
+    if run.side == "ours":
+        return run.model
+    return next(t for p, t, side, m in PAIRS if (p, side, m) == (run.protocol, run.side, run.model))
+
+
+def run_settings(run: ModelRun, s: Settings) -> Settings:
+    """``s`` with the epoch budget of ``run`` resolved: ``s.epochs`` when given, else that of our
+    counterpart tower (:func:`counterpart`): its preset's ``train.epochs`` (the budget it was
+    tuned for, e.g. 39 for ``beauty-sasrec``), or the default of ``retrieval.config`` without a
+    preset. Both sides of a pair so train for the same number of epochs."""
+    if s.epochs is not None:
+        return s
+    from retrieval.config import Config
+    from retrieval.presets import apply_preset
+
+    preset = ours_preset(counterpart(run), s)
+    config = apply_preset(Config(), preset) if preset else Config()
+    return dataclasses.replace(s, epochs=config.train.epochs)
+
+
 def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
     """Our training configuration for ``run``: the defaults of ``retrieval.config``, then the
     overrides of the tower's preset (:func:`ours_preset`: its tuned losses, negatives, dropout),
@@ -606,7 +632,8 @@ def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
     from retrieval.config import Config, apply_overrides
     from retrieval.presets import apply_preset
 
-    preset = ours_preset(run.model, s)
+    preset, epochs = ours_preset(run.model, s), run_settings(run, s).epochs
+    assert epochs is not None
     shared = [
         f"data.path={data}",
         f"data.protocol={run.protocol}",
@@ -614,10 +641,10 @@ def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
         f"model.tower={run.model}",
         f"model.dim={s.dim}",
         f"model.max_len={s.max_len}",
-        f"train.epochs={s.epochs}",
+        f"train.epochs={epochs}",
         f"train.batch_size={s.batch_size}",
         f"train.seed={s.seed}",
-        f"train.patience={max(s.epochs, 1)}",
+        f"train.patience={max(epochs, 1)}",
         "train.eval_every=1",
     ]
     if run.model in ("sa", "dr", "mind"):
@@ -764,6 +791,7 @@ def execute(
     env: dict[str, Any],
 ) -> dict[str, Any]:
     """Runs one model (or reads back its finished result) and returns its summary."""
+    s = run_settings(run, s)
     done = run_dir / "result.json"
     if done.is_file():
         previous = json.loads(done.read_text())
@@ -908,8 +936,13 @@ def markdown(
         "",
         f"```bash\n{meta['command']}\n```",
         "",
-        f"Data `{meta['data']}`{sliced}; every "
-        f"side: {meta['epochs']} epoch(s), batch {meta['batch_size']}, d = {meta['dim']}, history "
+        f"Data `{meta['data']}`{sliced}; every side: "
+        + (
+            f"{meta['epochs']} epoch(s)"
+            if meta["epochs"] is not None
+            else "our tower's epoch budget, its preset's (the pair's epochs column)"
+        )
+        + f", batch {meta['batch_size']}, d = {meta['dim']}, history "
         f"{meta['max_len']}; scored at its best validation epoch (NDCG@10), by our evaluator (exact full "
         "ranking, history excluded) on the same split. Seconds are training only (validation excluded).",
         "",
@@ -946,7 +979,11 @@ def markdown(
         for r in rows:
             sp = r["speed"]
             cells = [r["side"], r["model"], *(_f(r["test"].get(c)) for c in cols)]
-            cells += [f"{r.get('best_epoch')} / {r.get('epochs_trained')}", _f(sp["median_epoch_seconds"], 1)]
+            budget = r.get("settings", {}).get("epochs")
+            trained = f"{r.get('best_epoch')} / {r.get('epochs_trained')}"
+            if budget and r.get("epochs_trained", budget) < budget:
+                trained += f" of {budget}"
+            cells += [trained, _f(sp["median_epoch_seconds"], 1)]
             cells += [_f(sp["examples_per_second"], 0), _f(sp["events_per_second"], 0)]
             cells.append(_f(r["process"]["peak_rss_mb"], 0))
             lines.append("| " + " | ".join(cells) + " |")
@@ -1121,7 +1158,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--multi-interest", default="sa", help="our multi-interest tower in the loo table (%(default)s)"
     )
-    p.add_argument("--epochs", type=int, default=20, help="every side (default %(default)s)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        help="every side's epoch budget (default: per pair, our tower's preset's, e.g. 39 for beauty-sasrec)",
+    )
     p.add_argument("--batch-size", type=int, default=256, help="every side (default %(default)s)")
     p.add_argument("--dim", type=int, default=64, help="embedding size, every side (default %(default)s)")
     p.add_argument("--max-len", type=int, default=50, help="history length, every side (default %(default)s)")

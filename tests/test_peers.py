@@ -357,3 +357,27 @@ def test_ours_start_from_the_preset_of_a_preset_dataset(tmp_path: Path) -> None:
             defaults.train.num_negatives,
             defaults.model.dropout,
         )
+
+
+def test_a_pair_trains_for_our_towers_epoch_budget_unless_given() -> None:
+    """Without --epochs both sides of a pair get our tower's preset budget (beauty-sasrec: 39,
+    RecBole's SASRec too); towers without one the default; --epochs wins everywhere."""
+    from retrieval.config import Config
+    from retrieval.presets import DATASETS, SHARED_DATA, get_preset
+
+    beauty = str(SHARED_DATA / DATASETS["beauty"])
+    overrides = get_preset("beauty-sasrec").overrides
+    tuned = next(int(o.split("=")[1]) for o in overrides if o.startswith("train.epochs="))
+    settings = peers.Settings(beauty, 0, None, 128, 16, 20, 5, 2, 10, 0.0)
+    budget = {
+        run.name: peers.run_settings(run, settings).epochs
+        for run in peers.model_runs(["recbole", "deepmatch"], ["loo", "comirec"], None, "sa")
+    }
+    assert budget["ours-sasrec"] == budget["recbole-SASRec"] == tuned != Config().train.epochs
+    assert budget["ours-bert4rec"] == budget["recbole-BERT4Rec"] == Config().train.epochs
+    assert budget["deepmatch-ComiRec-SA"] == budget["ours-sa"] == Config().train.epochs
+    run = peers.ModelRun("ours", "sasrec", "loo")
+    config = Config.from_dict(peers.ours_config(run, "/tmp/s.txt", settings))
+    assert (config.train.epochs, config.train.patience) == (tuned, tuned)
+    given = dataclasses.replace(settings, epochs=3)
+    assert peers.run_settings(peers.ModelRun("recbole", "SASRec", "loo"), given).epochs == 3

@@ -27,15 +27,20 @@ def test_nova_attention_mixes_item_only_values_with_side_chosen_weights() -> Non
     mask = np.ones((2, L, L), bool)
     y, scores = block(x, mask, side=side, return_attention=True)
 
-    # Reference: queries and keys from LN(x) + side, values from LN(x) alone.
+    # Reference: queries and keys from LN(x + side), values from LN(x) alone.
     mha = block.attention
     wq, bq = (np.asarray(w) for w in mha._query_dense.weights)
     wk, bk = (np.asarray(w) for w in mha._key_dense.weights)
     wv, bv = (np.asarray(w) for w in mha._value_dense.weights)
     wo, bo = (np.asarray(w) for w in mha._output_dense.weights)
-    h = np.asarray(block.norm1(x))
-    q = np.einsum("bld,dhk->bhlk", h + side, wq) + bq[None, :, None, :]
-    k = np.einsum("bld,dhk->bhlk", h + side, wk) + bk[None, :, None, :]
+    gamma, beta = (np.asarray(w) for w in block.norm1.weights)
+
+    def layer_norm(z: np.ndarray) -> np.ndarray:
+        return (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + 1e-6) * gamma + beta
+
+    h, fused = layer_norm(x), layer_norm(x + side)
+    q = np.einsum("bld,dhk->bhlk", fused, wq) + bq[None, :, None, :]
+    k = np.einsum("bld,dhk->bhlk", fused, wk) + bk[None, :, None, :]
     v = np.einsum("bld,dhk->bhlk", h, wv) + bv[None, :, None, :]
     a = softmax(np.einsum("bhqk,bhsk->bhqs", q, k) / np.sqrt(DIM // HEADS))
     np.testing.assert_allclose(np.asarray(scores), a, atol=1e-5)
@@ -141,13 +146,17 @@ def test_fusion_needs_side_information_and_vice_versa() -> None:
 
 
 def test_sa_with_nova_keeps_interests_in_the_span_of_item_embeddings() -> None:
-    """NOVA in ComiRec-SA: side information moves the attention, the interests stay A · H_items."""
+    """NOVA in ComiRec-SA: side information moves the attention, the interests stay A · H_items,
+    H the item tower's vectors (id and attributes), the ones the targets are scored against."""
     tower = side_tower("sa", "nova")
     x = inputs_for(np.random.default_rng(3))
     interests = np.asarray(tower(x))
     a, h = tower.attention(x)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(tower.item_tower(x["items"])), atol=1e-6)
+    assert np.abs(np.asarray(h) - np.asarray(tower.item_tower.id_embedding(x["items"]))).max() > 1e-4
+    invasive_values = side_tower("sa", "sum").side_info.items(x["items"], tower.item_tower)
     np.testing.assert_allclose(
-        np.asarray(h), np.asarray(tower.item_tower.id_embedding(x["items"])), atol=1e-6
+        np.asarray(invasive_values), np.asarray(tower.item_tower.id_embedding(x["items"])), atol=1e-6
     )
     np.testing.assert_allclose(interests, np.asarray(a) @ np.asarray(h), atol=1e-5)
     flipped = dict(x, action=np.where(x["items"] > 0, 4 - x["action"], 0).astype(np.int32))

@@ -150,9 +150,11 @@ class SideInformation(keras.layers.Layer):
         return self.merge(h, side)
 
     def items(self, items: Any, item_tower: Any) -> Any:
-        """Item representations ``[B, L, d]``: id embeddings alone when side information is used
-        (it arrives through :meth:`side`), the item tower's full vectors otherwise."""
-        return item_tower.id_embedding(items) if self.fusion != "none" else item_tower(items)
+        """Item representations ``[B, L, d]``: the item tower's full vectors (id and attributes,
+        what the index holds), except under invasive fusion, where they are id embeddings alone
+        (the attributes arrive through :meth:`side`). Under ``nova`` the values are so the same
+        vectors the targets are scored against, whatever side information chose their weights."""
+        return item_tower.id_embedding(items) if self.invasive else item_tower(items)
 
     def side(self, inputs: dict[str, Any], item_tower: Any) -> Any:
         """The side embedding of every event ``[B, L, d]``: event features plus item attributes."""

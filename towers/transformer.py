@@ -16,9 +16,13 @@ from towers.side import SideInformation
 class TransformerBlock(keras.layers.Layer):
     """``x + MHA(LN(x))`` then ``x + FFN(LN(x))`` (pre-layer-norm).
 
-    With ``side`` (NOVA), queries and keys are computed from ``LN(x) + side`` and values
-    from ``LN(x)`` alone, so the attention output is a combination of item-only values
-    whose weights the side information chooses.
+    With ``side`` (NOVA), queries and keys are computed from ``LN(x + side)`` (NOVA-BERT's
+    additive fusion of the layer's item representation and the side embedding, under this
+    block's pre-layer-norm) and values from ``LN(x)`` alone, so the attention output is a
+    combination of item-only values whose weights the side information chooses. Normalising
+    the sum, not adding ``side`` after the norm, keeps the side embedding at the scale it has
+    in the invasive ``sum`` (beside the first block's ``sqrt(d)``-scaled item embeddings)
+    instead of a few hundredths beside a unit-variance ``LN(x)``.
 
     Call:
         x: ``[B, L, d]``; attention_mask: bool ``[B, L, L]``, True where query i may attend
@@ -55,7 +59,7 @@ class TransformerBlock(keras.layers.Layer):
         return_attention: bool = False,
     ) -> Any:
         h = self.norm1(x)
-        qk = h if side is None else h + side
+        qk = h if side is None else self.norm1(x + side)
         h, scores = self.attention(
             qk, h, qk, attention_mask=attention_mask, return_attention_scores=True, training=training
         )

@@ -49,9 +49,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from retrieval.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNERS = Path(__file__).resolve().parent / "peers"
@@ -599,6 +602,15 @@ def ours_preset(model: str, s: Settings) -> str | None:
     return preset_for(dataset_at(s.data), model) if s.presets else None
 
 
+def ours_base_config(model: str, s: Settings) -> Config:
+    """The defaults of ``retrieval.config`` with our ``model``'s preset (:func:`ours_preset`) applied."""
+    from retrieval.config import Config
+    from retrieval.presets import apply_preset
+
+    preset = ours_preset(model, s)
+    return apply_preset(Config(), preset) if preset else Config()
+
+
 def counterpart(run: ModelRun) -> str:
     """Our tower that ``run`` is compared with: its own tower, or a peer model's counterpart in
     :data:`PAIRS`."""
@@ -614,12 +626,7 @@ def run_settings(run: ModelRun, s: Settings) -> Settings:
     preset. Both sides of a pair so train for the same number of epochs."""
     if s.epochs is not None:
         return s
-    from retrieval.config import Config
-    from retrieval.presets import apply_preset
-
-    preset = ours_preset(counterpart(run), s)
-    config = apply_preset(Config(), preset) if preset else Config()
-    return dataclasses.replace(s, epochs=config.train.epochs)
+    return dataclasses.replace(s, epochs=ours_base_config(counterpart(run), s).train.epochs)
 
 
 def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
@@ -629,10 +636,9 @@ def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
     is :func:`make_split`'s), validation every epoch and early stopping's best-epoch export
     without stopping (patience = epochs), so that both sides are scored at their best validation
     epoch of the same budget; ``s.overrides`` last."""
-    from retrieval.config import Config, apply_overrides
-    from retrieval.presets import apply_preset
+    from retrieval.config import apply_overrides
 
-    preset, epochs = ours_preset(run.model, s), run_settings(run, s).epochs
+    epochs = run_settings(run, s).epochs
     assert epochs is not None
     shared = [
         f"data.path={data}",
@@ -649,8 +655,7 @@ def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
     ]
     if run.model in ("sa", "dr", "mind"):
         shared.append(f"model.num_interests={s.interests}")
-    config = apply_preset(Config(), preset) if preset else Config()
-    return apply_overrides(config, [*shared, *s.overrides]).to_dict()
+    return apply_overrides(ours_base_config(run.model, s), [*shared, *s.overrides]).to_dict()
 
 
 def ours_worker(spec_file: Path) -> int:

@@ -363,11 +363,10 @@ def test_a_pair_trains_for_our_towers_epoch_budget_unless_given() -> None:
     """Without --epochs both sides of a pair get our tower's preset budget (beauty-sasrec: 39,
     RecBole's SASRec too); towers without one the default; --epochs wins everywhere."""
     from retrieval.config import Config
-    from retrieval.presets import DATASETS, SHARED_DATA, get_preset
+    from retrieval.presets import DATASETS, SHARED_DATA, apply_preset
 
     beauty = str(SHARED_DATA / DATASETS["beauty"])
-    overrides = get_preset("beauty-sasrec").overrides
-    tuned = next(int(o.split("=")[1]) for o in overrides if o.startswith("train.epochs="))
+    tuned = apply_preset(Config(), "beauty-sasrec").train.epochs
     settings = peers.Settings(beauty, 0, None, 128, 16, 20, 5, 2, 10, 0.0)
     budget = {
         run.name: peers.run_settings(run, settings).epochs

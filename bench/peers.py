@@ -797,10 +797,16 @@ def execute(
 ) -> dict[str, Any]:
     """Runs one model (or reads back its finished result) and returns its summary."""
     s = run_settings(run, s)
+    # Ours is also identified by its full training configuration: a preset edited since the
+    # run changes it without changing the settings.
+    config = ours_config(run, data, s) if run.side == "ours" else None
     done = run_dir / "result.json"
     if done.is_file():
         previous = json.loads(done.read_text())
-        if previous.get("settings") == json.loads(json.dumps(dataclasses.asdict(s))):
+        same = [previous.get("settings"), previous.get("config")] == json.loads(
+            json.dumps([dataclasses.asdict(s), config])
+        )
+        if same:
             print(f"--- {run.name} ({run.protocol}): done before, read back", flush=True)
             return dict(previous)
     if run_dir.exists():
@@ -810,7 +816,7 @@ def execute(
     print(f"--- {run.name} ({run.protocol})", flush=True)
     if run.side == "ours":
         spec = {
-            "config": ours_config(run, data, s),
+            "config": config,
             "out": str(run_dir),
             "protocol": run.protocol,
             "seed": s.seed,
@@ -827,6 +833,7 @@ def execute(
     result = summarize(run, split, export, s.max_len)
     result["process"] = process
     result["settings"] = dataclasses.asdict(s)
+    result["config"] = config
     if run.side != "ours":
         prune_epochs(export, result["best_epoch"])
     done.write_text(json.dumps(result, indent=2))
@@ -948,7 +955,8 @@ def markdown(
             else "our tower's epoch budget, its preset's (the pair's epochs column)"
         )
         + f", batch {meta['batch_size']}, d = {meta['dim']}, history "
-        f"{meta['max_len']}; scored at its best validation epoch (NDCG@10), by our evaluator (exact full "
+        f"{meta['max_len']}; scored at its best validation epoch (NDCG@10 under leave-one-out, Recall@50 "
+        "under the ComiRec protocol), by our evaluator (exact full "
         "ranking, history excluded) on the same split. Seconds are training only (validation excluded).",
         "",
         "Ours: "
@@ -995,17 +1003,18 @@ def markdown(
     if pairs or best:
         lines += ["", "### Ours / peer", ""]
         head = ["protocol", "ours", "peer", "quality (ours vs peer)", "s / epoch", "events / s",
-                "time to peer's best valid NDCG@10", "peak RSS"]  # fmt: skip
+                "time to peer's best validation metric", "peak RSS"]  # fmt: skip
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for label, group in (("", pairs), ("best: ", best)):
             for p in group:
                 quality = ", ".join(f"{k} {_f(a)} vs {_f(b)}" for k, (a, b) in p["quality"].items())
                 reach = p["time_to_peer_best"]
+                metric = SELECT_BY[p["protocol"]]
                 if reach["ours_seconds"] is None:
-                    reached = f"not reached ({_f(reach['target'])} at {_f(reach['peer_seconds'], 0)} s)"
+                    reached = f"not reached ({metric} {_f(reach['target'])} at {_f(reach['peer_seconds'], 0)} s)"
                 else:
                     reached = (
-                        f"{_f(reach['ours_seconds'], 0)} s vs {_f(reach['peer_seconds'], 0)} s = "
+                        f"{metric} {_f(reach['target'])}: {_f(reach['ours_seconds'], 0)} s vs {_f(reach['peer_seconds'], 0)} s = "
                         f"{_f(reach['ratio'], 2)}×"
                     )
                 cells = [p["protocol"], label + p["ours"], p["peer"], quality]

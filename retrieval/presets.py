@@ -47,6 +47,11 @@ _ML100K_COMIREC = (
     "tuned on ML-100K under the ComiRec protocol (validation Recall@50, 2026-12-01): "
     "interest_selection=max instead of hard lifts test Recall@50 "
 )
+_BUCKETS = "train.length_buckets=true"
+_BEAUTY_COMIREC = (
+    "tuned on Beauty under the ComiRec protocol, 20 epochs (validation Recall@50 of "
+    "`bench.peers --protocols comirec --sides ours` runs, 2026-12-02): "
+)
 _TUNED: dict[str, tuple[tuple[str, ...], str]] = {
     "beauty-sasrec": (
         (
@@ -63,6 +68,21 @@ _TUNED: dict[str, tuple[tuple[str, ...], str]] = {
         "0.0625 at dropout 0.2), dropout 0.5 (full softmax: 0.0711 vs 0.0658 at 0.2), length "
         "buckets (same validation per epoch, 4x cheaper epochs); 39 epochs = the best epoch of a "
         "run with patience 4",
+    ),
+    "beauty-sa": (
+        (_BUCKETS,),
+        _BEAUTY_COMIREC + "length buckets: 2.1x cheaper epochs (7.2 vs 15.1 s) at about the same "
+        "Recall@50 (0.178 vs 0.183); interest_selection=max (0.175) and lr 3e-3 (0.176) did not help",
+    ),
+    "beauty-dr": (
+        (_BUCKETS, _MAX, "train.learning_rate=0.003"),
+        _BEAUTY_COMIREC + "hard selection 0.112; + length buckets and interest_selection=max "
+        "0.131; + lr 3e-3 0.173 (still rising at epoch 20)",
+    ),
+    "beauty-mind": (
+        (_BUCKETS, _MAX, "train.learning_rate=0.003"),
+        _BEAUTY_COMIREC + "hard selection 0.141; + length buckets and interest_selection=max "
+        "0.150; + lr 3e-3 0.155 (best at epoch 7)",
     ),
     "ml100k-sa": ((_MAX,), _ML100K_COMIREC + "0.268 -> 0.373"),
     "ml100k-dr": ((_MAX,), _ML100K_COMIREC + "0.290 -> 0.343"),

@@ -380,3 +380,33 @@ def test_a_pair_trains_for_our_towers_epoch_budget_unless_given() -> None:
     assert (config.train.epochs, config.train.patience) == (tuned, tuned)
     given = dataclasses.replace(settings, epochs=3)
     assert peers.run_settings(peers.ModelRun("recbole", "SASRec", "loo"), given).epochs == 3
+
+
+def test_a_finished_run_is_read_back_only_with_the_same_settings_and_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ours is redone when its training configuration changed (an edited preset) even though the
+    benchmark's settings did not; a peer run, with no config of ours, is read back."""
+
+    class Trained(Exception):
+        pass
+
+    def run_process(*args, **kwargs):
+        raise Trained
+
+    monkeypatch.setattr(peers, "run_process", run_process)
+    monkeypatch.setattr(peers, "peer_command", lambda *args: ["peer"])
+    settings = peers.Settings(str(tmp_path), 0, 3, 128, 16, 20, 5, 2, 10, 0.0)
+    for run in (peers.ModelRun("ours", "sa", "comirec"), peers.ModelRun("deepmatch", "ComiRec-SA", "comirec")):
+        run_dir = tmp_path / run.name
+        run_dir.mkdir()
+        config = peers.ours_config(run, "/tmp/s.txt", settings) if run.side == "ours" else None
+        finished = {"settings": dataclasses.asdict(settings), "config": config, "test": {"recall@50": 0.5}}
+        (run_dir / "result.json").write_text(json.dumps(finished))
+        args = (run, None, tmp_path, run_dir, "/tmp/s.txt", settings, {"python": "python"})
+        assert peers.execute(*args)["test"] == {"recall@50": 0.5}
+        if run.side == "ours":
+            finished["config"]["train"]["learning_rate"] = 0.5
+            (run_dir / "result.json").write_text(json.dumps(finished))
+            with pytest.raises(Trained):
+                peers.execute(*args)

@@ -1011,11 +1011,12 @@ def markdown(
                 reach = p["time_to_peer_best"]
                 metric = SELECT_BY[p["protocol"]]
                 if reach["ours_seconds"] is None:
-                    reached = f"not reached ({metric} {_f(reach['target'])} at {_f(reach['peer_seconds'], 0)} s)"
+                    target, peer_seconds = _f(reach["target"]), _f(reach["peer_seconds"], 0)
+                    reached = f"not reached ({metric} {target} at {peer_seconds} s)"
                 else:
                     reached = (
-                        f"{metric} {_f(reach['target'])}: {_f(reach['ours_seconds'], 0)} s vs {_f(reach['peer_seconds'], 0)} s = "
-                        f"{_f(reach['ratio'], 2)}×"
+                        f"{metric} {_f(reach['target'])}: {_f(reach['ours_seconds'], 0)} s vs "
+                        f"{_f(reach['peer_seconds'], 0)} s = {_f(reach['ratio'], 2)}×"
                     )
                 cells = [p["protocol"], label + p["ours"], p["peer"], quality]
                 cells += [

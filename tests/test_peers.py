@@ -397,7 +397,8 @@ def test_a_finished_run_is_read_back_only_with_the_same_settings_and_config(
     monkeypatch.setattr(peers, "run_process", run_process)
     monkeypatch.setattr(peers, "peer_command", lambda *args: ["peer"])
     settings = peers.Settings(str(tmp_path), 0, 3, 128, 16, 20, 5, 2, 10, 0.0)
-    for run in (peers.ModelRun("ours", "sa", "comirec"), peers.ModelRun("deepmatch", "ComiRec-SA", "comirec")):
+    ours, peer = peers.ModelRun("ours", "sa", "comirec"), peers.ModelRun("deepmatch", "ComiRec-SA", "comirec")
+    for run in (ours, peer):
         run_dir = tmp_path / run.name
         run_dir.mkdir()
         config = peers.ours_config(run, "/tmp/s.txt", settings) if run.side == "ours" else None

@@ -29,8 +29,8 @@ with ``tools/train.py``'s protocol of the same name). Speed: training seconds pe
 (validation and checkpoints excluded) and target events per second, the ratio ours/peer, the
 training time each side needs to reach the peer's best validation metric, and the peak RSS of
 each process. ``--peer-minutes`` caps each peer's training time (the issue's reference is
-RecBole SASRec after 25 minutes). Finished runs are read back, not redone (when their settings
-are the same).
+RecBole SASRec after 25 minutes). Finished runs are read back, not redone, when their settings
+are the same (and, for ours, the whole training configuration: an edited preset retrains).
 """
 
 from __future__ import annotations

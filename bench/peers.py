@@ -1009,15 +1009,13 @@ def markdown(
             for p in group:
                 quality = ", ".join(f"{k} {_f(a)} vs {_f(b)}" for k, (a, b) in p["quality"].items())
                 reach = p["time_to_peer_best"]
-                metric = SELECT_BY[p["protocol"]]
+                target = f"{SELECT_BY[p['protocol']]} {_f(reach['target'])}"
+                peer_seconds = f"{_f(reach['peer_seconds'], 0)} s"
                 if reach["ours_seconds"] is None:
-                    target, peer_seconds = _f(reach["target"]), _f(reach["peer_seconds"], 0)
-                    reached = f"not reached ({metric} {target} at {peer_seconds} s)"
+                    reached = f"not reached ({target} at {peer_seconds})"
                 else:
-                    reached = (
-                        f"{metric} {_f(reach['target'])}: {_f(reach['ours_seconds'], 0)} s vs "
-                        f"{_f(reach['peer_seconds'], 0)} s = {_f(reach['ratio'], 2)}×"
-                    )
+                    ours_seconds = f"{_f(reach['ours_seconds'], 0)} s"
+                    reached = f"{target}: {ours_seconds} vs {peer_seconds} = {_f(reach['ratio'], 2)}×"
                 cells = [p["protocol"], label + p["ours"], p["peer"], quality]
                 cells += [
                     f"{_f(p['epoch_seconds_ratio'], 2)}×",

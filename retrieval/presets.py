@@ -43,11 +43,11 @@ _EVERY_DATASET: dict[str, tuple[tuple[str, ...], str]] = {
 """Per tower, what its presets hold on every dataset that has no tuned preset."""
 
 _MAX = "train.interest_selection=max"
+_BUCKETS = "train.length_buckets=true"
 _ML100K_COMIREC = (
     "tuned on ML-100K under the ComiRec protocol (validation Recall@50, 2026-12-01): "
     "interest_selection=max instead of hard lifts test Recall@50 "
 )
-_BUCKETS = "train.length_buckets=true"
 _BEAUTY_COMIREC = (
     "tuned on Beauty under the ComiRec protocol, 20 epochs (validation Recall@50 of "
     "`bench.peers --protocols comirec --sides ours` runs, 2026-12-02): "
@@ -58,7 +58,7 @@ _TUNED: dict[str, tuple[tuple[str, ...], str]] = {
             "train.num_negatives=4096",
             "train.sampler=uniform",
             "model.dropout=0.5",
-            "train.length_buckets=true",
+            _BUCKETS,
             "train.epochs=39",
             "train.eval_every=3",
             "train.learning_rate=0.003",

@@ -83,3 +83,10 @@ def test_dataset_at_names_only_the_default_locations(tmp_path) -> None:
         assert dataset_at(SHARED_DATA / rel) == name
         assert dataset_at(os.path.relpath(SHARED_DATA / rel)) == name
     assert dataset_at(tmp_path / "Beauty.txt") is None
+
+
+def test_a_borrowed_preset_takes_the_tuned_values_but_its_own_data() -> None:
+    sports, beauty = apply_preset(Config(), "sports-sasrec"), apply_preset(Config(), "beauty-sasrec")
+    assert (sports.model, sports.train) == (beauty.model, beauty.train)
+    assert sports.data.path.endswith("Sports_and_Outdoors.txt")
+    assert not get_preset("sports-sasrec").tuned and "beauty-sasrec" in get_preset("sports-sasrec").note

@@ -1,5 +1,6 @@
-"""The pure parts of ``bench/peers.py``: the shared split, RecBole's atomic file and the check of
-RecBole's split, the evaluation of exported vectors, and the comparison. Nothing is installed."""
+"""``bench/peers.py``: its pure parts (the shared split, RecBole's atomic file and the check of
+RecBole's split, the evaluation of exported vectors, the comparison), then one ``--smoke`` run
+end to end, which installs the peers' venvs into the cache the first time."""
 
 from __future__ import annotations
 
@@ -411,3 +412,35 @@ def test_a_finished_run_is_read_back_only_with_the_same_settings_and_config(
             (run_dir / "result.json").write_text(json.dumps(finished))
             with pytest.raises(Trained):
                 peers.execute(*args)
+
+
+@pytest.mark.timeout(900)  # installs both peers' venvs on a new machine (~100 s here)
+def test_smoke_run_trains_both_peers_and_ours_and_compares_them(shared_data: Path, tmp_path: Path) -> None:
+    """``bench.peers --smoke`` end to end on ML-100K's first 100 users, one epoch, one pair per
+    protocol: installs the peers' venvs (once, in the cache), runs RecBole's SASRec and
+    DeepMatch's YouTubeDNN with their own code in their own processes, our two towers, and
+    scores all four with our evaluator on one split."""
+    out = tmp_path / "smoke"
+    models = ["sasrec", "SASRec", "youtubednn", "YouTubeDNN"]
+    assert peers.main(["--smoke", "--max-users", "100", "--models", *models, "--out", str(out)]) == 0
+    report = json.loads((out / "results.json").read_text())
+    runs = {(r["protocol"], r["side"], r["model"]): r for r in report["runs"]}
+    assert set(runs) == {
+        ("loo", "ours", "sasrec"),
+        ("loo", "recbole", "SASRec"),
+        ("comirec", "ours", "youtubednn"),
+        ("comirec", "deepmatch", "YouTubeDNN"),
+    }
+    for (protocol, side, _), run in runs.items():
+        headline = peers.HEADLINE[protocol]
+        assert all(0.0 <= run["test"][k] <= 1.0 for k in headline), run["test"]
+        assert (run["epochs_trained"], run["best_epoch"]) == (1, 1)
+        assert run["speed"]["median_epoch_seconds"] > 0 and run["process"]["peak_rss_mb"] > 0
+        assert run["items_without_vector"] == 0, f"{side} exported no vector for some items"
+    assert runs["loo", "ours", "sasrec"]["check_exported_equals_training"]["equal"]
+    assert [(p["ours"], p["peer"]) for p in report["pairs"]] == [
+        ("ours-sasrec", "recbole-SASRec"),
+        ("ours-youtubednn", "deepmatch-YouTubeDNN"),
+    ]
+    table = (out / "results.md").read_text()
+    assert "recbole | SASRec" in table and "deepmatch | YouTubeDNN" in table

@@ -24,6 +24,12 @@ every seed. The report covers the runs of the command given. Writes into ``--out
   baseline of every dataset × protocol;
 * ``results.md``: one table per dataset × protocol (the protocol's headline metrics, mean ± std,
   training seconds, the popularity baseline), under the date, commit, command and load average;
+  then, per dataset × protocol with several towers/fusions, the paired differences against a
+  reference (``--reference``, default the first): every run's test metrics are recomputed per
+  user from its saved model, averaged over its seeds, and each other row's per-user difference
+  to the reference is averaged over the users with its standard error (:func:`paired`). The
+  seeds' std says how much training varies; this error says whether the test users can tell
+  two rows apart at all;
 * ``recall_at_k.png``: HR@K (leave-one-out) or Recall@K (ComiRec) for every K measured, one line
   per tower/fusion; ``training_curves.png``: validation metric and training loss per epoch.
 """
@@ -49,9 +55,12 @@ from bench.peers import commit, machine
 from retrieval.callbacks import run_folder
 from retrieval.config import Config, apply_overrides
 from retrieval.data import load_interactions
+from retrieval.metrics import paired_difference
 from retrieval.model import takes_side_information
+from retrieval.model_artifact import load_model
 from retrieval.presets import DATASETS, SHARED_DATA, apply_preset, preset_for
 from retrieval.train import train
+from retrieval.training_data import InMemoryData
 from towers import tower_names
 from towers.side import FUSIONS
 
@@ -257,6 +266,19 @@ def run_one(config: Config, out: Path, verbose: int = 2) -> tuple[dict[str, Any]
     return metrics, "resumed" if resume else "trained"
 
 
+def user_test_metrics(
+    config: Config, folder: Path, data: dict[tuple[Any, ...], InMemoryData]
+) -> dict[str, np.ndarray]:
+    """A finished run's test metrics per user (:meth:`InMemoryData.user_metrics`, exact search
+    with its saved model), in the split's user order. ``data`` caches the loaded datasets (by
+    what the split and the features depend on)."""
+    d = config.data
+    key = (d.path, d.format, d.protocol, d.split_seed, config.model.side_features)
+    if key not in data:
+        data[key] = InMemoryData(config)
+    return data[key].user_metrics(load_model(folder), "test")
+
+
 # --------------------------------------------------------------------------- aggregation
 
 
@@ -291,6 +313,74 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "std": {k: s for k, (_, s) in stats.items()},
             }
         )
+    return out
+
+
+def _name(record: Mapping[str, Any]) -> str:
+    return f"{record['tower']}-{record['fusion']}"
+
+
+def paired(
+    records: Sequence[Mapping[str, Any]],
+    per_user: Sequence[Mapping[str, np.ndarray]],
+    reference: str | None = None,
+) -> list[dict[str, Any]]:
+    """Per dataset × protocol with two or more towers/fusions: each against the reference on the
+    same test users.
+
+    Per user, a row's value of a metric is its mean over the row's seeds; a row's difference is
+    the mean over the users of (row − reference), with its standard error
+    (:func:`retrieval.metrics.paired_difference`).
+
+    Args:
+        records: the runs (``dataset``, ``protocol``, ``tower``, ``fusion``, ``seed``).
+        per_user: each run's :func:`user_test_metrics`, aligned with ``records``.
+        reference: ``<tower>-<fusion>`` (``sasrec-none``); None or absent from a dataset ×
+            protocol = its first row.
+
+    Returns:
+        ``[{"dataset", "protocol", "reference", "users", "reference_mean", "reference_se",
+        "rows": [{"tower", "fusion", "seeds", "difference": {metric: …}, "se": {metric: …}}]}]``;
+        ``reference_se`` is the reference's own standard error over the users.
+    """
+    out = []
+    for key in dict.fromkeys((r["dataset"], r["protocol"]) for r in records):
+        rows: dict[str, list[int]] = {}
+        for i, r in enumerate(records):
+            if (r["dataset"], r["protocol"]) == key:
+                rows.setdefault(_name(r), []).append(i)
+        if len(rows) < 2:
+            continue
+        means = {
+            name: {m: np.mean([per_user[i][m] for i in members], axis=0) for m in per_user[members[0]]}
+            for name, members in rows.items()
+        }
+        ref = reference if reference in rows else next(iter(rows))
+        users = len(next(iter(means[ref].values())))
+        entry: dict[str, Any] = {
+            "dataset": key[0],
+            "protocol": key[1],
+            "reference": ref,
+            "users": users,
+            "reference_mean": {m: float(v.mean()) for m, v in means[ref].items()},
+            "reference_se": {m: float(v.std(ddof=1) / np.sqrt(len(v))) for m, v in means[ref].items()},
+            "rows": [],
+        }
+        for name, members in rows.items():
+            if name == ref:
+                continue
+            pairs = {m: paired_difference(v, means[ref][m]) for m, v in means[name].items()}
+            first = records[members[0]]
+            entry["rows"].append(
+                {
+                    "tower": first["tower"],
+                    "fusion": first["fusion"],
+                    "seeds": [records[i]["seed"] for i in members],
+                    "difference": {m: d for m, (d, _) in pairs.items()},
+                    "se": {m: e for m, (_, e) in pairs.items()},
+                }
+            )
+        out.append(entry)
     return out
 
 
@@ -349,6 +439,28 @@ def tables(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
+def _signed(difference: float, se: float, digits: int = 4) -> str:
+    cell = f"{difference:+.{digits}f} ± {se:.{digits}f}"
+    return f"**{cell}**" if abs(difference) > 2 * se else cell
+
+
+def paired_table(entry: Mapping[str, Any]) -> str:
+    """The Markdown table of one :func:`paired` entry: the reference's mean ± its standard error
+    over the users, then each row's difference ± its standard error (bold beyond 2 errors)."""
+    columns = [c for c in COLUMNS[entry["protocol"]] if c in entry["reference_mean"]]
+    header = ["tower", "fusion", "seeds", *map(_label, columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    tower, _, fusion = entry["reference"].partition("-")
+    cells = [f"{entry['reference_mean'][c]:.4f} ± {entry['reference_se'][c]:.4f}" for c in columns]
+    lines.append(f"| `{tower}` (reference) | {fusion} | – | " + " | ".join(cells) + " |")
+    for row in entry["rows"]:
+        cells = [_signed(row["difference"][c], row["se"][c]) for c in columns]
+        lines.append(
+            f"| `{row['tower']}` | {row['fusion']} | {len(row['seeds'])} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """``results.md``: where and how it was measured, then :func:`tables`."""
     meta = report["meta"]
@@ -365,8 +477,20 @@ def markdown(report: Mapping[str, Any]) -> str:
         "`config.json`: its preset `<dataset>-<tower>` (`retrieval/presets.py`; none for a dataset "
         "given as a path), then the protocol, tower, fusion, seed, `--epochs` and every `--set`.",
     ]
+    comparisons = {(p["dataset"], p["protocol"]): p for p in report.get("paired", [])}
     for dataset, protocol, table in tables(report):
         lines += ["", f"### {dataset}: {TITLES[protocol]}", "", table]
+        entry = comparisons.get((dataset, protocol))
+        if entry is not None:
+            lines += [
+                "",
+                f"Paired against `{entry['reference']}` on the same {entry['users']} test users: per "
+                "user, each row's metric is averaged over its seeds; a cell is the mean over the users "
+                "of (row − reference) ± its standard error, **bold** beyond 2 errors. The reference "
+                "row is its mean ± its own standard error over the users.",
+                "",
+                paired_table(entry),
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -488,15 +612,23 @@ def plot_training_curves(report: Mapping[str, Any], path: Path) -> None:
 
 
 def write_report(
-    out: Path, meta: dict[str, Any], records: Sequence[Mapping[str, Any]], plots: bool
+    out: Path,
+    meta: dict[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    plots: bool,
+    per_user: Sequence[Mapping[str, np.ndarray]] = (),
+    reference: str | None = None,
 ) -> dict[str, Any]:
-    """Writes ``results.json`` and ``results.md`` (and, with ``plots``, the two PNGs); returns the report."""
+    """Writes ``results.json`` and ``results.md`` (and, with ``plots``, the two PNGs); returns the
+    report. With ``per_user`` (each run's :func:`user_test_metrics`) it has the :func:`paired`
+    comparisons against ``reference``."""
     meta["load_end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     report = {
         "meta": meta,
         "runs": list(records),
         "groups": aggregate(records),
         "baselines": baselines(records),
+        "paired": paired(records, per_user, reference) if per_user else [],
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=2))
@@ -557,6 +689,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"smoke run: ML-100K's first {QUICK_MAX_USERS} users, towers {' '.join(QUICK_TOWERS)}, "
         f"one seed, 1 epoch, {' '.join(QUICK_SETS)} (each flag given still applies)",
+    )
+    p.add_argument(
+        "--reference",
+        metavar="TOWER-FUSION",
+        help="the row the others are compared with on the same users (e.g. sasrec-none; default: "
+        "each table's first)",
     )
     p.add_argument("--no-plots", action="store_true", help="write results.json and results.md only")
     p.add_argument(
@@ -624,7 +762,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(f"{state:<11} {folder}  (preset {run.preset or '-'}, {config.train.epochs} epochs)")
         return 0
-    records = []
+    records, per_user = [], []
+    loaded: dict[tuple[Any, ...], InMemoryData] = {}
     for i, (run, config) in enumerate(zip(runs, configs, strict=True)):
         folder = run.folder(args.runs)
         print(f"\n=== [{i + 1}/{len(runs)}] {folder}", flush=True)
@@ -640,8 +779,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "metrics": metrics,
             }
         )
-        write_report(args.out, meta, records, plots=False)
-    report = write_report(args.out, meta, records, plots=not args.no_plots)
+        per_user.append(user_test_metrics(config, folder, loaded))
+        write_report(args.out, meta, records, plots=False, per_user=per_user, reference=args.reference)
+    report = write_report(args.out, meta, records, not args.no_plots, per_user, args.reference)
     print("\n" + markdown(report))
     print(f"written to {args.out}")
     return 0

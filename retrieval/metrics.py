@@ -1,6 +1,8 @@
 """Ranking metrics of the three evaluation protocols (``retrieval.protocols``).
 
 * :func:`ranking_metrics`: full ranking (leave-one-out): HR@K, NDCG@K, Recall@K.
+* :func:`user_ranking_metrics` and :func:`user_comirec_metrics`: the same per user (what a
+  paired comparison of two models on the same users needs, :func:`paired_difference`).
 * :func:`sampled_metrics`: the target against a few sampled negatives (SASRec's protocol),
   reported under ``sampled_`` names so they are never mistaken for full-ranking numbers.
 * :func:`comirec_metrics` and :func:`diversity_at_k`: ComiRec's Recall, HitRate, NDCG and
@@ -22,7 +24,14 @@ COMIREC_KS = (20, 50)
 def ranking_metrics(
     topk: np.ndarray, targets: Sequence[np.ndarray] | np.ndarray, ks: Sequence[int] = DEFAULT_KS
 ) -> dict[str, float]:
-    """Mean HR@K, NDCG@K and Recall@K over users.
+    """Mean HR@K, NDCG@K and Recall@K over users (:func:`user_ranking_metrics`, averaged)."""
+    return user_means(user_ranking_metrics(topk, targets, ks))
+
+
+def user_ranking_metrics(
+    topk: np.ndarray, targets: Sequence[np.ndarray] | np.ndarray, ks: Sequence[int] = DEFAULT_KS
+) -> dict[str, np.ndarray]:
+    """HR@K, NDCG@K and Recall@K of every user.
 
     Args:
         topk: int ``[U, k_max]`` ranked item ids per user, best first (-1 = no item);
@@ -32,8 +41,8 @@ def ranking_metrics(
         ks: cut-offs.
 
     Returns:
-        ``{"hr@10": …, "ndcg@10": …, "recall@10": …, …}``. HR: at least one target in the
-        top K. Recall: share of the user's targets in the top K. NDCG: DCG of the hits over
+        ``{"hr@10": float [U], "ndcg@10": …, "recall@10": …, …}``. HR: at least one target in
+        the top K. Recall: share of the user's targets in the top K. NDCG: DCG of the hits over
         the ideal DCG of ``min(|targets|, K)`` hits.
     """
     if len(topk) != len(targets):
@@ -44,15 +53,37 @@ def ranking_metrics(
     discounts = 1.0 / np.log2(np.arange(topk.shape[1]) + 2.0)  # [k_max]
     hits = np.stack([np.isin(row, t) for row, t in zip(topk, target_lists, strict=True)])  # [U, k_max]
     n_targets = np.array([len(np.unique(t)) for t in target_lists], float)  # [U]
-    out: dict[str, float] = {}
+    out: dict[str, np.ndarray] = {}
     for k in ks:
         h = hits[:, :k]
         n_hits = h.sum(axis=1)
         ideal = np.cumsum(discounts[:k])[np.minimum(n_targets, k).astype(int) - 1]
-        out[f"hr@{k}"] = float(np.mean(n_hits > 0))
-        out[f"ndcg@{k}"] = float(np.mean((h * discounts[:k]).sum(axis=1) / ideal))
-        out[f"recall@{k}"] = float(np.mean(n_hits / n_targets))
+        out[f"hr@{k}"] = (n_hits > 0).astype(np.float64)
+        out[f"ndcg@{k}"] = (h * discounts[:k]).sum(axis=1) / ideal
+        out[f"recall@{k}"] = n_hits / n_targets
     return out
+
+
+def user_means(per_user: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each metric's mean over the users (0 when there are none)."""
+    return {name: float(np.mean(v)) if len(v) else 0.0 for name, v in per_user.items()}
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """How much ``a`` exceeds ``b`` on the same users, and the standard error of that.
+
+    Args:
+        a, b: float ``[U]``, one metric of two models on the same users in the same order.
+
+    Returns:
+        ``(mean(a - b), std(a - b) / sqrt(U))`` (sample std, ``ddof = 1``). Pairing removes the
+        users' own difficulty, which dominates the spread of either model's values: the error
+        of the difference is far below what the two models' separate errors suggest.
+    """
+    if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
+        raise ValueError(f"need two equal-length vectors of at least 2 users, got {a.shape} and {b.shape}")
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
 
 
 def sampled_metrics(scores: np.ndarray, ks: Sequence[int] = SAMPLED_KS) -> dict[str, float]:
@@ -91,7 +122,14 @@ def sampled_metrics(scores: np.ndarray, ks: Sequence[int] = SAMPLED_KS) -> dict[
 def comirec_metrics(
     topk: np.ndarray, targets: Sequence[np.ndarray], ks: Sequence[int] = COMIREC_KS
 ) -> dict[str, float]:
-    """ComiRec's Recall@N, HitRate@N and NDCG@N, averaged over users.
+    """ComiRec's Recall@N, HitRate@N and NDCG@N, averaged over users (:func:`user_comirec_metrics`)."""
+    return user_means(user_comirec_metrics(topk, targets, ks))
+
+
+def user_comirec_metrics(
+    topk: np.ndarray, targets: Sequence[np.ndarray], ks: Sequence[int] = COMIREC_KS
+) -> dict[str, np.ndarray]:
+    """ComiRec's Recall@N, HitRate@N and NDCG@N of every user.
 
     As in ComiRec's ``evaluate_full``, for the targets ``t_0 .. t_{m-1}`` (in sequence order,
     repeats counted each time) and the set ``S`` of the first N retrieved items:
@@ -109,14 +147,14 @@ def comirec_metrics(
         ks: the N values, each ``<= k_max``.
 
     Returns:
-        ``{"recall@20": …, "hitrate@20": …, "ndcg@20": …, …}``.
+        ``{"recall@20": float [U], "hitrate@20": …, "ndcg@20": …, …}``.
     """
     if len(topk) != len(targets):
         raise ValueError(f"{len(topk)} ranked lists for {len(targets)} users")
     if topk.shape[1] < max(ks):
         raise ValueError(f"top lists have {topk.shape[1]} items, fewer than N = {max(ks)}")
-    sums = {f"{name}@{k}": 0.0 for k in ks for name in ("recall", "hitrate", "ndcg")}
-    for row, t in zip(topk, targets, strict=True):
+    out = {f"{name}@{k}": np.zeros(len(targets)) for k in ks for name in ("recall", "hitrate", "ndcg")}
+    for u, (row, t) in enumerate(zip(topk, targets, strict=True)):
         t = np.atleast_1d(np.asarray(t))
         if not len(t):
             raise ValueError("every user needs at least one target")
@@ -124,12 +162,11 @@ def comirec_metrics(
         for k in ks:
             hit = np.isin(t, row[:k][row[:k] >= 0])  # [m]
             r = int(hit.sum())
-            sums[f"recall@{k}"] += r / len(t)
+            out[f"recall@{k}"][u] = r / len(t)
             if r:
-                sums[f"hitrate@{k}"] += 1.0
-                sums[f"ndcg@{k}"] += float(discounts[hit].sum() / discounts[:r].sum())
-    users = max(len(targets), 1)
-    return {name: total / users for name, total in sums.items()}
+                out[f"hitrate@{k}"][u] = 1.0
+                out[f"ndcg@{k}"][u] = float(discounts[hit].sum() / discounts[:r].sum())
+    return out
 
 
 def diversity_at_k(

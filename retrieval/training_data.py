@@ -19,7 +19,13 @@ import tensorflow as tf
 from retrieval import parquet_data as pdata
 from retrieval.config import Config, DataConfig
 from retrieval.data import LeaveOneOut, SequenceData, build_sequences, leave_one_out, load_interactions
-from retrieval.evaluate import category_codes, evaluate_comirec, evaluate_ranking, popularity_top_k
+from retrieval.evaluate import (
+    category_codes,
+    evaluate_comirec,
+    evaluate_ranking,
+    full_ranking_top_k,
+    popularity_top_k,
+)
 from retrieval.examples import make_examples
 from retrieval.features import (
     SideVocab,
@@ -29,7 +35,14 @@ from retrieval.features import (
     parse_side_features,
     user_event_features,
 )
-from retrieval.metrics import comirec_metrics, ranking_metrics
+from retrieval.metrics import (
+    COMIREC_KS,
+    DEFAULT_KS,
+    comirec_metrics,
+    ranking_metrics,
+    user_comirec_metrics,
+    user_ranking_metrics,
+)
 from retrieval.model_artifact import Features, ModelArtifact
 from retrieval.protocols import ComirecSplit, comirec_split
 from retrieval.streaming import evaluate_prepared, popularity_prepared, streaming_dataset
@@ -48,6 +61,9 @@ class Protocol:
         train_users: the users whose ``split.train`` sequences train the model.
         evaluate: ``(model, histories, targets, features) -> metrics``.
         baseline: ``(top-k of the most popular items, targets) -> metrics``.
+        per_user: ``(top-k, targets) -> metric -> value of every user`` (the ranking metrics of
+            ``evaluate`` without diversity, before averaging).
+        depth: the top-k ``per_user`` reads.
         shown: validation metrics shown per epoch; the first is the early-stopping monitor.
     """
 
@@ -56,6 +72,8 @@ class Protocol:
     train_users: Sequence[int] | np.ndarray
     evaluate: Callable[[ModelArtifact, Sequence[np.ndarray], Any, Features | None], dict[str, float]]
     baseline: Callable[[np.ndarray, Any], dict[str, float]]
+    per_user: Callable[[np.ndarray, Any], dict[str, np.ndarray]]
+    depth: int
     shown: tuple[str, ...]
 
 
@@ -81,6 +99,8 @@ def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
                 model, histories, targets, features=features
             ),
             ranking_metrics,
+            user_ranking_metrics,
+            max(DEFAULT_KS),
             LOO_SHOWN,
         )
     if config.protocol == "comirec":
@@ -95,6 +115,8 @@ def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
                 model, histories, targets, features, categories=categories
             ),
             comirec_metrics,
+            user_comirec_metrics,
+            max(COMIREC_KS),
             ("recall@50", "hitrate@50", "recall@20"),
         )
     raise ValueError(f"unknown protocol {config.protocol!r}; choose one of {TRAINING_PROTOCOLS}")
@@ -223,6 +245,12 @@ class InMemoryData(TrainingData):
     def evaluate(self, model: ModelArtifact, split: str) -> dict[str, float]:
         histories, targets, features = self._held_out(split)
         return self.rules.evaluate(model, histories, targets, features) if len(targets) else {}
+
+    def user_metrics(self, model: ModelArtifact, split: str) -> dict[str, np.ndarray]:
+        """The protocol's ranking metrics of every ``valid`` or ``test`` user (exact search), in
+        the split's user order: what a paired comparison of two models needs."""
+        histories, targets, features = self._held_out(split)
+        return self.rules.per_user(full_ranking_top_k(model, histories, self.rules.depth, features), targets)
 
     def baseline(self, split: str) -> dict[str, float]:
         histories, targets, _ = self._held_out(split)

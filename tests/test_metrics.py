@@ -7,7 +7,16 @@ import itertools
 import numpy as np
 import pytest
 
-from retrieval.metrics import DEFAULT_KS, comirec_metrics, diversity_at_k, ranking_metrics, sampled_metrics
+from retrieval.metrics import (
+    DEFAULT_KS,
+    comirec_metrics,
+    diversity_at_k,
+    paired_difference,
+    ranking_metrics,
+    sampled_metrics,
+    user_comirec_metrics,
+    user_ranking_metrics,
+)
 
 
 def test_single_target_hand_worked() -> None:
@@ -40,6 +49,35 @@ def test_rejects_short_lists_and_mismatched_users() -> None:
         ranking_metrics(np.zeros((1, 5), int), np.array([1]), ks=(10,))
     with pytest.raises(ValueError, match="2 ranked lists for 1 users"):
         ranking_metrics(np.zeros((2, 10), int), np.array([1]), ks=(10,))
+
+
+def test_per_user_values_are_the_hand_worked_ones_and_average_to_the_means() -> None:
+    topk = np.array([[5, 3, 9, 1], [2, 4, 6, 8], [7, 7, 7, 7]])
+    targets = np.array([3, 8, 1])
+    per_user = user_ranking_metrics(topk, targets, ks=(2, 4))
+    np.testing.assert_allclose(per_user["ndcg@4"], [1 / np.log2(3), 1 / np.log2(5), 0.0])
+    np.testing.assert_array_equal(per_user["hr@2"], [1.0, 0.0, 0.0])
+    assert {k: float(v.mean()) for k, v in per_user.items()} == ranking_metrics(topk, targets, ks=(2, 4))
+    topk = np.array([[4, 7, 1, 9, -1], [3, 5, 6, 8, 10]])
+    several = [np.array([7, 2, 9, 7]), np.array([2])]
+    comirec = user_comirec_metrics(topk, several, ks=(2, 4))
+    np.testing.assert_allclose(comirec["recall@4"], [0.75, 0.0])
+    assert {k: float(v.mean()) for k, v in comirec.items()} == comirec_metrics(topk, several, ks=(2, 4))
+
+
+def test_paired_difference_is_the_mean_difference_and_its_standard_error() -> None:
+    a, b = np.array([1.0, 0.0, 0.5, 1.0]), np.array([0.0, 0.0, 0.5, 0.5])
+    d = np.array([1.0, 0.0, 0.0, 0.5])  # per user: a - b
+    mean, se = paired_difference(a, b)
+    assert mean == pytest.approx(0.375)
+    assert se == pytest.approx(np.sqrt(np.sum((d - 0.375) ** 2) / 3) / 2)
+    # Pairing: a constant shift over users of any difficulty has no error at all.
+    hard_and_easy = np.array([0.0, 1.0, 0.2, 0.9])
+    assert paired_difference(hard_and_easy + 0.1, hard_and_easy) == pytest.approx((0.1, 0.0))
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_difference(a, b[:3])
+    with pytest.raises(ValueError, match="at least 2 users"):
+        paired_difference(a[:1], b[:1])
 
 
 def test_default_cut_offs_include_5() -> None:

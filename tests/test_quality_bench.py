@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,10 @@ def test_mean_std_is_the_sample_deviation() -> None:
 
 
 def _table_rows(markdown: str, heading: str) -> dict[str, dict[str, str]]:
-    """The rows of the table under ``heading``, by their first two cells."""
-    section = markdown.split(heading, 1)[1].split("###", 1)[0]
-    lines = [line for line in section.splitlines() if line.startswith("|")]
+    """The rows of the first table under ``heading``, by their first two cells."""
+    section = markdown.split(heading, 1)[1].split("###", 1)[0].splitlines()
+    first = next(i for i, line in enumerate(section) if line.startswith("|"))
+    lines = list(itertools.takewhile(lambda line: line.startswith("|"), section[first:]))  # the first table
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {}
     for line in lines[2:]:
@@ -181,6 +183,38 @@ def test_quick_report(
             json.loads((folders[tower, s] / "metrics.json").read_text())["test"]["ndcg@10"] for s in (1, 2)
         ]
         assert row["NDCG@10"] == f"{np.mean(ndcg):.4f} ± {np.std(ndcg, ddof=1):.4f}"
+
+    # Paired against the first row (youtubednn): per-user values recomputed from each saved model,
+    # which average to the run's own test metrics, then seed-averaged and differenced per user.
+    per_user = {
+        key: quality.user_test_metrics(
+            Config.from_dict(json.loads((folder / "config.json").read_text())), folder, {}
+        )
+        for key, folder in folders.items()
+    }
+    for key, values in per_user.items():
+        test = json.loads((folders[key] / "metrics.json").read_text())["test"]
+        for metric, v in values.items():
+            assert v.mean() == pytest.approx(test[metric], abs=1e-9), (key, metric)
+    (entry,) = report["paired"]
+    assert (entry["reference"], entry["users"]) == ("youtubednn-none", 60)
+    (row,) = entry["rows"]
+    assert (row["tower"], row["seeds"]) == ("sasrec", [1, 2])
+    for metric in ("ndcg@10", "hr@50"):
+        d = np.mean([per_user["sasrec", s][metric] for s in (1, 2)], axis=0) - np.mean(
+            [per_user["youtubednn", s][metric] for s in (1, 2)], axis=0
+        )
+        assert row["difference"][metric] == pytest.approx(d.mean(), abs=1e-12)
+        assert row["se"][metric] == pytest.approx(d.std(ddof=1) / np.sqrt(60), abs=1e-12)
+    paired_rows = _table_rows(markdown, "Paired against `youtubednn-none` on the same 60 test users")
+    cell = paired_rows["`sasrec` none"]["NDCG@10"].strip("*")
+    assert cell == f"{row['difference']['ndcg@10']:+.4f} ± {row['se']['ndcg@10']:.4f}"
+    # --reference picks another row.
+    again_argv = [*argv, "--reference", "sasrec-none", "--out", str(tmp_path / "ref"), "--runs", str(out)]
+    assert quality.main(again_argv) == 0
+    (entry,) = json.loads((tmp_path / "ref" / "results.json").read_text())["paired"]
+    assert entry["reference"] == "sasrec-none"
+    assert entry["rows"][0]["difference"]["ndcg@10"] == pytest.approx(-row["difference"]["ndcg@10"])
 
     # A second invocation reads every finished run back: nothing trains.
     def no_training(*args: Any, **kwargs: Any) -> None:

@@ -387,6 +387,20 @@ def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path,
         retrieval.train.train(tiny_config(synthetic_csv, "data.protocol=nope"), tmp_path / "x", verbose=0)
 
 
+def test_per_user_test_metrics_average_to_the_runs_own(synthetic_csv, tmp_path) -> None:
+    from retrieval.model_artifact import load_model
+    from retrieval.training_data import InMemoryData
+
+    config = tiny_config(synthetic_csv, "data.protocol=comirec", "train.epochs=1")
+    metrics = retrieval.train.train(config, tmp_path / "m", verbose=0)
+    data = InMemoryData(config)
+    per_user = data.user_metrics(load_model(tmp_path / "m"), "test")
+    assert {len(v) for v in per_user.values()} == {len(data.rules.split.test_targets)}
+    assert set(per_user) == set(metrics["test"]) - {"diversity@20", "diversity@50"}
+    for name, values in per_user.items():
+        assert values.mean() == pytest.approx(metrics["test"][name], abs=1e-9), name
+
+
 def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv, tmp_path, exported) -> None:
     from retrieval.data import build_sequences, load_interactions
 

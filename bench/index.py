@@ -111,15 +111,13 @@ def jitter_queries(interests: np.ndarray, requests: int, seed: int = 1, jitter: 
 
 def load_or_train_model(args: argparse.Namespace) -> Any:
     """The ``--model`` artifact, or a small ComiRec-SA model trained on ``--data`` for a few epochs."""
-    from retrieval.model_artifact import load_model
+    from retrieval.artifacts import load_model
 
     if args.model is not None:
         return load_model(args.model)
     out = args.out / "model"
     if not (out / "manifest.json").exists():
-        from retrieval.callbacks import run_folder
-        from retrieval.config import Config, DataConfig, TrainConfig
-        from retrieval.train import train
+        from retrieval.training import Config, DataConfig, TrainConfig, run_folder, train
 
         log.info("no --model: training ComiRec-SA on %s for %d epochs into %s", args.data, args.epochs, out)
         train(
@@ -133,7 +131,7 @@ def load_or_train_model(args: argparse.Namespace) -> Any:
 
 def user_interests(model: Any, data: Path) -> np.ndarray:
     """Interest vectors of every test user of ``data``: float32 ``[U, K, d]``."""
-    from retrieval.index_artifact import user_interest_queries
+    from retrieval.artifacts import user_interest_queries
 
     return user_interest_queries(model, data, num_users=10**9)
 

@@ -9,13 +9,13 @@ Each peer is installed by this script into a virtual environment of its own unde
 RecBole, the atomic files) with our external item ids; a runner trains, then exports after
 every epoch the user vectors of the evaluation users and the item vectors, keyed by our ids.
 This process evaluates every side with our evaluator (exact full ranking, history excluded,
-``retrieval.evaluate.exact_top_k`` + ``retrieval.metrics``) on the identical split, so that
-only the models differ:
+``retrieval.evaluation.exact_top_k`` + ``retrieval.evaluation.metrics``) on the identical split, so
+that only the models differ:
 
-* ``loo``: leave-one-out (``retrieval.data.leave_one_out``), HR/NDCG/Recall@10/20/50: our
+* ``loo``: leave-one-out (``retrieval.data.splits.leave_one_out``), HR/NDCG/Recall@10/20/50: our
   ``sasrec``, ``bert4rec`` and a multi-interest tower vs RecBole's SASRec (cross-entropy) and
   BERT4Rec.
-* ``comirec``: ComiRec's user split (``retrieval.protocols.comirec_split``), Recall/HR/NDCG@20/50
+* ``comirec``: ComiRec's user split (``retrieval.data.splits.comirec_split``), Recall/HR/NDCG@20/50
   in ComiRec's definitions: our ``sa``, ``dr``, ``mind``, ``youtubednn`` vs DeepMatch's
   ComiRec-SA, ComiRec-DR, MIND, YouTubeDNN. Models train on the training users only.
 
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from retrieval.config import Config
+    from retrieval.training import Config
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNERS = Path(__file__).resolve().parent / "peers"
@@ -185,8 +185,8 @@ class BenchSplit:
     """What every side of one protocol trains and is evaluated on, in our dense item ids.
 
     Attributes:
-        protocol: ``loo`` (``retrieval.data.leave_one_out``) or ``comirec``
-            (``retrieval.protocols.comirec_split``).
+        protocol: ``loo`` (``retrieval.data.splits.leave_one_out``) or ``comirec``
+            (``retrieval.data.splits.comirec_split``).
         items: our external item ids; dense id ``i + 1`` is ``items[i]`` (0 = padding).
         users: external user ids, all users of the data.
         sequences: every user's whole sequence (dense ids, oldest first).
@@ -221,15 +221,14 @@ class BenchSplit:
 
 
 def make_split(data: Any, protocol: str, seed: int = 42) -> BenchSplit:
-    """The split of ``data`` (a ``retrieval.data.SequenceData``) under ``protocol``, made by the
+    """The split of ``data`` (a ``retrieval.data.interactions.SequenceData``) under ``protocol``, made by the
     library's own functions, so that it is the one our training and evaluation use.
 
     ``loo``: every user trains on ``sequence[:-2]`` (the whole sequence below 3 events); users
     with 3 or more events are evaluated. ``comirec``: the training users train on their whole
     sequences; validation and test users are evaluated on (first 80%, rest).
     """
-    from retrieval.data import leave_one_out
-    from retrieval.protocols import comirec_split
+    from retrieval.data import comirec_split, leave_one_out
 
     sequences = tuple(np.asarray(s, np.int64) for s in data.sequences)
     if protocol == "loo":
@@ -419,10 +418,10 @@ def evaluate_vectors(
     missing: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Our evaluator on exported vectors: exact full ranking, history excluded, best interest
-    per item (``retrieval.evaluate.exact_top_k``), then ``ranking_metrics`` (``loo``: HR, NDCG,
+    per item (``retrieval.evaluation.evaluate.exact_top_k``), then ``ranking_metrics`` (``loo``: HR, NDCG,
     Recall at 10/20/50) or ComiRec's ``comirec_metrics`` (Recall, HitRate, NDCG at 20/50).
 
-    This is :func:`retrieval.evaluate.evaluate_ranking` / ``evaluate_comirec`` with the user
+    This is :func:`retrieval.evaluation.evaluate.evaluate_ranking` / ``evaluate_comirec`` with the user
     tower's output given instead of computed.
 
     Args:
@@ -433,8 +432,7 @@ def evaluate_vectors(
         protocol: ``loo`` or ``comirec``.
         missing: dense ids without a vector (:func:`align_items`): never ranked.
     """
-    from retrieval.evaluate import exact_top_k
-    from retrieval.metrics import comirec_metrics, ranking_metrics
+    from retrieval.evaluation import comirec_metrics, exact_top_k, ranking_metrics
 
     if len(user_vectors) != len(histories):
         raise ValueError(f"{len(user_vectors)} user vectors for {len(histories)} users")
@@ -461,7 +459,7 @@ def validation_metrics(
 
 SELECT_BY = {"loo": "ndcg@10", "comirec": "recall@50"}
 """Per protocol, the validation metric that picks a run's best epoch: our training's early
-stopping metric under that protocol (``retrieval.training_data.make_protocol``)."""
+stopping metric under that protocol (``retrieval.training.validation.make_protocol``)."""
 
 
 # --------------------------------------------------------------------------- what runs
@@ -596,16 +594,16 @@ def peer_command(run: ModelRun, python: str, split_dir: Path, export: Path, s: S
 
 def ours_preset(model: str, s: Settings) -> str | None:
     """The preset our ``model`` starts from: ``<dataset>-<model>`` when ``s.data`` is a preset
-    dataset's file (``retrieval.presets.dataset_at``, sliced or not) and ``s.presets``."""
-    from retrieval.presets import dataset_at, preset_for
+    dataset's file (``retrieval.training.presets.dataset_at``, sliced or not) and ``s.presets``."""
+    from retrieval.training import dataset_at, preset_for
 
     return preset_for(dataset_at(s.data), model) if s.presets else None
 
 
 def ours_base_config(model: str, s: Settings) -> Config:
-    """The defaults of ``retrieval.config`` with our ``model``'s preset (:func:`ours_preset`) applied."""
-    from retrieval.config import Config
-    from retrieval.presets import apply_preset
+    """The defaults of ``retrieval.training.Config`` with our ``model``'s preset (:func:`ours_preset`)
+    applied."""
+    from retrieval.training import Config, apply_preset
 
     preset = ours_preset(model, s)
     return apply_preset(Config(), preset) if preset else Config()
@@ -622,7 +620,7 @@ def counterpart(run: ModelRun) -> str:
 def run_settings(run: ModelRun, s: Settings) -> Settings:
     """``s`` with the epoch budget of ``run`` resolved: ``s.epochs`` when given, else that of our
     counterpart tower (:func:`counterpart`): its preset's ``train.epochs`` (the budget it was
-    tuned for, e.g. 39 for ``beauty-sasrec``), or the default of ``retrieval.config`` without a
+    tuned for, e.g. 39 for ``beauty-sasrec``), or the default of ``retrieval.training.config`` without a
     preset. Both sides of a pair so train for the same number of epochs."""
     if s.epochs is not None:
         return s
@@ -630,13 +628,13 @@ def run_settings(run: ModelRun, s: Settings) -> Settings:
 
 
 def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
-    """Our training configuration for ``run``: the defaults of ``retrieval.config``, then the
+    """Our training configuration for ``run``: the defaults of ``retrieval.training.config``, then the
     overrides of the tower's preset (:func:`ours_preset`: its tuned losses, negatives, dropout),
     then the shared sizes and budget, ``run``'s protocol (split with the benchmark's seed, so it
     is :func:`make_split`'s), validation every epoch and early stopping's best-epoch export
     without stopping (patience = epochs), so that both sides are scored at their best validation
     epoch of the same budget; ``s.overrides`` last."""
-    from retrieval.config import apply_overrides
+    from retrieval.training import apply_overrides
 
     epochs = run_settings(run, s).epochs
     assert epochs is not None
@@ -660,13 +658,12 @@ def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
 
 def ours_worker(spec_file: Path) -> int:
     """Trains one of our towers (``python -m bench.peers --ours-worker SPEC``, its own process so
-    that its memory is its own) with ``retrieval.train.train``, as ``tools/train.py`` would, and
+    that its memory is its own) with ``retrieval.training.run.train``, as ``tools/train.py`` would, and
     exports it as the runners export theirs."""
-    import retrieval.train as training
-    from retrieval.config import Config
+    import retrieval.training.run as training
+    from retrieval.artifacts import encode_histories, load_model
     from retrieval.data import build_sequences, load_interactions
-    from retrieval.evaluate import encode_histories
-    from retrieval.model_artifact import load_model
+    from retrieval.training import Config
 
     spec = json.loads(spec_file.read_text())
     config = Config.from_dict(spec["config"])
@@ -1150,7 +1147,7 @@ def write_report(
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (``--smoke`` sets the ML-100K slice, one epoch)."""
-    from retrieval.presets import SHARED_DATA
+    from retrieval.training import SHARED_DATA
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(

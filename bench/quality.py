@@ -52,15 +52,21 @@ import keras
 import numpy as np
 
 from bench.peers import commit, machine
-from retrieval.callbacks import run_folder
-from retrieval.config import Config, apply_overrides
+from retrieval.artifacts import load_model
 from retrieval.data import load_interactions
-from retrieval.metrics import paired_difference
-from retrieval.model import takes_side_information
-from retrieval.model_artifact import load_model
-from retrieval.presets import DATASETS, SHARED_DATA, apply_preset, preset_for
-from retrieval.train import train
-from retrieval.training_data import InMemoryData
+from retrieval.evaluation import paired_difference
+from retrieval.training import (
+    DATASETS,
+    SHARED_DATA,
+    Config,
+    InMemoryData,
+    apply_overrides,
+    apply_preset,
+    preset_for,
+    run_folder,
+    takes_side_information,
+    train,
+)
 from towers import tower_names
 from towers.side import FUSIONS
 
@@ -105,7 +111,7 @@ class Dataset:
     Attributes:
         name: its folder under ``--out`` and its name in the report.
         path: the interactions the runs read.
-        preset: the key of :data:`retrieval.presets.DATASETS` it was named by, or None (a path).
+        preset: the key of :data:`retrieval.training.presets.DATASETS` it was named by, or None (a path).
     """
 
     name: str
@@ -190,7 +196,7 @@ def plan(
     """Every run, in the order they are trained: by dataset, protocol, tower, fusion, then seed.
 
     Each of ``fusion_towers`` (default: every tower of ``towers`` that reads side information,
-    :func:`retrieval.model.takes_side_information`) runs each of ``fusions``, the modes other
+    :func:`retrieval.training.model.takes_side_information`) runs each of ``fusions``, the modes other
     than ``none`` with ``side_features``; every other tower runs ``none`` only.
 
     Raises:
@@ -330,7 +336,7 @@ def paired(
 
     Per user, a row's value of a metric is its mean over the row's seeds; a row's difference is
     the mean over the users of (row − reference), with its standard error
-    (:func:`retrieval.metrics.paired_difference`).
+    (:func:`retrieval.evaluation.metrics.paired_difference`).
 
     Args:
         records: the runs (``dataset``, ``protocol``, ``tower``, ``fusion``, ``seed``).

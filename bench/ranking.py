@@ -19,7 +19,7 @@ clicks and blended with the retrieval score on the validation users' retrieved l
 untrained ranker, is a candidate too, so a ranker that never helps keeps about the retriever's
 order); ``--set retrieval_fit=clicks`` or ``joint`` fit the blend on the validation clicks or with
 the ranker, ``--set options.retrieval_score=false`` trains the rankers alone
-(``retrieval.ranking.RankerConfig``).
+(``retrieval.ranking.config.RankerConfig``).
 
 Runs whose artifact already exists under ``--out`` (the retriever, the index, each ranker) are
 read back instead of redone, so an interrupted benchmark resumes. Writes ``results.json`` and
@@ -40,13 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from rankers import ranker_names
-from retrieval.artifacts import MANIFEST
-from retrieval.callbacks import run_folder
-from retrieval.config import Config, DataConfig, ModelConfig, TrainConfig
+from retrieval.artifacts import build_index_from_model, load_model, save_index
 from retrieval.data import build_sequences, load_interactions
-from retrieval.index_artifact import build_index_from_model, save_index
-from retrieval.model_artifact import load_model
-from retrieval.presets import DATASETS, SHARED_DATA
 from retrieval.ranking import (
     RankerConfig,
     apply_ranker_overrides,
@@ -55,7 +50,17 @@ from retrieval.ranking import (
     load_retrieval,
     train_ranker,
 )
-from retrieval.train import train
+from retrieval.storage import MANIFEST
+from retrieval.training import (
+    DATASETS,
+    SHARED_DATA,
+    Config,
+    DataConfig,
+    ModelConfig,
+    TrainConfig,
+    run_folder,
+    train,
+)
 from towers import tower_names
 
 log = logging.getLogger("bench.ranking")

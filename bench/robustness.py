@@ -702,9 +702,8 @@ def synthetic_model() -> Any:
     embedding of the last ``max_len`` items. The tower takes ``action`` and ``gap_prev`` inputs
     (and ignores them) so requests' events go through the side-feature encoding.
     """
-    from retrieval.features import SideVocab
-    from retrieval.model_artifact import ModelArtifact
-    from retrieval.vocab import ItemVocab
+    from retrieval.artifacts import ModelArtifact
+    from retrieval.data import ItemVocab, SideVocab
 
     dim, k, max_len = 16, 3, 8
     rng = np.random.default_rng(0)
@@ -732,8 +731,8 @@ def synthetic_model() -> Any:
 
 def synthetic_retriever() -> Any:
     """:func:`synthetic_model` over a Flat index, items in 5 categories (some without one)."""
-    from retrieval.index_artifact import build_index_from_model
-    from retrieval.retriever import Retriever
+    from retrieval.artifacts import build_index_from_model
+    from retrieval.serving import Retriever
 
     model = synthetic_model()
     return Retriever(model, build_index_from_model(model, "Flat"), item_attributes=SYNTHETIC_ATTRIBUTES)
@@ -772,8 +771,7 @@ def served_by(
 
 def _serve(model_dir: str | None, index_dir: str | None, max_message_bytes: int, ports: Any) -> None:
     """Child process: loads or builds the retriever, serves on a free port, sends the port back."""
-    from retrieval.retriever import Retriever
-    from retrieval.server import create_server
+    from retrieval.serving import Retriever, create_server
 
     if model_dir and index_dir:
         retriever = Retriever.from_dirs(Path(model_dir), Path(index_dir))
@@ -786,8 +784,8 @@ def _serve(model_dir: str | None, index_dir: str | None, max_message_bytes: int,
 
 def _served_from_dirs(model_dir: Path, max_message_bytes: int) -> Served:
     """A real model folder's vocabulary and shape, read without TensorFlow (no score oracle)."""
-    from retrieval.artifacts import read_manifest
-    from retrieval.vocab import ItemVocab
+    from retrieval.data import ItemVocab
+    from retrieval.storage import read_manifest
 
     manifest = read_manifest(model_dir, "model", verify=False)
     vocab = ItemVocab.load(model_dir / "vocab.json")
@@ -917,7 +915,7 @@ def build_versions(
 ) -> list[Version]:
     """One model per seed (``tools/train.py --data DATA TRAIN_ARGS --seed S``) and its Flat index
     (``tools/build_index.py``), built in child processes under ``out`` once, then reused."""
-    from retrieval.artifacts import read_manifest
+    from retrieval.storage import read_manifest
 
     name = "-".join([data.stem, *(a.lstrip("-") for a in train_args)])
     built = []

@@ -80,13 +80,18 @@ def build_artifacts(out: Path, items: int, data: Path, epochs: int, seed: int = 
     import keras
 
     from bench.index import scale_items, user_interests
-    from retrieval.callbacks import run_folder
-    from retrieval.config import Config, DataConfig, ModelConfig, TrainConfig
-    from retrieval.index_artifact import build_index_from_model, measure_index, save_index
-    from retrieval.model import build_model
-    from retrieval.model_artifact import load_model
-    from retrieval.train import save_model, train
-    from retrieval.vocab import ItemVocab
+    from retrieval.artifacts import build_index_from_model, load_model, measure_index, save_index
+    from retrieval.data import ItemVocab
+    from retrieval.training import (
+        Config,
+        DataConfig,
+        ModelConfig,
+        TrainConfig,
+        build_model,
+        run_folder,
+        save_model,
+        train,
+    )
 
     config = Config(
         DataConfig(path=str(data)),
@@ -131,11 +136,9 @@ def build_ranker_artifact(out: Path, model_dir: Path, seed: int = 0) -> Path:
     on the weights' values (shapes and operations are those of a trained DIN).
     """
     from rankers import build_ranker
-    from retrieval.model_artifact import VOCAB_FILE
-    from retrieval.ranker_artifact import save_ranker
-    from retrieval.vocab import ItemVocab
+    from retrieval.artifacts import read_model_vocab, save_ranker
 
-    vocab = ItemVocab.load(model_dir / VOCAB_FILE)
+    vocab = read_model_vocab(model_dir)
     ranker_dir = out / f"ranker-{len(vocab)}-dim{RANKER_KWARGS['dim']}-len{RANKER_KWARGS['max_len']}"
     if (ranker_dir / "manifest.json").is_file():
         return ranker_dir
@@ -343,8 +346,8 @@ def compute_per_request(
     as a micro-batch does. The floor of the retrieval server's CPU per request at that batch."""
     import faiss
 
-    from retrieval.retriever import Retriever
-    from retrieval.server import query_from_request, response_from_result
+    from retrieval.api import query_from_request, response_from_result
+    from retrieval.serving import Retriever
 
     faiss.omp_set_num_threads(1)
     retriever = Retriever.from_dirs(model_dir, index_dir)

@@ -10,8 +10,8 @@ Phases, each in a process of its own so that each peak RSS is that phase's alone
    activity, ``events / 100`` items with Zipf-like popularity (weight ∝ 1 / rank^1.05, ranks
    shuffled over the ids), int64 ids, timestamps rising with the row (a log in time order,
    with ties).
-2. ``prepare``: :func:`retrieval.parquet_data.prepare_dataset` of that folder.
-3. ``stream``: one epoch of :func:`retrieval.streaming.streaming_dataset` (``--objective``,
+2. ``prepare``: :func:`retrieval.data.prepared.writer.prepare_dataset` of that folder.
+3. ``stream``: one epoch of :func:`retrieval.training.streaming.streaming_dataset` (``--objective``,
    ``--max-len``, ``--batch-size``) pulled through ``tf.data`` with prefetch, no model: the
    input pipeline's own throughput and memory.
 
@@ -146,7 +146,7 @@ def phase_prepare(
     raw: str, prepared: str, events_per_partition: int, users_per_row_group: int
 ) -> dict[str, Any]:
     """Phase 2 (in its own process)."""
-    from retrieval.parquet_data import prepare_dataset
+    from retrieval.data import prepare_dataset
 
     def run() -> dict[str, Any]:
         meta = prepare_dataset(
@@ -169,8 +169,8 @@ def phase_stream(
     before = peak_rss_mb()
     import tensorflow as tf
 
-    from retrieval.parquet_data import count_examples
-    from retrieval.streaming import streaming_dataset
+    from retrieval.data import count_examples
+    from retrieval.training import streaming_dataset
 
     after_import = peak_rss_mb()
 
@@ -205,7 +205,7 @@ def phase_in_memory(raw: str, objective: str, max_len: int) -> dict[str, Any]:
     ``load_interactions`` of the single Parquet file, ``build_sequences``, ``leave_one_out`` and
     ``make_examples``."""
     from retrieval.data import build_sequences, leave_one_out, load_interactions
-    from retrieval.examples import make_examples
+    from retrieval.training import make_examples
 
     def run() -> dict[str, Any]:
         files = sorted(Path(raw).glob("*.parquet"))
@@ -308,8 +308,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Not retrieval.streaming: this process stays free of TensorFlow (its children fork from it).
-    from retrieval.parquet_data import EVENTS_PER_PARTITION, USERS_PER_ROW_GROUP
+    # Not retrieval.training.streaming: this process stays free of TensorFlow (its children fork from it).
+    from retrieval.data import EVENTS_PER_PARTITION, USERS_PER_ROW_GROUP
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--events", type=int, default=50_000_000, help="interactions to generate (default 50M)")
@@ -328,7 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--objective", default="last", choices=["last", "all_positions", "cloze"])
     p.add_argument("--max-len", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=512)
-    p.add_argument("--shuffle-buffer", type=int, default=100_000, help="retrieval.streaming.SHUFFLE_BUFFER")
+    p.add_argument(
+        "--shuffle-buffer", type=int, default=100_000, help="retrieval.training.streaming.SHUFFLE_BUFFER"
+    )
     args = p.parse_args(argv)
     if args.in_memory_baseline:
         args.file_rows = max(args.file_rows, args.events)

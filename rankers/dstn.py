@@ -14,7 +14,7 @@ number of context items: a ranker trained on lists of 21 candidates and evaluate
 than any it was trained on. So by default (``context_size`` N > 0) a candidate's context is the
 first N items of the ``"context"`` input other than the candidate itself: the request's top
 retrieved items in the retriever's order, the same function of the request in training,
-evaluation and serving (:mod:`retrieval.ranking`, :class:`retrieval.ranker_artifact.RankerScorer`),
+evaluation and serving (:mod:`retrieval.ranking`, :class:`retrieval.artifacts.ranker_scorer.RankerScorer`),
 so every candidate sees N context items wherever it is scored (fewer only when fewer were
 retrieved). ``context_size=0`` keeps the paper's "every other candidate".
 """

@@ -59,7 +59,7 @@ def model_versions(
 ) -> list[tuple[Path, Path, str]]:
     """Two tiny trained models (seeds 1 and 2) with a Flat index each, for the hot-reload tests:
     ``(model dir, index dir, model version)``."""
-    from retrieval.artifacts import read_manifest
+    from retrieval.storage.manifest import read_manifest
 
     out = tmp_path_factory.mktemp("versions")
     built = []

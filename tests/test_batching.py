@@ -12,13 +12,12 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from proto import retrieval_pb2
-from retrieval.batching import MicroBatcher
-from retrieval.client import RetrievalClient
-from retrieval.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
-from retrieval.index_artifact import build_index_from_model
-from retrieval.merge import MergeStrategy
-from retrieval.retriever import Query, Retrieved
-from retrieval.server import create_server
+from retrieval.api.client import RetrievalClient
+from retrieval.api.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from retrieval.api.types import MergeStrategy, Query, Retrieved
+from retrieval.artifacts.index import build_index_from_model
+from retrieval.serving.batching import MicroBatcher
+from retrieval.serving.server import create_server
 from tests.test_server import ITEMS, assert_same, brute_force, make_model
 from tests.test_serving_ops import GatedRetriever
 

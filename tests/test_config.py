@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval.config import Config, apply_overrides
+from retrieval.training.config import Config, apply_overrides
 
 
 def test_overrides_are_typed() -> None:

@@ -9,19 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from retrieval.data import (
-    DataError,
-    SequenceData,
-    build_sequences,
-    default_data_path,
-    leave_one_out,
-    load_interactions,
-    load_movielens,
-    load_s3rec,
-    load_table,
-    verify_movielens_100k,
-)
-from retrieval.vocab import PAD, ItemVocab
+from retrieval.data.interactions import DataError, SequenceData, build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.data.movielens import default_data_path, load_movielens, verify_movielens_100k
+from retrieval.data.s3rec import load_s3rec
+from retrieval.data.splits import leave_one_out
+from retrieval.data.tables import load_table
+from retrieval.data.vocab import PAD, ItemVocab
 
 
 def write(path: Path, text: str, encoding: str = "utf-8") -> Path:

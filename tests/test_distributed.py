@@ -34,12 +34,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import retrieval.train
-from retrieval.callbacks import EpochCheckpoint, run_folder
-from retrieval.config import Config, TrainConfig, apply_overrides
-from retrieval.distribute import GlobalBatchTask, is_chief, make_strategy, peak_learning_rate
-from retrieval.losses import CandidateSampler, SampledSoftmaxTask
-from retrieval.model_artifact import MANIFEST
+import retrieval.training.run
+from retrieval.artifacts.model import MANIFEST
+from retrieval.training.callbacks import EpochCheckpoint, run_folder
+from retrieval.training.config import Config, TrainConfig, apply_overrides
+from retrieval.training.distribute import GlobalBatchTask, is_chief, make_strategy, peak_learning_rate
+from retrieval.training.losses.samplers import CandidateSampler
+from retrieval.training.losses.task import SampledSoftmaxTask
 from tests.conftest import REPO_ROOT
 
 FLAGS = ["--model", "youtubednn", "--dim", "8", "--max-len", "6", "--epochs", "2"]
@@ -108,7 +109,7 @@ def single_config(data: Path, *extra: str) -> Config:
 
 
 def single_run(data: Path, out: Path, *extra: str) -> dict[str, Any]:
-    retrieval.train.train(single_config(data, *extra), out, verbose=0)
+    retrieval.training.run.train(single_config(data, *extra), out, verbose=0)
     return {
         "metrics": json.loads((out / "metrics.json").read_text()),
         "items": np.load(out / "item_embeddings.npy"),
@@ -178,7 +179,7 @@ def test_two_workers_resume_a_single_device_run(
 
     monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_first_epoch)
     with pytest.raises(Interrupted):
-        retrieval.train.train(single_config(synthetic_csv), out, verbose=0)
+        retrieval.training.run.train(single_config(synthetic_csv), out, verbose=0)
     assert (run_folder(out) / "checkpoint").is_dir() and not out.exists()
     run_workers(synthetic_csv, out, tmp_path / "scratch", "--resume")
     metrics = json.loads((out / "metrics.json").read_text())

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from proto import retrieval_pb2
-from retrieval.client import RetrievalClient
-from retrieval.data import build_sequences, load_interactions
-from retrieval.evaluate import encode_histories, exact_top_k
-from retrieval.model_artifact import load_model
-from retrieval.retriever import Retriever
-from retrieval.server import create_server
+from retrieval.api.client import RetrievalClient
+from retrieval.artifacts.model import encode_histories, load_model
+from retrieval.data.interactions import build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.evaluation.evaluate import exact_top_k
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import create_server
 from tests.conftest import run_tool
 
 TOWERS = ["sa", "sasrec", "youtubednn", "dr", "mind", "din"]
@@ -153,7 +154,7 @@ def side_info_model(synthetic_csv, tmp_path_factory):
 
 
 def test_side_information_travels_from_request_events_to_the_tower(side_info_model) -> None:
-    from retrieval.features import encode_events
+    from retrieval.data.features import encode_events
 
     data_path, model_dir, index_dir = side_info_model
     model = load_model(model_dir)
@@ -201,7 +202,7 @@ def test_evaluate_tool_reproduces_training_metrics_with_side_features(side_info_
 def test_gap_to_request_time_is_the_same_in_training_evaluation_and_serving(
     synthetic_csv, tmp_path, capsys
 ) -> None:
-    from retrieval.features import history_features, user_event_features
+    from retrieval.data.features import history_features, user_event_features
 
     model_dir, index_dir = tmp_path / "model", tmp_path / "index"
     args = ["--data", str(synthetic_csv), "--model", "sa", "--out", str(model_dir), "--epochs", "2"]

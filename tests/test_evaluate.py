@@ -9,19 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval.data import build_sequences, load_interactions
-from retrieval.evaluate import (
-    candidate_scores,
-    category_codes,
-    encode_histories,
-    evaluate_model_on_data,
-    evaluate_protocol,
-    exact_top_k,
-    popularity_top_k,
-)
-from retrieval.model_artifact import ModelArtifact, pad_left
-from retrieval.protocols import comirec_split, sample_negatives
-from retrieval.vocab import ItemVocab
+from retrieval.artifacts.model import ModelArtifact, encode_histories, pad_left
+from retrieval.data.interactions import build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.data.splits import comirec_split, sample_negatives
+from retrieval.data.vocab import ItemVocab
+from retrieval.evaluation.evaluate import candidate_scores, category_codes, exact_top_k, popularity_top_k
+from retrieval.evaluation.protocols import evaluate_model_on_data, evaluate_protocol
 from tests.conftest import run_tool
 
 
@@ -270,9 +264,9 @@ def test_length_sorted_trimmed_encoding_equals_full_width(
 ) -> None:
     """encode_histories batches similar lengths in trimmed widths: the interests of an exported
     tower are those of full-width, unsorted encoding (towers ignore padding)."""
-    from retrieval.config import Config, apply_overrides
-    from retrieval.model_artifact import load_model
-    from retrieval.train import train
+    from retrieval.artifacts.model import load_model
+    from retrieval.training.config import Config, apply_overrides
+    from retrieval.training.run import train
 
     overrides = [f"data.path={synthetic_csv}", f"model.tower={tower}", f"model.fusion={fusion}"]
     overrides += [f"model.side_features={side}", "model.dim=8", "model.max_len=24", "train.epochs=1"]

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from retrieval.examples import cloze_windows, make_examples, mask_items, next_item_examples, shifted_windows
+from retrieval.training.examples import (
+    cloze_windows,
+    make_examples,
+    mask_items,
+    next_item_examples,
+    shifted_windows,
+)
 
 
 def test_next_item_examples_hand_worked() -> None:
@@ -108,7 +114,7 @@ def test_unknown_objective() -> None:
 def test_gap_now_is_measured_to_each_examples_target() -> None:
     import pytest
 
-    from retrieval.features import gap_buckets
+    from retrieval.data.features import gap_buckets
 
     t = np.array([100, 160, 1_000, 5_000])
     events = {"items": [np.array([1, 2, 3, 4])], "gap_now": [t]}

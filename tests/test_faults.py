@@ -33,21 +33,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from retrieval import artifacts
-from retrieval.artifacts import (
+from retrieval.artifacts.index import build_index_from_model, load_index, save_index
+from retrieval.artifacts.model import compiled_tower, load_model
+from retrieval.data.vocab import ItemVocab
+from retrieval.serving.retriever import Retriever
+from retrieval.storage import folders
+from retrieval.storage.folders import remove_stale_temporaries, write_artifact
+from retrieval.storage.manifest import (
     ArtifactError,
     contained_file,
-    publish,
+    derived_version,
     read_manifest,
-    remove_stale_temporaries,
-    resolve_current,
     sha256_file,
-    write_artifact,
 )
-from retrieval.index_artifact import build_index_from_model, load_index, save_index
-from retrieval.model_artifact import compiled_tower, load_model
-from retrieval.retriever import Retriever
-from retrieval.vocab import ItemVocab
+from retrieval.storage.versions import publish, resolve_current
 from tests.conftest import REPO_ROOT, run_tool
 
 FILE_KINDS = {
@@ -95,7 +94,7 @@ def reseal(folder: Path, **changes: Any) -> None:
     manifest["files"] = {p.relative_to(folder).as_posix(): sha256_file(p) for p in files}
     if "index_bytes" in manifest:
         manifest["index_bytes"] = (folder / "index.faiss").stat().st_size
-        manifest["version"] = artifacts.derived_version(manifest["files"])  # index versions are derived
+        manifest["version"] = derived_version(manifest["files"])  # index versions are derived
     manifest.update(changes)
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
@@ -507,9 +506,9 @@ def test_a_failure_while_moving_into_place_leaves_the_old_artifact(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     if step == "fsync":
-        monkeypatch.setattr(artifacts.os, "fsync", enospc)
+        monkeypatch.setattr(folders.os, "fsync", enospc)
     elif step == "exchange":
-        monkeypatch.setattr(artifacts, "_exchange", enospc)
+        monkeypatch.setattr(folders, "_exchange", enospc)
     else:  # no atomic exchange: the second of the two renames fails, the first is undone
         real_rename = os.rename
         calls: list[str] = []
@@ -520,8 +519,8 @@ def test_a_failure_while_moving_into_place_leaves_the_old_artifact(
                 enospc()
             real_rename(src, dst)
 
-        monkeypatch.setattr(artifacts, "_exchange", lambda a, b: False)
-        monkeypatch.setattr(artifacts.os, "rename", rename)
+        monkeypatch.setattr(folders, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(folders.os, "rename", rename)
     with pytest.raises(ArtifactError, match=r"No space left on device.*previous one is unchanged"):
         write_model_like(out, "new")
     monkeypatch.undo()
@@ -536,7 +535,7 @@ def test_a_real_write_error_in_faiss_leaves_the_old_index(tmp_path: Path) -> Non
         import numpy as np
         from pathlib import Path
         from index import FaissIndex
-        from retrieval.index_artifact import save_index
+        from retrieval.artifacts.index import save_index
         out = Path(sys.argv[1])
         vectors = np.random.default_rng(0).normal(size=(20000, 32)).astype(np.float32)
         index = FaissIndex.build(np.arange(1, 20001), vectors)
@@ -570,7 +569,7 @@ class FakeModel:
 
     @staticmethod
     def make(n: int, version: str) -> Any:
-        from retrieval.model_artifact import ModelArtifact
+        from retrieval.artifacts.model import ModelArtifact
 
         table = np.random.default_rng(0).normal(size=(n + 1, 32)).astype(np.float32)
         table[0] = 0
@@ -587,9 +586,9 @@ class FakeModel:
 BUILD_INDEX_CHILD = """
 import sys
 sys.path.insert(0, {repo!r})
-import retrieval.model_artifact
+import retrieval.artifacts
 from tests.test_faults import FakeModel
-retrieval.model_artifact.load_model = lambda path, verify=True: FakeModel.make({n}, {version!r})
+retrieval.artifacts.load_model = lambda path, verify=True: FakeModel.make({n}, {version!r})
 from tests.conftest import run_tool
 sys.exit(run_tool("build_index", *sys.argv[1:]))
 """
@@ -676,7 +675,8 @@ STEP_CHILD = """
 import os, signal, sys
 sys.path.insert(0, {repo!r})
 from pathlib import Path
-from retrieval.artifacts import publish, write_artifact
+from retrieval.storage.folders import write_artifact
+from retrieval.storage.versions import publish
 mode, out, kill_at = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 EVENTS = {{"open", "os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.symlink", "os.unlink",
           "shutil.rmtree", "ctypes.call_function", "os.chmod", "os.listdir", "os.scandir"}}
@@ -749,7 +749,7 @@ def test_kill_9_at_every_file_system_step_leaves_a_whole_artifact(tmp_path: Path
 TRAIN_CHILD = """
 import json, os, signal, sys, threading
 sys.path.insert(0, {repo!r})
-import retrieval.callbacks, retrieval.train
+import retrieval.training.callbacks as callbacks, retrieval.training.run as training
 from tests.conftest import run_tool
 phase_to_kill, call_to_kill, kill_at, report = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 calls = {{"checkpoint": [], "artifact": []}}  # per call of the phase: its file-system events
@@ -772,8 +772,8 @@ def watched(phase, function, last):
         finally:
             active = None if not last else active  # the artifact phase lasts until the exit
     return run
-retrieval.callbacks.save_checkpoint = watched("checkpoint", retrieval.callbacks.save_checkpoint, False)
-retrieval.train.save_model = watched("artifact", retrieval.train.save_model, True)
+callbacks.save_checkpoint = watched("checkpoint", callbacks.save_checkpoint, False)
+training.save_model = watched("artifact", training.save_model, True)
 sys.addaudithook(hook)
 code = run_tool("train", *sys.argv[5:])
 active = None
@@ -844,7 +844,7 @@ def assert_nothing_half_written_is_visible(out: Path, pid: int) -> int:
     assert (run / "config.json").is_file()
     hidden = [p for p in [*run.iterdir(), *out.parent.iterdir()] if p.name.startswith(".")]
     for folder in hidden:
-        match = artifacts._TEMPORARY.match(folder.name)
+        match = folders._TEMPORARY.match(folder.name)
         assert match is not None and int(match["pid"]) == pid, folder
     assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".")) in (
         ["config.json"],
@@ -1026,10 +1026,10 @@ def test_kill_9_during_a_hot_reload_keeps_serving(
     publishing the other version: no call fails, the server serves the version ``current`` names
     (the old one unless the kill came after the switch, then the new one whole), no version is
     refused (none half-written was ever current), and a later whole publication is picked up."""
-    from retrieval.client import RetrievalClient
-    from retrieval.deployment import deployment_dirs, publish_deployment
-    from retrieval.reload import DeploymentWatcher, RetrieverSlot, load_deployment
-    from retrieval.server import create_server
+    from retrieval.api.client import RetrievalClient
+    from retrieval.artifacts.deployment import deployment_dirs, publish_deployment
+    from retrieval.serving.reload import DeploymentWatcher, RetrieverSlot, load_deployment
+    from retrieval.serving.server import create_server
 
     by_version = {v[2]: v for v in two_versions}
     root = tmp_path / "live"

@@ -164,8 +164,8 @@ def test_sa_with_nova_keeps_interests_in_the_span_of_item_embeddings() -> None:
 
 
 def test_towers_taking_side_information_are_the_ones_build_model_accepts_it_for() -> None:
-    from retrieval.config import ModelConfig
-    from retrieval.model import build_model, takes_side_information
+    from retrieval.training.config import ModelConfig
+    from retrieval.training.model import build_model, takes_side_information
     from towers import tower_names
 
     assert [t for t in tower_names() if takes_side_information(t)] == ["bert4rec", "sa", "sasrec"]

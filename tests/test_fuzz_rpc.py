@@ -30,7 +30,7 @@ from bench.robustness import (
     synthetic_retriever,
 )
 from proto import retrieval_pb2
-from retrieval.server import create_server
+from retrieval.serving.server import create_server
 
 STRATEGIES = RequestStrategies(SYNTHETIC_ITEMS, sorted({a for v in SYNTHETIC_ATTRIBUTES.values() for a in v}))
 FUZZ_SETTINGS = settings(

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from index import FaissIndex, recall_at_k, tune
-from retrieval.artifacts import ArtifactError, sha256_file
-from retrieval.index_artifact import (
+from retrieval.artifacts.index import (
     build_index_from_model,
     load_index,
     measure_index,
@@ -22,8 +21,9 @@ from retrieval.index_artifact import (
     tune_index_for_model,
     user_interest_queries,
 )
-from retrieval.model_artifact import ModelArtifact
-from retrieval.vocab import ItemVocab
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.data.vocab import ItemVocab
+from retrieval.storage.manifest import ArtifactError, sha256_file
 from tests.conftest import run_tool
 
 DIM, NUM_ITEMS, K = 16, 600, 2
@@ -211,9 +211,9 @@ def test_tuning_reports_an_unreachable_target() -> None:
 
 
 def test_build_index_tool(model: ModelArtifact, log_csv: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    import retrieval.model_artifact
+    import retrieval.artifacts
 
-    monkeypatch.setattr(retrieval.model_artifact, "load_model", lambda path, verify=True: model)
+    monkeypatch.setattr(retrieval.artifacts, "load_model", lambda path, verify=True: model)
     out = tmp_path / "index"
     args = ["--model", "unused", "--out", str(out), "--factory", "auto", "--k", "10", "--data", str(log_csv)]
     assert run_tool("build_index", *args, "--target-recall", "0.95", "--num-users", "40") == 0

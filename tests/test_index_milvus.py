@@ -16,8 +16,8 @@ if (reason := milvus_index.milvus_available()) is not None:
 pytest.importorskip("milvus_lite", reason="milvus-lite (the embedded Milvus) is not installed")
 
 from index.milvus_index import MilvusIndex  # noqa: E402
-from retrieval.index_artifact import load_index, save_index  # noqa: E402
-from retrieval.search import search_interests  # noqa: E402
+from index.multi_interest import search_interests  # noqa: E402
+from retrieval.artifacts.index import load_index, save_index  # noqa: E402
 
 DIM, N = 16, 300
 

@@ -6,19 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from retrieval.losses import (
-    LOSSES,
-    CandidateSampler,
+from retrieval.training.losses.interests import label_aware_attention, select_interest
+from retrieval.training.losses.logits import (
     GeneralisedBCE,
-    RetrievalTask,
-    SampledSoftmaxTask,
     SoftmaxCrossEntropy,
-    build_task,
     candidate_logits,
-    label_aware_attention,
     sampled_softmax_loss,
-    select_interest,
 )
+from retrieval.training.losses.samplers import CandidateSampler
+from retrieval.training.losses.task import LOSSES, RetrievalTask, SampledSoftmaxTask, build_task
 
 
 def numpy_sampled_softmax(q, pos, pos_ids, neg, neg_ids, pos_logq, neg_logq, temperature, remove_hits):
@@ -224,8 +220,8 @@ def test_task_takes_the_interest_selection_by_name() -> None:
 
 
 def test_training_builds_the_task_with_the_configured_selection(synthetic_csv, tmp_path, monkeypatch) -> None:
-    import retrieval.train
-    from retrieval.config import Config, apply_overrides
+    import retrieval.training.run
+    from retrieval.training.config import Config, apply_overrides
 
     built: list = []
 
@@ -233,12 +229,12 @@ def test_training_builds_the_task_with_the_configured_selection(synthetic_csv, t
         built.append(build_task(*args, **kwargs))
         return built[-1]
 
-    monkeypatch.setattr(retrieval.train, "build_task", recording)
-    monkeypatch.setattr(retrieval.train, "save_model", lambda *args, **kwargs: None)  # not under test
+    monkeypatch.setattr(retrieval.training.run, "build_task", recording)
+    monkeypatch.setattr(retrieval.training.run, "save_model", lambda *args, **kwargs: None)  # not under test
     overrides = [f"data.path={synthetic_csv}", "model.tower=mind", "model.dim=8", "model.max_len=6"]
     overrides += ["train.epochs=1", "train.num_negatives=5", "train.interest_selection=label_aware"]
     config = apply_overrides(Config(), [*overrides, "train.label_aware_power=3", "train.loss=mixed"])
-    retrieval.train.train(config, tmp_path / "model", verbose=0)
+    retrieval.training.run.train(config, tmp_path / "model", verbose=0)
     (task,) = built
     assert (task.interest_selection, task.label_aware_power) == ("label_aware", 3.0)
     assert [type(n).__name__ for n in task.negatives] == ["InBatchNegatives", "SampledNegatives"]
@@ -574,8 +570,8 @@ def test_a_few_steps_reduce_every_loss(loss: str) -> None:
     """A mean-pool tower learns 'next item = the history's item + 1' (tiny synthetic data)."""
     import keras
 
-    from retrieval.config import ModelConfig
-    from retrieval.model import build_model
+    from retrieval.training.config import ModelConfig
+    from retrieval.training.model import build_model
 
     keras.utils.set_random_seed(0)
     num_items = 30

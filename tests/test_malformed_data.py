@@ -20,7 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retrieval.data import DataError, Interactions, load_interactions, load_movielens, load_s3rec, load_table
+from retrieval.data.interactions import DataError, Interactions
+from retrieval.data.loaders import load_interactions
+from retrieval.data.movielens import load_movielens
+from retrieval.data.s3rec import load_s3rec
+from retrieval.data.tables import load_table
 
 ML100K = {
     "u.data": "1\t10\t4\t881250949\n1\t20\t5\t881250950\n2\t10\t3\t881250951\n",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval.merge import Merged, MergeStrategy, diversity, max_score, round_robin, strategy
+from index.merge import Merged, diversity, max_score, round_robin, strategy
+from retrieval.api.types import MergeStrategy
 
 NEG = -np.inf
 # Two interests; item 2 is found by both, interest 1 has a short list.

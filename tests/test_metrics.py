@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from retrieval.metrics import (
+from retrieval.evaluation.metrics import (
     DEFAULT_KS,
     comirec_metrics,
     diversity_at_k,

@@ -1,6 +1,6 @@
-"""Tests for the readers of prepared folders: retrieval.streaming and retrieval.parquet_data.
+"""Tests for the readers of prepared folders: retrieval.training.streaming and retrieval.data.prepared.
 
-The oracle is the in-memory path: retrieval.examples.make_examples over leave_one_out's
+The oracle is the in-memory path: retrieval.training.examples.make_examples over leave_one_out's
 training sequences. Streamed examples must be the same multiset, for every objective.
 """
 
@@ -16,32 +16,28 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from retrieval import parquet_data
-from retrieval.artifacts import ArtifactError
-from retrieval.data import LeaveOneOut, SequenceData, build_sequences, leave_one_out, load_interactions
-from retrieval.evaluate import evaluate_ranking, popularity_top_k
-from retrieval.examples import OBJECTIVES, make_examples, mask_items
-from retrieval.features import SideVocab, build_side_vocab, user_event_features
-from retrieval.metrics import ranking_metrics
-from retrieval.model_artifact import ModelArtifact
-from retrieval.parquet_data import (
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.data.features import SideVocab, build_side_vocab, user_event_features
+from retrieval.data.interactions import SequenceData, build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.data.prepared import reader as parquet_data
+from retrieval.data.prepared.reader import (
     count_examples,
     item_counts,
     iter_eval_batches,
     open_prepared,
-    prepare,
     read_vocab,
     side_vocab,
     target_counts,
 )
-from retrieval.streaming import (
-    epoch_examples,
-    evaluate_prepared,
-    popularity_prepared,
-    shuffled_batches,
-    streaming_dataset,
-    user_chunks,
-)
+from retrieval.data.prepared.writer import prepare
+from retrieval.data.splits import LeaveOneOut, leave_one_out
+from retrieval.evaluation.evaluate import evaluate_ranking, popularity_top_k
+from retrieval.evaluation.metrics import ranking_metrics
+from retrieval.evaluation.prepared import evaluate_prepared, popularity_prepared
+from retrieval.storage.manifest import ArtifactError
+from retrieval.training.examples import OBJECTIVES, make_examples, mask_items
+from retrieval.training.streaming import epoch_examples, shuffled_batches, streaming_dataset, user_chunks
 
 MAX_LEN = 5
 USERS_PER_ROW_GROUP = 4

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from bench import peers
-from retrieval.data import build_sequences, leave_one_out, load_interactions
-from retrieval.evaluate import evaluate_comirec, evaluate_ranking
-from retrieval.model_artifact import ModelArtifact, pad_left
-from retrieval.protocols import comirec_split
-from retrieval.vocab import ItemVocab
+from retrieval.artifacts.model import ModelArtifact, pad_left
+from retrieval.data.interactions import build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.data.splits import comirec_split, leave_one_out
+from retrieval.data.vocab import ItemVocab
+from retrieval.evaluation.evaluate import evaluate_comirec, evaluate_ranking
 
 
 @pytest.fixture()
@@ -332,8 +333,8 @@ def test_ours_worker_trains_on_the_benchmark_split_and_times_each_epoch(
 def test_ours_start_from_the_preset_of_a_preset_dataset(tmp_path: Path) -> None:
     """On Beauty our sasrec trains with its tuned preset (negatives, dropout) but the shared sizes
     and budget, validated every epoch; elsewhere, or with presets off, from the defaults."""
-    from retrieval.config import Config
-    from retrieval.presets import DATASETS, PRESETS, SHARED_DATA
+    from retrieval.training.config import Config
+    from retrieval.training.presets import DATASETS, PRESETS, SHARED_DATA
 
     beauty = str(SHARED_DATA / DATASETS["beauty"])
     run = peers.ModelRun("ours", "sasrec", "loo")
@@ -363,8 +364,8 @@ def test_ours_start_from_the_preset_of_a_preset_dataset(tmp_path: Path) -> None:
 def test_a_pair_trains_for_our_towers_epoch_budget_unless_given() -> None:
     """Without --epochs both sides of a pair get our tower's preset budget (beauty-sasrec: 39,
     RecBole's SASRec too); towers without one the default; --epochs wins everywhere."""
-    from retrieval.config import Config
-    from retrieval.presets import DATASETS, SHARED_DATA, apply_preset
+    from retrieval.training.config import Config
+    from retrieval.training.presets import DATASETS, SHARED_DATA, apply_preset
 
     beauty = str(SHARED_DATA / DATASETS["beauty"])
     tuned = apply_preset(Config(), "beauty-sasrec").train.epochs

@@ -1,4 +1,5 @@
-"""tools/plot_attention.py and retrieval.attention: the maps drawn are the tower's, for the right user."""
+"""tools/plot_attention.py and retrieval.training.attention: the maps drawn are the tower's, for the
+right user."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import keras
 import numpy as np
 import pytest
 
-from retrieval.attention import attention_for_history, user_history
-from retrieval.config import ModelConfig
-from retrieval.data import build_sequences, load_interactions
-from retrieval.model import build_model
-from retrieval.vocab import ItemVocab
+from retrieval.data.interactions import build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.data.vocab import ItemVocab
+from retrieval.training.attention import attention_for_history, user_history
+from retrieval.training.config import ModelConfig
+from retrieval.training.model import build_model
 from tests.conftest import run_tool
 
 

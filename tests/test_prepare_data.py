@@ -1,6 +1,6 @@
-"""Tests for retrieval.parquet_data's writer and tools/prepare_data.py.
+"""Tests for retrieval.data.prepared's writer and tools/prepare_data.py.
 
-The oracle is the in-memory path: retrieval.data.build_sequences + leave_one_out. The
+The oracle is the in-memory path: retrieval.data.interactions.build_sequences + leave_one_out. The
 out-of-core path (format ``dataset``) must give the same vocabulary, sequences and split, down
 to the partition files' bytes-level content.
 """
@@ -16,20 +16,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from retrieval.artifacts import read_manifest
-from retrieval.data import DataError, build_sequences, leave_one_out, load_interactions
-from retrieval.features import build_side_vocab
-from retrieval.parquet_data import (
-    KIND,
-    _Firsts,
-    item_counts,
-    partition_of,
-    partitions_for,
-    prepare,
-    read_item_attributes,
-    read_vocab,
-    side_vocab,
-)
+from retrieval.data.features import build_side_vocab
+from retrieval.data.interactions import DataError, build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.data.prepared.out_of_core import _Firsts
+from retrieval.data.prepared.partitions import partition_of, partitions_for
+from retrieval.data.prepared.reader import KIND, item_counts, read_item_attributes, read_vocab, side_vocab
+from retrieval.data.prepared.writer import prepare
+from retrieval.data.splits import leave_one_out
+from retrieval.storage.manifest import read_manifest
 from tests.conftest import run_tool
 
 # Hand-made log: ties in time (u1: i2 and i3 at t=20, file order wins; i5 and i4 at t=5 across

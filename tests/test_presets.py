@@ -8,8 +8,8 @@ from types import ModuleType
 
 import pytest
 
-from retrieval.config import Config, apply_overrides
-from retrieval.presets import DATASETS, PRESETS, TOWERS, apply_preset, get_preset, preset_names
+from retrieval.training.config import Config, apply_overrides
+from retrieval.training.presets import DATASETS, PRESETS, TOWERS, apply_preset, get_preset, preset_names
 from tests.conftest import REPO_ROOT
 from towers import tower_names
 
@@ -77,7 +77,7 @@ def test_cli_errors_are_reported(capsys) -> None:
 
 
 def test_dataset_at_names_only_the_default_locations(tmp_path) -> None:
-    from retrieval.presets import DATASETS, SHARED_DATA, dataset_at
+    from retrieval.training.presets import DATASETS, SHARED_DATA, dataset_at
 
     for name, rel in DATASETS.items():
         assert dataset_at(SHARED_DATA / rel) == name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval.protocols import comirec_split, history_length, sample_negatives
+from retrieval.data.splits import comirec_split, history_length, sample_negatives
 
 
 def _sequences(lengths: list[int], seed: int = 0) -> list[np.ndarray]:

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from bench import quality
-from retrieval import presets
-from retrieval.config import Config
-from retrieval.data import load_interactions
-from retrieval.presets import SHARED_DATA, Preset
+from retrieval.data.loaders import load_interactions
+from retrieval.training import presets
+from retrieval.training.config import Config
+from retrieval.training.presets import SHARED_DATA, Preset
 
 
 def test_plan_runs_fusions_only_on_towers_with_side_information() -> None:

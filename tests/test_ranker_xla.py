@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval.index_artifact import build_index_from_model
-from retrieval.ranker_artifact import MAX_CELLS, XLA_ROWS, AttributeTable, RankerScorer, load_ranker
-from retrieval.retriever import Query, Rerank, Retriever
-from retrieval.xla import COMPILED_BATCHES, COMPILED_WIDTHS, pad_to, padded_size
+from retrieval.api.types import Query, Rerank
+from retrieval.artifacts.index import build_index_from_model
+from retrieval.artifacts.ranker import AttributeTable, load_ranker
+from retrieval.artifacts.ranker_scorer import MAX_CELLS, XLA_ROWS, RankerScorer
+from retrieval.artifacts.xla import COMPILED_BATCHES, COMPILED_WIDTHS, pad_to, padded_size
+from retrieval.serving.retriever import Retriever
 from tests.test_rankers import NUM_ITEMS, make_ranker
 from tests.test_rerank import HISTORY, save_din
 from tests.test_server import make_model

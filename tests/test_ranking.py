@@ -13,32 +13,22 @@ import numpy as np
 import pytest
 
 from rankers import build_ranker
-from retrieval.artifacts import ArtifactError
-from retrieval.data import SequenceData, build_sequences, leave_one_out, load_interactions
-from retrieval.evaluate import evaluate_protocol, evaluate_ranking
-from retrieval.index_artifact import build_index_from_model, load_index
-from retrieval.model_artifact import ModelArtifact, load_model, pad_left
-from retrieval.ranker_artifact import AttributeTable, RankerScorer, load_ranker, save_ranker
-from retrieval.ranking import (
-    RankerConfig,
-    apply_ranker_overrides,
-    auc,
-    build_ranking_data,
-    check_config,
-    evaluate_reranking,
-    fit_bias,
-    fit_blend,
-    fit_list_blend,
-    gauc,
-    list_loss,
-    list_metrics,
-    negative_counts,
-    per_user_auc,
-    ranker_kwargs,
-    retrieve,
-    train_ranker,
-)
-from retrieval.vocab import ItemVocab
+from retrieval.artifacts.index import build_index_from_model, load_index
+from retrieval.artifacts.model import ModelArtifact, load_model, pad_left
+from retrieval.artifacts.ranker import AttributeTable, load_ranker, save_ranker
+from retrieval.artifacts.ranker_scorer import RankerScorer
+from retrieval.data.interactions import SequenceData, build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.data.splits import leave_one_out
+from retrieval.data.vocab import ItemVocab
+from retrieval.evaluation.evaluate import evaluate_ranking
+from retrieval.evaluation.protocols import evaluate_protocol
+from retrieval.ranking.blend import fit_bias, fit_blend, fit_list_blend, list_loss
+from retrieval.ranking.config import RankerConfig, apply_ranker_overrides, check_config, negative_counts
+from retrieval.ranking.data import build_ranking_data, retrieve
+from retrieval.ranking.metrics import auc, evaluate_reranking, gauc, list_metrics, per_user_auc
+from retrieval.ranking.training import ranker_kwargs, train_ranker
+from retrieval.storage.manifest import ArtifactError
 from tests.conftest import run_tool
 
 TINY = {"din": {"attention_units": [8], "hidden_units": [16], "activation": "prelu"}}

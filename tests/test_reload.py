@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from retrieval.artifacts import ArtifactError, publish, read_manifest
-from retrieval.client import RetrievalClient
-from retrieval.deployment import INDEX_DIR, MODEL_DIR, deployment_dirs, publish_deployment
-from retrieval.reload import DeploymentWatcher, RetrieverSlot, load_deployment
-from retrieval.server import Metrics, create_server
+from retrieval.api.client import RetrievalClient
+from retrieval.artifacts.deployment import INDEX_DIR, MODEL_DIR, deployment_dirs, publish_deployment
+from retrieval.serving.metrics import Metrics
+from retrieval.serving.reload import DeploymentWatcher, RetrieverSlot, load_deployment
+from retrieval.serving.server import create_server
+from retrieval.storage.manifest import ArtifactError, read_manifest
+from retrieval.storage.versions import publish
 from tests.conftest import run_tool
 from tests.test_serving_ops import scrape
 from tools import serve as serve_tool

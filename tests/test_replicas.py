@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from retrieval.client import RetrievalClient, channel_target, service_config
-from retrieval.index_artifact import build_index_from_model
-from retrieval.retriever import Retriever
-from retrieval.server import create_server
+from retrieval.api.client import RetrievalClient, channel_target, service_config
+from retrieval.artifacts.index import build_index_from_model
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import create_server
 from tests.test_server import ITEMS, make_model
 
 

@@ -14,17 +14,18 @@ import numpy as np
 import pytest
 
 from rankers import build_ranker
-from retrieval.artifacts import ArtifactError
-from retrieval.client import RetrievalClient
-from retrieval.deployment import deployment_rankers, publish_deployment
-from retrieval.errors import InvalidArgument
-from retrieval.index_artifact import build_index_from_model
-from retrieval.model_artifact import ModelArtifact
-from retrieval.ranker_artifact import LoadedRanker, load_ranker, save_ranker
-from retrieval.reload import load_deployment
-from retrieval.retriever import Query, Rerank, Retriever
-from retrieval.server import create_server
-from retrieval.vocab import ItemVocab
+from retrieval.api.client import RetrievalClient
+from retrieval.api.errors import InvalidArgument
+from retrieval.api.types import Query, Rerank
+from retrieval.artifacts.deployment import deployment_rankers, publish_deployment
+from retrieval.artifacts.index import build_index_from_model
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.artifacts.ranker import LoadedRanker, load_ranker, save_ranker
+from retrieval.data.vocab import ItemVocab
+from retrieval.serving.reload import load_deployment
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import create_server
+from retrieval.storage.manifest import ArtifactError
 from tests.test_server import MAX_LEN, NUM_ITEMS, REPO, make_model
 
 HISTORY = ["item03", "item11", "item07"]
@@ -234,7 +235,7 @@ def test_a_deployment_carries_its_rankers(
 
 
 @pytest.mark.parametrize(
-    "module", ["retrieval.client", "retrieval.deployment", "tools.deploy", "tools.query"]
+    "module", ["retrieval.api.client", "retrieval.artifacts.deployment", "tools.deploy", "tools.query"]
 )
 def test_clients_and_deploys_start_without_tensorflow(module: str) -> None:
     # Rankers need TensorFlow; a client, the query tool and a deploy must not pay for it (a

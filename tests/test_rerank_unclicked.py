@@ -16,16 +16,20 @@ import numpy as np
 import pytest
 
 from rankers import build_ranker
-from retrieval.client import RetrievalClient
-from retrieval.data import build_sequences, load_interactions
-from retrieval.errors import InvalidArgument
-from retrieval.index_artifact import build_index_from_model
-from retrieval.model_artifact import ModelArtifact
-from retrieval.ranker_artifact import DEFAULT_NUM_UNCLICKED, LoadedRanker, load_ranker, save_ranker
-from retrieval.ranking import RankerConfig, build_ranking_data
-from retrieval.retriever import MAX_FILTER_IDS, Query, Rerank, Retriever
-from retrieval.server import create_server, query_from_request, request_from_query
-from retrieval.vocab import ItemVocab
+from retrieval.api.client import RetrievalClient
+from retrieval.api.convert import query_from_request, request_from_query
+from retrieval.api.errors import InvalidArgument
+from retrieval.api.types import MAX_FILTER_IDS, Query, Rerank
+from retrieval.artifacts.index import build_index_from_model
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.artifacts.ranker import DEFAULT_NUM_UNCLICKED, LoadedRanker, load_ranker, save_ranker
+from retrieval.data.interactions import build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.data.vocab import ItemVocab
+from retrieval.ranking.config import RankerConfig
+from retrieval.ranking.data import build_ranking_data
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import create_server
 from tests.test_rerank import HISTORY, save_din
 from tests.test_server import MAX_LEN, REPO, make_model
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from index import FaissIndex, SearchFilter
-from retrieval.merge import MergeStrategy, strategy
-from retrieval.search import ItemCategories, SearchResult, search_interests
+from index.merge import strategy
+from index.multi_interest import ItemCategories, SearchResult, search_interests
+from retrieval.api.types import MergeStrategy
 
 DIM, NUM_ITEMS, K = 16, 40, 3
 Rows = list[list[tuple[int, float, int]]]
@@ -185,16 +186,18 @@ def test_allow_list_and_category(catalogue: tuple, interests: np.ndarray, batch:
 
 
 def test_categories_from_model_dir(tmp_path) -> None:
-    from retrieval.vocab import ItemVocab
+    from retrieval.artifacts.model import dense_categories, read_item_attributes
+    from retrieval.data.vocab import ItemVocab
 
     (tmp_path / "item_attributes.json").write_text(
         '{"a": ["Comedy"], "b": ["Comedy", "Drama"], "zz": ["Drama"]}'
     )
-    categories = ItemCategories.from_model_dir(tmp_path, ItemVocab.from_ids(["a", "b", "c"]))
-    assert categories is not None
+    attributes = read_item_attributes(tmp_path)
+    assert attributes is not None
+    categories = dense_categories(ItemVocab.from_ids(["a", "b", "c"]), attributes)
     np.testing.assert_array_equal(categories.ids("Comedy"), [1, 2])
     np.testing.assert_array_equal(categories.ids("Drama"), [2])  # "zz" is not in the vocabulary
-    assert ItemCategories.from_model_dir(tmp_path / "none", ItemVocab.from_ids(["a"])) is None
+    assert read_item_attributes(tmp_path / "none") is None
 
 
 def test_batch_with_approximate_index_still_fills_k() -> None:

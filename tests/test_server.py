@@ -22,9 +22,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from index import FaissIndex
 from proto import retrieval_pb2
-from retrieval.artifacts import ArtifactError, write_artifact
-from retrieval.client import RetrievalClient
-from retrieval.errors import (
+from retrieval.api.client import RetrievalClient
+from retrieval.api.convert import SERVICE_NAME
+from retrieval.api.errors import (
     DeadlineExceeded,
     InvalidArgument,
     NotFound,
@@ -32,11 +32,14 @@ from retrieval.errors import (
     RetrievalError,
     Unavailable,
 )
-from retrieval.index_artifact import build_index_from_model, load_index, save_index
-from retrieval.model_artifact import ModelArtifact
-from retrieval.retriever import MAX_HISTORY, MAX_K, Query, Retrieved, Retriever
-from retrieval.server import SERVICE_NAME, create_server, serve_forever, status_for
-from retrieval.vocab import ItemVocab
+from retrieval.api.types import MAX_HISTORY, MAX_K, Query, Retrieved
+from retrieval.artifacts.index import build_index_from_model, load_index, save_index
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.data.vocab import ItemVocab
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import create_server, serve_forever, status_for
+from retrieval.storage.folders import write_artifact
+from retrieval.storage.manifest import ArtifactError
 
 REPO = Path(__file__).resolve().parents[1]
 DIM, NUM_ITEMS, K, MAX_LEN = 16, 40, 3, 8
@@ -195,7 +198,7 @@ def test_status_for_anything_else_is_internal_and_logged(caplog: pytest.LogCaptu
     try:
         raise KeyError("secret internals")
     except KeyError as e:
-        with caplog.at_level(logging.ERROR, logger="retrieval.server"):
+        with caplog.at_level(logging.ERROR, logger="retrieval.serving.server"):
             code, details = status_for(e)
     assert code == grpc.StatusCode.INTERNAL and "secret" not in details
     assert caplog.records[-1].exc_info is not None  # the traceback is in the log

@@ -13,13 +13,14 @@ import grpc
 import numpy as np
 import pytest
 
+from index.merge import diversity, round_robin
 from proto import retrieval_pb2
-from retrieval.client import RetrievalClient
-from retrieval.index_artifact import build_index_from_model
-from retrieval.merge import MergeStrategy, diversity, round_robin
-from retrieval.model_artifact import ModelArtifact
-from retrieval.retriever import MAX_BATCH, MAX_FILTER_IDS, MAX_PER_INTEREST_K, Query, Retriever
-from retrieval.server import create_server
+from retrieval.api.client import RetrievalClient
+from retrieval.api.types import MAX_BATCH, MAX_FILTER_IDS, MAX_PER_INTEREST_K, MergeStrategy, Query
+from retrieval.artifacts.index import build_index_from_model
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import create_server
 from tests.test_server import ITEMS, NUM_ITEMS, assert_same, brute_force, make_model
 from tools import query as query_tool
 

@@ -19,10 +19,12 @@ from cryptography.x509.oid import NameOID
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto import retrieval_pb2
-from retrieval.client import RetrievalClient
-from retrieval.index_artifact import build_index_from_model
-from retrieval.retriever import Query, Retrieved, Retriever
-from retrieval.server import Metrics, RetrievalServicer, TlsFiles, create_server
+from retrieval.api.client import RetrievalClient
+from retrieval.api.types import Query, Retrieved
+from retrieval.artifacts.index import build_index_from_model
+from retrieval.serving.metrics import Metrics
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import RetrievalServicer, TlsFiles, create_server
 from tests.test_server import assert_same, brute_force, make_model
 from tools import serve as serve_tool
 

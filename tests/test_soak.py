@@ -11,7 +11,7 @@ import pytest
 
 from bench.robustness import Version, model_version_of, rss_kb, run_soak, soak_table, start_watching_server
 from bench.serving import requests
-from retrieval.deployment import publish_deployment
+from retrieval.artifacts.deployment import publish_deployment
 
 SOAK_SECONDS = 10.0
 

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from retrieval.config import ModelConfig
-from retrieval.losses import CandidateSampler, SampledSoftmaxTask
-from retrieval.model import TwoTowerModel, build_model
+from retrieval.training.config import ModelConfig
+from retrieval.training.losses.samplers import CandidateSampler
+from retrieval.training.losses.task import SampledSoftmaxTask
+from retrieval.training.model import TwoTowerModel, build_model
 from towers import ItemTower, build_user_tower
 from towers.dr import dynamic_interest_count
 from towers.sa import attention_penalty_term

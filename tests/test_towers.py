@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from retrieval.config import ModelConfig
-from retrieval.losses import CandidateSampler, SampledSoftmaxTask
-from retrieval.model import TwoTowerModel, build_model, export_user_tower
+from retrieval.training.config import ModelConfig
+from retrieval.training.losses.samplers import CandidateSampler
+from retrieval.training.losses.task import SampledSoftmaxTask
+from retrieval.training.model import TwoTowerModel, build_model, export_user_tower
 from towers import ItemTower, build_user_tower, tower_names
 
 NUM_ITEMS, DIM, MAX_LEN = 40, 16, 12
@@ -144,8 +145,8 @@ def test_keras_file_round_trip(name: str, tmp_path) -> None:
 
 
 def test_build_model_passes_the_config_fields_each_tower_accepts() -> None:
-    from retrieval.config import ModelConfig
-    from retrieval.model import build_model
+    from retrieval.training.config import ModelConfig
+    from retrieval.training.model import build_model
 
     sasrec = build_model(ModelConfig(tower="sasrec", dim=8, num_blocks=3, num_heads=2, dropout=0.0), 20)
     assert (len(sasrec.user_tower.blocks), sasrec.user_tower.num_heads) == (3, 2)

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import retrieval.train
-import retrieval.training_data
-from retrieval.callbacks import (
+import retrieval.training.inputs
+import retrieval.training.run
+import retrieval.training.validation
+from retrieval.training.batches import bucketed_order, epoch_batches
+from retrieval.training.callbacks import (
     EarlyStopping,
     EpochCheckpoint,
     WarmupDecay,
@@ -22,11 +24,11 @@ from retrieval.callbacks import (
     run_folder,
     save_checkpoint,
 )
-from retrieval.config import Config, ModelConfig, TrainConfig, apply_overrides
-from retrieval.losses import CandidateSampler, SampledSoftmaxTask
-from retrieval.model import build_model
-from retrieval.train import make_optimizer
-from retrieval.training_data import bucketed_order, epoch_batches
+from retrieval.training.config import Config, ModelConfig, TrainConfig, apply_overrides
+from retrieval.training.losses.samplers import CandidateSampler
+from retrieval.training.losses.task import SampledSoftmaxTask
+from retrieval.training.model import build_model
+from retrieval.training.optimizer import make_optimizer
 from tests.conftest import run_tool
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5"]
@@ -49,7 +51,7 @@ def exported(monkeypatch) -> list[list[np.ndarray]]:
     def record(model, *args: Any, **kwargs: Any) -> None:
         weights.append([np.array(w) for w in model.get_weights()])
 
-    monkeypatch.setattr(retrieval.train, "save_model", record)
+    monkeypatch.setattr(retrieval.training.run, "save_model", record)
     return weights
 
 
@@ -58,8 +60,8 @@ def full_run(synthetic_csv, tmp_path_factory) -> tuple[dict[str, Any], list[np.n
     """An uninterrupted 2-epoch run: its metrics and final weights."""
     weights: list[np.ndarray] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(retrieval.train, "save_model", lambda m, *a, **k: weights.extend(m.get_weights()))
-        metrics = retrieval.train.train(
+        mp.setattr(retrieval.training.run, "save_model", lambda m, *a, **k: weights.extend(m.get_weights()))
+        metrics = retrieval.training.run.train(
             tiny_config(synthetic_csv), tmp_path_factory.mktemp("full") / "m", verbose=0
         )
     return metrics, [np.array(w) for w in weights]
@@ -67,7 +69,7 @@ def full_run(synthetic_csv, tmp_path_factory) -> tuple[dict[str, Any], list[np.n
 
 def test_same_seed_gives_the_same_loss_trajectory(synthetic_csv, tmp_path, exported, full_run) -> None:
     metrics, weights = full_run
-    again = retrieval.train.train(tiny_config(synthetic_csv), tmp_path / "m", verbose=0)
+    again = retrieval.training.run.train(tiny_config(synthetic_csv), tmp_path / "m", verbose=0)
     assert len(again["train_loss_per_epoch"]) == 2
     np.testing.assert_allclose(again["train_loss_per_epoch"], metrics["train_loss_per_epoch"], rtol=1e-6)
     for a, b in zip(exported[0], weights, strict=True):
@@ -87,18 +89,18 @@ def test_resume_finishes_an_interrupted_run_like_an_uninterrupted_one(
 
     monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_first_epoch)
     with pytest.raises(Interrupted):
-        retrieval.train.train(config, out, verbose=0)
+        retrieval.training.run.train(config, out, verbose=0)
     monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", original)
     # A half-trained run is only a run folder, never an artifact.
     assert not out.exists()
     run = run_folder(out)
     assert json.loads((run / "checkpoint" / "manifest.json").read_text())["epoch"] == 1
     with pytest.raises(FileExistsError, match="--resume"):
-        retrieval.train.train(config, out, verbose=0)
+        retrieval.training.run.train(config, out, verbose=0)
     with pytest.raises(ValueError, match=r"model.dim: 8 -> 16"):
-        retrieval.train.train(apply_overrides(config, ["model.dim=16"]), out, verbose=0, resume=True)
+        retrieval.training.run.train(apply_overrides(config, ["model.dim=16"]), out, verbose=0, resume=True)
 
-    resumed = retrieval.train.train(config, out, verbose=0, resume=True)
+    resumed = retrieval.training.run.train(config, out, verbose=0, resume=True)
     assert resumed["epochs_trained"] == 2
     assert [h["epoch"] for h in resumed["validation_per_epoch"]] == [1, 2]
     # Each epoch's training time survives the interruption; validation is not part of it.
@@ -114,7 +116,7 @@ def test_resume_finishes_an_interrupted_run_like_an_uninterrupted_one(
 
 def test_resume_without_a_run_is_an_error(synthetic_csv, tmp_path) -> None:
     with pytest.raises(ValueError, match="nothing to resume"):
-        retrieval.train.train(tiny_config(synthetic_csv), tmp_path / "m", resume=True)
+        retrieval.training.run.train(tiny_config(synthetic_csv), tmp_path / "m", resume=True)
 
 
 def test_early_stopping_exports_the_best_epoch_through_the_cli(synthetic_csv, tmp_path, monkeypatch) -> None:
@@ -128,7 +130,7 @@ def test_early_stopping_exports_the_best_epoch_through_the_cli(synthetic_csv, tm
         value = next(scripted, 0.0)  # the last call is the test evaluation
         return {"ndcg@10": value, "hr@10": value, "recall@50": value}
 
-    monkeypatch.setattr(retrieval.training_data, "evaluate_ranking", evaluate)
+    monkeypatch.setattr(retrieval.training.validation, "evaluate_ranking", evaluate)
     out, logs = tmp_path / "model", tmp_path / "tb"
     code = run_tool(
         "train", "--data", str(synthetic_csv), "--out", str(out), "--model", "youtubednn", "--dim", "8",
@@ -305,7 +307,7 @@ def test_length_buckets_group_similar_lengths_and_stay_seeded() -> None:
 @pytest.mark.parametrize("tower", ["sasrec", "bert4rec", "youtubednn"])
 def test_every_objective_trains_with_length_buckets(synthetic_csv, tmp_path, tower: str) -> None:
     config = tiny_config(synthetic_csv, f"model.tower={tower}", "train.length_buckets=true", "train.epochs=1")
-    metrics = retrieval.train.train(config, tmp_path / "m", verbose=0)
+    metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
     assert np.isfinite(metrics["train_loss_per_epoch"]).all() and metrics["test"]
 
 
@@ -340,7 +342,7 @@ def test_bucketed_order_never_leaves_a_batch_empty() -> None:
 
 @pytest.mark.parametrize(("tower", "objective"), [("sasrec", "all_positions"), ("youtubednn", "last")])
 def test_a_trimmed_batch_has_the_loss_of_the_padded_one(tower: str, objective: str) -> None:
-    from retrieval.losses import build_task
+    from retrieval.training.losses.task import build_task
 
     keras.utils.set_random_seed(0)
     model = build_model(ModelConfig(tower=tower, dim=8, max_len=24), 60)
@@ -371,11 +373,12 @@ def test_a_trimmed_batch_has_the_loss_of_the_padded_one(tower: str, objective: s
 
 
 def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path, exported) -> None:
-    from retrieval.data import build_sequences, load_interactions
-    from retrieval.protocols import comirec_split
+    from retrieval.data.interactions import build_sequences
+    from retrieval.data.loaders import load_interactions
+    from retrieval.data.splits import comirec_split
 
     config = tiny_config(synthetic_csv, "data.protocol=comirec", "train.epochs=1")
-    metrics = retrieval.train.train(config, tmp_path / "m", verbose=0)
+    metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
     parts = comirec_split(build_sequences(load_interactions(synthetic_csv)).sequences, seed=42)
     # Objective "last": one example per event after a user's first, training users only.
     assert metrics["train_examples"] == sum(len(s) - 1 for s in parts.train)
@@ -384,15 +387,17 @@ def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path,
     assert {"recall@50", "hitrate@50"} <= set(metrics["baseline_popularity_test"])
     assert metrics["validation"]["epoch"] == 1 and "recall@50" in metrics["validation"]
     with pytest.raises(ValueError, match="unknown protocol"):
-        retrieval.train.train(tiny_config(synthetic_csv, "data.protocol=nope"), tmp_path / "x", verbose=0)
+        retrieval.training.run.train(
+            tiny_config(synthetic_csv, "data.protocol=nope"), tmp_path / "x", verbose=0
+        )
 
 
 def test_per_user_test_metrics_average_to_the_runs_own(synthetic_csv, tmp_path) -> None:
-    from retrieval.model_artifact import load_model
-    from retrieval.training_data import InMemoryData
+    from retrieval.artifacts.model import load_model
+    from retrieval.training.inputs import InMemoryData
 
     config = tiny_config(synthetic_csv, "data.protocol=comirec", "train.epochs=1")
-    metrics = retrieval.train.train(config, tmp_path / "m", verbose=0)
+    metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
     data = InMemoryData(config)
     per_user = data.user_metrics(load_model(tmp_path / "m"), "test")
     assert {len(v) for v in per_user.values()} == {len(data.rules.split.test_targets)}
@@ -402,12 +407,15 @@ def test_per_user_test_metrics_average_to_the_runs_own(synthetic_csv, tmp_path) 
 
 
 def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv, tmp_path, exported) -> None:
-    from retrieval.data import build_sequences, load_interactions
+    from retrieval.data.interactions import build_sequences
+    from retrieval.data.loaders import load_interactions
 
     sequences = build_sequences(load_interactions(synthetic_csv)).sequences
-    loo = retrieval.train.train(tiny_config(synthetic_csv, "train.epochs=1"), tmp_path / "a", verbose=0)
+    loo = retrieval.training.run.train(
+        tiny_config(synthetic_csv, "train.epochs=1"), tmp_path / "a", verbose=0
+    )
     config = tiny_config(synthetic_csv, "data.protocol=loo-refit", "train.epochs=1")
-    refit = retrieval.train.train(config, tmp_path / "b", verbose=0)
+    refit = retrieval.training.run.train(config, tmp_path / "b", verbose=0)
     # Objective "last": one example per training event after a user's first; refit has one more
     # per evaluated user (its validation event), no validation, and the same test users.
     evaluated = sum(len(s) >= 3 for s in sequences)
@@ -416,14 +424,14 @@ def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv,
     assert refit["baseline_popularity_test"].keys() == loo["baseline_popularity_test"].keys()
     assert set(refit["test"]) == set(loo["test"])
     with pytest.raises(ValueError, match=r"train\.patience=0"):
-        retrieval.train.train(
+        retrieval.training.run.train(
             tiny_config(synthetic_csv, "data.protocol=loo-refit", "train.patience=2"), tmp_path / "c"
         )
 
 
 def test_bert4rec_masks_are_seeded(synthetic_csv, tmp_path, exported) -> None:
     config = tiny_config(synthetic_csv, "model.tower=bert4rec", "model.num_blocks=1", "train.epochs=1")
-    runs = [retrieval.train.train(config, tmp_path / f"m{i}", verbose=0) for i in range(2)]
+    runs = [retrieval.training.run.train(config, tmp_path / f"m{i}", verbose=0) for i in range(2)]
     np.testing.assert_allclose(runs[0]["train_loss_per_epoch"], runs[1]["train_loss_per_epoch"], rtol=1e-6)
     for a, b in zip(exported[0], exported[1], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

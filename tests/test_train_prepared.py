@@ -15,16 +15,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-import retrieval.train
-import retrieval.training_data
-from retrieval.artifacts import ArtifactError
-from retrieval.callbacks import EpochCheckpoint, run_folder
-from retrieval.config import Config, apply_overrides
-from retrieval.evaluate import evaluate_protocol
-from retrieval.model_artifact import ModelArtifact
-from retrieval.parquet_data import is_prepared, prepare, read_vocab
-from retrieval.streaming import evaluate_prepared
-from retrieval.vocab import ItemVocab
+import retrieval.training.inputs
+import retrieval.training.run
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.data.prepared.reader import is_prepared, read_vocab
+from retrieval.data.prepared.writer import prepare
+from retrieval.data.vocab import ItemVocab
+from retrieval.evaluation.prepared import evaluate_prepared
+from retrieval.evaluation.protocols import evaluate_protocol
+from retrieval.storage.manifest import ArtifactError
+from retrieval.training.callbacks import EpochCheckpoint, run_folder
+from retrieval.training.config import Config, apply_overrides
 from tests.conftest import run_tool
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5", "train.epochs=2"]
@@ -54,16 +55,16 @@ def weights(monkeypatch: pytest.MonkeyPatch) -> list[list[np.ndarray]]:
     def record(model: Any, *args: Any, **kwargs: Any) -> None:
         recorded.append([np.array(w) for w in model.get_weights()])
 
-    monkeypatch.setattr(retrieval.train, "save_model", record)
+    monkeypatch.setattr(retrieval.training.run, "save_model", record)
     return recorded
 
 
 def test_detection(prepared: Path, synthetic_csv: Path) -> None:
     assert is_prepared(prepared) and is_prepared(prepared.resolve().as_uri())
     assert not is_prepared(synthetic_csv) and not is_prepared(prepared / "missing")
-    opened = retrieval.training_data.open_training_data
-    assert isinstance(opened(config_for(prepared)), retrieval.training_data.PreparedData)
-    assert isinstance(opened(config_for(synthetic_csv)), retrieval.training_data.InMemoryData)
+    opened = retrieval.training.inputs.open_training_data
+    assert isinstance(opened(config_for(prepared)), retrieval.training.inputs.PreparedData)
+    assert isinstance(opened(config_for(synthetic_csv)), retrieval.training.inputs.InMemoryData)
 
 
 def test_one_batch_per_epoch_trains_as_the_csv_does(
@@ -73,8 +74,8 @@ def test_one_batch_per_epoch_trains_as_the_csv_does(
     seed, same draws) and therefore every weight are the in-memory run's, up to the float32
     summation order inside the batch (~1e-7); so are the validation and test metrics."""
     one_batch = "train.batch_size=1024"
-    from_csv = retrieval.train.train(config_for(synthetic_csv, one_batch), tmp_path / "csv", verbose=0)
-    streamed = retrieval.train.train(config_for(prepared, one_batch), tmp_path / "prepared", verbose=0)
+    from_csv = retrieval.training.run.train(config_for(synthetic_csv, one_batch), tmp_path / "csv", verbose=0)
+    streamed = retrieval.training.run.train(config_for(prepared, one_batch), tmp_path / "prepared", verbose=0)
     assert streamed["train_examples"] == from_csv["train_examples"] == 496
     assert streamed["protocol"] == "loo-full"
     np.testing.assert_allclose(streamed["train_loss_per_epoch"], from_csv["train_loss_per_epoch"], rtol=1e-5)
@@ -134,9 +135,9 @@ def test_prepared_folders_hold_leave_one_out_only(
     prepared: Path, tmp_path: Path, synthetic_csv: Path
 ) -> None:
     with pytest.raises(ValueError, match="leave-one-out split only"):
-        retrieval.train.train(config_for(prepared, "data.protocol=comirec"), tmp_path / "m", verbose=0)
+        retrieval.training.run.train(config_for(prepared, "data.protocol=comirec"), tmp_path / "m", verbose=0)
     with pytest.raises(ArtifactError, match="not a prepared-data folder"):
-        retrieval.train.train(config_for(synthetic_csv.parent, "data.format=prepared"), tmp_path / "m")
+        retrieval.training.run.train(config_for(synthetic_csv.parent, "data.format=prepared"), tmp_path / "m")
     with pytest.raises(SystemExit, match="2"):  # refused by the argument parser, before any model is read
         run_tool("evaluate", "--model", "m", "--data", str(prepared), "--protocol", "comirec")
 

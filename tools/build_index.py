@@ -29,18 +29,19 @@ from typing import Any
 import numpy as np
 
 from index import candidate_factories, estimate_memory
-from retrieval.artifacts import ArtifactError
-from retrieval.data import DataError
-from retrieval.index_artifact import (
+from retrieval.artifacts import (
+    ModelArtifact,
     build_index_from_model,
     item_queries,
+    load_model,
     measure_index,
     publish_index,
     save_index,
     tune_index_for_model,
     user_interest_queries,
 )
-from retrieval.model_artifact import ModelArtifact, load_model
+from retrieval.data import DataError
+from retrieval.storage import ArtifactError
 
 log = logging.getLogger("build_index")
 

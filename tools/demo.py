@@ -17,9 +17,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.client import RetrievalClient
-from retrieval.data import build_sequences, default_data_path, download_movielens_100k, load_interactions
-from retrieval.vocab import ItemVocab
+from retrieval.api import RetrievalClient
+from retrieval.data import (
+    ItemVocab,
+    build_sequences,
+    default_data_path,
+    download_movielens_100k,
+    load_interactions,
+)
 
 TOOLS = Path(__file__).resolve().parent
 

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.artifacts import ArtifactError
-from retrieval.deployment import publish_deployment
+from retrieval.artifacts import publish_deployment
+from retrieval.storage import ArtifactError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

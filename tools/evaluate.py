@@ -32,20 +32,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.artifacts import ArtifactError
-from retrieval.evaluate import (
+from retrieval.artifacts import load_index, load_model
+from retrieval.data import DEFAULT_SEED, PROTOCOLS, is_prepared
+from retrieval.evaluation import (
     METRICS_FILE,
     ProtocolResult,
     comparison_markdown,
+    evaluate_prepared_users,
     evaluate_protocol,
     load_run_rows,
     markdown_table,
 )
-from retrieval.index_artifact import load_index
-from retrieval.model_artifact import load_model
-from retrieval.parquet_data import is_prepared
-from retrieval.protocols import DEFAULT_SEED, PROTOCOLS
-from retrieval.streaming import evaluate_prepared_users
+from retrieval.storage import ArtifactError
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.attention import plot_user_attention
 from retrieval.data import DataError
+from retrieval.training import plot_user_attention
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

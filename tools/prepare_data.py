@@ -21,8 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.artifacts import ArtifactError
-from retrieval.parquet_data import (
+from retrieval.data import (
     BATCH_ROWS,
     EVENTS_PER_PARTITION,
     FORMATS,
@@ -30,6 +29,7 @@ from retrieval.parquet_data import (
     USERS_PER_ROW_GROUP,
     prepare,
 )
+from retrieval.storage import ArtifactError
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -17,12 +17,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.json_format import MessageToJson
 
-from retrieval.artifacts import read_manifest
-from retrieval.client import RetrievalClient
-from retrieval.merge import MergeStrategy
-from retrieval.model_artifact import KIND as MODEL_KIND
-from retrieval.retriever import Rerank, Retrieved
-from retrieval.vocab import ItemVocab
+from retrieval.api import MergeStrategy, Rerank, RetrievalClient, Retrieved
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -80,8 +75,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def load_titles(model_dir: Path) -> dict[str, str]:
     """External id -> title from a model folder's vocabulary (no TensorFlow needed)."""
-    read_manifest(model_dir, MODEL_KIND, verify=False)
-    vocab = ItemVocab.load(model_dir / "vocab.json")
+    from retrieval.artifacts import read_model_vocab  # only with --titles: reads a model folder
+
+    vocab = read_model_vocab(model_dir)
     return dict(zip(vocab.ids, vocab.titles or vocab.ids, strict=True))
 
 

@@ -16,11 +16,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.artifacts import ArtifactError
-from retrieval.logs import LOG_FORMATS, configure_logging
-from retrieval.reload import DeploymentWatcher, RetrieverSlot, load_deployment, warm_up
-from retrieval.retriever import Retriever
-from retrieval.server import DEFAULT_MAX_MESSAGE_BYTES, TlsFiles, serve_forever
+from retrieval.api import DEFAULT_MAX_MESSAGE_BYTES
+from retrieval.serving import (
+    LOG_FORMATS,
+    DeploymentWatcher,
+    Retriever,
+    RetrieverSlot,
+    TlsFiles,
+    configure_logging,
+    load_deployment,
+    serve_forever,
+    warm_up,
+)
+from retrieval.storage import ArtifactError
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -23,13 +23,22 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.artifacts import ArtifactError
-from retrieval.config import Config, ModelConfig, TrainConfig, apply_overrides
-from retrieval.distribute import LR_SCALINGS, STRATEGIES, is_chief, make_strategy
-from retrieval.losses import LOSSES
-from retrieval.presets import apply_preset, preset_names
-from retrieval.train import train
-from retrieval.training_data import TRAINING_PROTOCOLS
+from retrieval.storage import ArtifactError
+from retrieval.training import (
+    LR_SCALINGS,
+    STRATEGIES,
+    TRAINING_PROTOCOLS,
+    Config,
+    ModelConfig,
+    TrainConfig,
+    apply_overrides,
+    apply_preset,
+    is_chief,
+    make_strategy,
+    preset_names,
+    train,
+)
+from retrieval.training.losses import LOSSES
 from towers import tower_names
 
 # flag dest -> config field; a flag overrides its field only when given.

@@ -11,14 +11,14 @@ the retriever's candidates the user did not choose (--negatives retrieved, the d
 uniform / popularity samples, or a mix ("retrieved+uniform"). The test users' top --candidates
 are then reranked: retrieval-only vs reranked NDCG@10 / HR@10, AUC and GAUC are printed as JSON and
 written with the ranker artifact to OUT/metrics.json. Every setting is a field of
-retrieval.ranking.RankerConfig, settable with --set field=value (ranker arguments:
+retrieval.ranking.config.RankerConfig, settable with --set field=value (ranker arguments:
 --set options.NAME=JSON).
 
 Every ranker reads the retriever's score of each candidate by default: its own part is trained
 on the training clicks, then blended with the retrieval score (g * own + w * score + b) on the
 validation users' whole retrieved lists, whose clicks neither the retriever nor the ranker
 trained on (--set retrieval_fit=clicks or joint for the alternatives; --set
-options.retrieval_score=false for the ranker alone; see retrieval.ranking.RankerConfig).
+options.retrieval_score=false for the ranker alone; see retrieval.ranking.config.RankerConfig).
 DSTN's context is the request's top --set context_size=N retrieved items (default 20).
 """
 
@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rankers import ranker_names
-from retrieval.artifacts import ArtifactError
 from retrieval.data import DataError
 from retrieval.ranking import RankerConfig, apply_ranker_overrides, train_ranker_from_dirs
+from retrieval.storage import ArtifactError
 
 # flag dest -> RankerConfig field; a flag overrides its field only when given.
 FLAG_FIELDS = {

@@ -27,7 +27,7 @@ class UserTower(keras.layers.Layer, abc.ABC):
     """
 
     objectives: tuple[str, ...] = ("last",)
-    """Training objectives the tower supports (``retrieval.examples.OBJECTIVES``), default first.
+    """Training objectives the tower supports (``retrieval.training.examples.OBJECTIVES``), default first.
     Any other than ``last`` needs :meth:`sequence_output` (``[B, L]`` -> ``[B, L, d]``)."""
 
     def __init__(self, item_tower: ItemTower, max_len: int, num_interests: int = 1, **kwargs: Any) -> None:

@@ -54,7 +54,7 @@ class RoutingTower(UserTower):
     For ``routing_iterations`` rounds: coupling ``c_kl = softmax_k(b_kl)`` over the active
     interests (zero at padded positions), capsules ``v_k = squash(Σ_l c_kl û_{k|l})``, and
     ``b_kl += <û_{k|l}, v_k>``. The variants differ only in the class attributes below, so
-    that they share one constructor (which ``retrieval.model.build_model`` inspects) and one
+    that they share one constructor (which ``retrieval.training.model.build_model`` inspects) and one
     routing.
 
     Args:

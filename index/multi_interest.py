@@ -1,0 +1,299 @@
+"""Multi-interest search: K interest vectors per user, one batched index search, max-score merge.
+
+An allow-list or a category is handed to the index, which applies it inside the search (FAISS
+``IDSelector``, Milvus expressions) so that ``k`` results come back whenever ``k`` items pass.
+Users' histories are dropped from one batched search over-fetching by the longest history
+(testing every scanned candidate against an in-index filter costs more); users that come back
+short are searched again alone with their history filtered inside the index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from index import SearchFilter, VectorIndex
+from index.base import as_id_array
+from index.merge import MergeFn
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Merged top-k per user, best first; empty slots hold id -1, score -inf, interest -1.
+
+    Attributes:
+        ids: int64 ``[B, k]``.
+        scores: float32 ``[B, k]``, the best inner product of the item over the user's interests.
+        interests: int32 ``[B, k]``, the interest (0..K-1) that gave that score.
+    """
+
+    ids: np.ndarray
+    scores: np.ndarray
+    interests: np.ndarray
+
+
+@dataclass(frozen=True)
+class ItemCategories:
+    """Category name -> the ids of the items whose attributes contain it.
+
+    Attributes:
+        ids_by_category: category -> sorted unique int64 ids.
+
+    Example:
+        >>> categories = ItemCategories.from_attributes({1: ["Comedy"], 2: ["Comedy", "Drama"]})
+        >>> categories.ids("Comedy")  # array([1, 2])
+    """
+
+    ids_by_category: Mapping[str, np.ndarray]
+
+    @classmethod
+    def from_attributes(cls, attributes: Mapping[int, Iterable[str]]) -> ItemCategories:
+        """From item id -> attribute strings."""
+        members: dict[str, list[int]] = {}
+        for item, values in attributes.items():
+            for value in set(values):
+                members.setdefault(str(value), []).append(int(item))
+        return cls({name: np.unique(np.asarray(ids, np.int64)) for name, ids in members.items()})
+
+    def ids(self, category: str) -> np.ndarray:
+        """Sorted int64 ids of ``category``.
+
+        Raises:
+            ValueError: no item has that category.
+        """
+        try:
+            return self.ids_by_category[category]
+        except KeyError:
+            raise ValueError(f"unknown category {category!r}: no item has it") from None
+
+    def __contains__(self, category: str) -> bool:
+        return category in self.ids_by_category
+
+
+def search_interests(
+    index: VectorIndex,
+    interests: np.ndarray,
+    k: int,
+    exclude: Sequence[Collection[int]] | None = None,
+    *,
+    allow: Collection[int] | np.ndarray | None = None,
+    category: str | None = None,
+    categories: ItemCategories | None = None,
+    merge: MergeFn | None = None,
+    per_interest_k: int | None = None,
+    filter_inside: bool = False,
+    item_vectors: np.ndarray | None = None,
+) -> SearchResult:
+    """Top-``k`` items per user, scored by the max over the user's interests.
+
+    All non-zero interest vectors of the batch go through one batched search; all-zero
+    interests (masked ones, e.g. MIND's dynamic number of interests) are skipped and never
+    contribute. Each interest fetches ``k`` items passing the user's filter, which is enough
+    for an exact index: an item in the merged top-k that interest ``i`` scores best can only
+    be outranked under ``i`` by items that also outrank it in the merge (fewer than ``k``).
+
+    Args:
+        index: items to search.
+        interests: float32 ``[B, K, d]``.
+        k: items wanted per user, ``>= 1``.
+        exclude: per user, ids that must not be returned (e.g. the user's history).
+        allow: for every user, the only ids that may be returned.
+        category: for every user, only items whose attributes contain it (needs ``categories``);
+            combined with ``allow`` when both are given.
+        categories: category -> ids, see :meth:`ItemCategories.from_attributes`.
+        merge: how each user's per-interest lists become one (``index.merge``); ``None`` is
+            the max-score merge. Scores and interests are then those the merge reports.
+        per_interest_k: candidates each interest fetches, at least ``k`` (the default); more
+            gives round-robin and diversity merges deeper lists to choose from.
+        filter_inside: apply ``exclude`` inside the index search (exact, but an IVF index then
+            tests every scanned candidate against it) instead of over-fetching and dropping;
+            for a single user only.
+        item_vectors: float32 ``[num_ids, d]``, the indexed vectors by id. With a ``merge``, each
+            user's candidates are then scored under every one of the user's interests before
+            merging, so that a merge ranking items by their best score (DIVERSITY) uses the
+            exact best over all interests, not only over the lists an item was found in (an
+            item deep in one interest's list may score higher under another that did not
+            fetch it). Leave it out for merges that read each list's own order (ROUND_ROBIN).
+
+    Returns:
+        The merged result, ``[B, k]`` each; fewer than ``k`` items exist when too few ids
+        pass the filters, the rest is padding.
+
+    Raises:
+        ValueError: bad shapes, ``k``, ``exclude`` length, or an unknown category.
+
+    Example:
+        >>> result = search_interests(index, model.encode([history]), 10, exclude=[set(history)])
+    """
+    if interests.ndim != 3:
+        raise ValueError(f"interests must have shape [B, K, d], got {list(interests.shape)}")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    batch = interests.shape[0]
+    if exclude is not None and len(exclude) != batch:
+        raise ValueError(f"exclude has {len(exclude)} entries for a batch of {batch}")
+    if filter_inside and batch != 1:
+        raise ValueError(f"filter_inside is for a single user, got a batch of {batch}")
+    allowed = _allowed(allow, category, categories)
+
+    result = SearchResult(
+        ids=np.full((batch, k), -1, np.int64),
+        scores=np.full((batch, k), -np.inf, np.float32),
+        interests=np.full((batch, k), -1, np.int32),
+    )
+    users, slots = np.nonzero(np.any(interests != 0, axis=2))  # active interests, user-major
+    if not len(users) or index.ntotal == 0:
+        return result
+    queries = np.ascontiguousarray(interests[users, slots])
+    rescore = None if item_vectors is None or merge is None else (item_vectors, queries)
+
+    if exclude is None or filter_inside:
+        # One filter for the whole batch: the index applies it inside the search.
+        shared = SearchFilter.of(exclude[0] if exclude is not None else None, allowed)
+        scores, ids = index.search(queries, max(k, per_interest_k or k), shared)
+        _combine(merge, result, users, slots, scores, ids, ids >= 0, k, per_interest_k, rescore)
+        return result
+
+    # Histories are dropped after one batched search over-fetching by the longest history:
+    # cheaper than an in-index filter, which tests every scanned candidate against it.
+    excluded = [as_id_array(e) for e in exclude]
+    fetch = min(max(k, per_interest_k or k) + max(len(e) for e in excluded), index.ntotal)
+    scores, ids = index.search(queries, fetch, SearchFilter.of(allow=allowed))
+    keep = ids >= 0
+    if any(len(e) for e in excluded):
+        # One membership test for the whole batch on (user, id) keys, not one per row.
+        span = int(max(ids.max(), *(e.max() for e in excluded if len(e)))) + 1
+        keys = users[:, None].astype(np.int64) * span + ids
+        banned = np.concatenate([user * span + e for user, e in enumerate(excluded) if len(e)])
+        keep &= ~np.isin(keys, banned)
+    _combine(merge, result, users, slots, scores, ids, keep, k, per_interest_k, rescore)
+
+    # An approximate index may come back short for some user; search those alone, filter inside
+    # (which returns k whenever k items pass).
+    short = [user for user in np.unique(users) if (result.ids[user] >= 0).sum() < k]
+    if short:
+        candidates = index.ids() if allowed is None else np.intersect1d(index.ids(), allowed)
+        for user in short:
+            if (result.ids[user] >= 0).sum() < len(candidates) - np.isin(excluded[user], candidates).sum():
+                alone = search_interests(
+                    index,
+                    interests[user : user + 1],
+                    k,
+                    [excluded[user]],
+                    allow=allowed,
+                    merge=merge,
+                    per_interest_k=per_interest_k,
+                    filter_inside=True,
+                    item_vectors=item_vectors,
+                )
+                result.ids[user], result.scores[user] = alone.ids[0], alone.scores[0]
+                result.interests[user] = alone.interests[0]
+    return result
+
+
+def _allowed(
+    allow: Collection[int] | np.ndarray | None, category: str | None, categories: ItemCategories | None
+) -> np.ndarray | None:
+    """The allow-list the request implies (``None`` for no restriction)."""
+    allowed = None if allow is None else as_id_array(allow)
+    if category is not None:
+        if categories is None:
+            raise ValueError(f"category {category!r} given without item categories")
+        members = categories.ids(category)
+        allowed = members if allowed is None else np.intersect1d(allowed, members)
+    return allowed
+
+
+def _combine(
+    merge: MergeFn | None,
+    result: SearchResult,
+    users: np.ndarray,
+    slots: np.ndarray,
+    scores: np.ndarray,
+    ids: np.ndarray,
+    keep: np.ndarray,
+    k: int,
+    per_interest_k: int | None,
+    rescore: tuple[np.ndarray, np.ndarray] | None = None,
+) -> None:
+    """Merges the searched rows into ``result``: max-score (vectorised) or ``merge`` per user.
+
+    ``merge`` sees each user's ``[K, f]`` lists with dropped results and masked interests as -1,
+    each list cut to its first ``max(k, per_interest_k)`` kept results: the same candidates
+    whether the user was searched alone or over-fetched in a batch. With ``rescore`` (the item
+    vectors and the searched rows' query vectors) every list holds all of the user's candidates
+    with their exact scores under that interest instead.
+    """
+    if merge is None:
+        _merge(result, users, slots, scores, ids, keep, k)
+        return
+    keep = keep & (np.cumsum(keep, axis=1) <= max(k, per_interest_k or k))
+    num_interests = int(slots.max()) + 1 if len(slots) else 0
+    for user in np.unique(users):
+        rows = np.flatnonzero(users == user)
+        per_ids = np.full((num_interests, ids.shape[1]), -1, np.int64)
+        per_scores = np.full((num_interests, ids.shape[1]), -np.inf, np.float32)
+        per_ids[slots[rows]] = np.where(keep[rows], ids[rows], -1)
+        per_scores[slots[rows]] = np.where(keep[rows], scores[rows], -np.inf)
+        if rescore is not None:
+            vectors, queries = rescore
+            found = np.unique(per_ids[per_ids >= 0])
+            per_ids = np.full((num_interests, len(found)), -1, np.int64)
+            per_scores = np.full((num_interests, len(found)), -np.inf, np.float32)
+            per_ids[slots[rows]] = found
+            per_scores[slots[rows]] = queries[rows] @ vectors[found].T  # [active K, candidates]
+        merged = merge(per_ids, per_scores, k)
+        n = min(len(merged.ids), k)
+        result.ids[user, :n] = merged.ids[:n]
+        result.scores[user, :n] = merged.scores[:n]
+        result.interests[user, :n] = merged.interests[:n]
+
+
+def _merge(
+    result: SearchResult,
+    users: np.ndarray,
+    slots: np.ndarray,
+    scores: np.ndarray,
+    ids: np.ndarray,
+    keep: np.ndarray,
+    k: int,
+) -> None:
+    """Max-score merge of per-interest results into ``result``, all users at once.
+
+    Args:
+        users, slots: int ``[M]``: the user and interest of each searched row.
+        scores, ids: ``[M, f]`` search results; ``keep`` bool ``[M, f]`` the results to use.
+    """
+    batch, f = result.ids.shape[0], ids.shape[1]
+    num_interests = int(slots.max()) + 1
+    # Each user's candidates side by side, [B, K·f]; unused places are id -1, score -inf.
+    per_ids = np.full((batch, num_interests, f), -1, np.int64)
+    per_scores = np.full((batch, num_interests, f), -np.inf, np.float32)
+    per_ids[users, slots] = np.where(keep, ids, -1)
+    per_scores[users, slots] = np.where(keep, scores, -np.inf)
+    cand_ids, cand_scores = per_ids.reshape(batch, -1), per_scores.reshape(batch, -1)
+    cand_interests = np.broadcast_to(np.repeat(np.arange(num_interests, dtype=np.int32), f), cand_ids.shape)
+
+    # Group each user's candidates by id with the best score first (ties: lowest interest) and
+    # keep the first of each group: the max-score merge.
+    order = np.lexsort((cand_interests, -cand_scores, cand_ids), axis=-1)
+    cand_ids, cand_scores, cand_interests = _take(order, cand_ids, cand_scores, cand_interests)
+    repeat = np.zeros(cand_ids.shape, bool)
+    repeat[:, 1:] = cand_ids[:, 1:] == cand_ids[:, :-1]
+    cand_scores[repeat | (cand_ids < 0)] = -np.inf
+
+    # Rank each user's unique candidates by score (ties: smaller id) and keep the first k.
+    order = np.lexsort((cand_ids, -cand_scores), axis=-1)[:, :k]
+    cand_ids, cand_scores, cand_interests = _take(order, cand_ids, cand_scores, cand_interests)
+    found = np.isfinite(cand_scores)
+    n = cand_ids.shape[1]
+    result.ids[:, :n] = np.where(found, cand_ids, -1)
+    result.scores[:, :n] = cand_scores
+    result.interests[:, :n] = np.where(found, cand_interests, -1)
+
+
+def _take(order: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The same per-row reordering of parallel ``[B, n]`` arrays."""
+    return tuple(np.take_along_axis(a, order, axis=-1) for a in arrays)

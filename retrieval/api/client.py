@@ -1,0 +1,230 @@
+"""A small Python client for ``retrieval.v1.RetrievalService``."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from proto import retrieval_pb2, retrieval_pb2_grpc
+from retrieval.api.convert import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    SERVICE_NAME,
+    request_from_query,
+    result_from_response,
+)
+from retrieval.api.types import MergeStrategy, Query, Rerank, Retrieved
+
+
+def service_config(retries: int) -> str:
+    """The channel's gRPC service config: round-robin over the resolved addresses that report
+    SERVING on the health service (client-side health checking: a draining replica gets no new
+    calls), and up to ``retries`` retries (with exponential backoff) of calls refused with
+    UNAVAILABLE (a replica stopping or restarting), CANCELLED (a call a stopping replica had
+    received but not started) or RESOURCE_EXHAUSTED (a replica's overload bound). Retrieval
+    calls are idempotent, and gRPC retries only calls that were not answered, within the call's
+    deadline; calls the client cancels itself are never retried.
+    """
+    method: dict[str, Any] = {"name": [{"service": SERVICE_NAME}]}
+    if retries:
+        method["retryPolicy"] = {
+            "maxAttempts": min(retries + 1, 5),  # gRPC caps attempts at 5
+            "initialBackoff": "0.01s",
+            "maxBackoff": "0.5s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED", "RESOURCE_EXHAUSTED"],
+        }
+    return json.dumps(
+        {
+            "loadBalancingConfig": [{"round_robin": {}}],
+            "healthCheckConfig": {"serviceName": SERVICE_NAME},
+            "methodConfig": [method],
+        }
+    )
+
+
+def channel_target(address: str | Sequence[str]) -> str:
+    """The gRPC target for one address (any gRPC target: ``host:port``, ``dns:///name:port``) or
+    several replicas' ``ip:port`` addresses (gRPC resolves a list only of IP addresses).
+
+    Raises:
+        ValueError: an empty list, or a list entry that is not ``ip:port``.
+    """
+    if isinstance(address, str):
+        return address
+    addresses = list(address)
+    if not addresses:
+        raise ValueError("give at least one address")
+    if len(addresses) == 1:
+        return addresses[0]
+    families = set()
+    for a in addresses:
+        host, _, port = a.rpartition(":")
+        try:
+            families.add(ipaddress.ip_address(host.strip("[]")).version)
+        except ValueError:
+            raise ValueError(
+                f"replica address {a!r} must be ip:port (a list cannot hold host names)"
+            ) from None
+        if not port.isdigit():
+            raise ValueError(f"replica address {a!r} has no port")
+    if len(families) > 1:
+        raise ValueError("replica addresses must all be IPv4 or all IPv6")
+    return f"ipv{families.pop()}:{','.join(addresses)}"
+
+
+class RetrievalClient:
+    """Calls a retrieval server; failed calls raise ``grpc.RpcError`` (``.code()``, ``.details()``).
+
+    With several replicas' addresses the client spreads calls over them round-robin and
+    retries a call refused by one (a replica going down costs no failed request beyond those
+    it was computing).
+
+    Example:
+        >>> with RetrievalClient("127.0.0.1:50051") as client:
+        ...     client.wait_until_serving(timeout=10)
+        ...     client.retrieve(["B0001", "B0042"], k=10).items
+        >>> replicas = RetrievalClient(["10.0.0.5:50051", "10.0.0.6:50051"])
+    """
+
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        timeout: float = 5.0,
+        *,
+        retries: int = 3,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        """Opens a channel to ``address``: ``host:port``, or a list of replicas' ``ip:port``.
+
+        Args:
+            timeout: each call's deadline in seconds (retries included).
+            retries: retries of a call refused with UNAVAILABLE, CANCELLED or RESOURCE_EXHAUSTED, 0..4.
+            tls_ca: PEM of the CA that signed the server's certificate: the channel uses TLS.
+            tls_cert, tls_key: the client's certificate and key, for servers that require mutual
+                TLS (both or neither; they need ``tls_ca``).
+            max_message_bytes: largest response accepted.
+
+        Raises:
+            ValueError: only one of ``tls_cert`` and ``tls_key``, or either without ``tls_ca``;
+                ``retries`` out of range; a bad replica list (:func:`channel_target`).
+        """
+        if (tls_cert is None) != (tls_key is None) or (tls_cert is not None and tls_ca is None):
+            raise ValueError("a client certificate needs tls_cert, tls_key and tls_ca together")
+        if not 0 <= retries <= 4:
+            raise ValueError(f"retries must be between 0 and 4, got {retries}")
+        self.address = channel_target(address)
+        self.timeout = timeout
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.service_config", service_config(retries)),
+            ("grpc.enable_retries", int(retries > 0)),
+        ]
+        if tls_ca is None:
+            self._channel = grpc.insecure_channel(self.address, options=options)
+        else:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=Path(tls_ca).read_bytes(),
+                private_key=None if tls_key is None else Path(tls_key).read_bytes(),
+                certificate_chain=None if tls_cert is None else Path(tls_cert).read_bytes(),
+            )
+            self._channel = grpc.secure_channel(self.address, credentials, options=options)
+        self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def retrieve(
+        self,
+        history: Sequence[str],
+        k: int = 10,
+        timestamps: Sequence[int] | None = None,
+        actions: Sequence[str] | None = None,
+        *,
+        merge: MergeStrategy | str = MergeStrategy.MAX_SCORE,
+        diversity_lambda: float = 0.0,
+        per_interest_k: int = 0,
+        exclude: Sequence[str] = (),
+        allow: Sequence[str] = (),
+        return_interests: bool = False,
+        user_id: str = "",
+        category: str = "",
+        request_time: int = 0,
+        rerank: Rerank | None = None,
+    ) -> Retrieved:
+        """Top-``k`` items for a history of external ids (oldest first).
+
+        With ``timestamps`` and/or ``actions`` (one per history event) the history is sent as
+        events carrying that side information. The other options are those of
+        :meth:`retrieval.serving.retriever.Retriever.retrieve`; ``merge`` may also be a name
+        (``"max_score"``, ``"round_robin"``, ``"diversity"``).
+
+        Example:
+            >>> client.retrieve(["B0001", "B0042"], 10, rerank=Rerank("dstn", unclicked=["B0007"]))
+        """
+        query = Query(
+            history, k, timestamps, actions, merge, diversity_lambda,  # type: ignore[arg-type]
+            per_interest_k, exclude, allow, return_interests, user_id, category, request_time, rerank,
+        )  # fmt: skip
+        response = self._stub.Retrieve(request_from_query(query), timeout=self.timeout)
+        return result_from_response(response)
+
+    def batch_retrieve(self, queries: Sequence[Query]) -> list[Retrieved]:
+        """Answers several users in one call; one answer per query, in order.
+
+        Example:
+            >>> client.batch_retrieve([Query(["B0001"], k=10), Query(["B0042"], k=5, merge="round_robin")])
+        """
+        request = retrieval_pb2.BatchRetrieveRequest(requests=[request_from_query(q) for q in queries])
+        response = self._stub.BatchRetrieve(request, timeout=self.timeout)
+        return [result_from_response(r) for r in response.responses]
+
+    def model_info(self) -> retrieval_pb2.ModelInfo:
+        """The server's ``ModelInfo``: model version and shape, index description, start time."""
+        return self._stub.GetModelInfo(retrieval_pb2.GetModelInfoRequest(), timeout=self.timeout)
+
+    def health(self) -> str:
+        """The service's health status name, e.g. ``"SERVING"`` or ``"NOT_SERVING"``."""
+        response = self._health.Check(
+            health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=self.timeout
+        )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def wait_until_serving(self, timeout: float = 10.0) -> None:
+        """Blocks until the service reports SERVING.
+
+        Raises:
+            TimeoutError: not SERVING after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        status = "UNREACHABLE"
+        while time.monotonic() < deadline:
+            try:
+                status = self.health()
+            except grpc.RpcError as e:
+                # Not listening yet (UNAVAILABLE) or the health service is not registered yet.
+                status = e.code().name
+            if status == "SERVING":
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.address} not SERVING after {timeout:.1f} s (last status: {status})")
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

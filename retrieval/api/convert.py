@@ -1,0 +1,192 @@
+"""Conversion between the API's Python types (:mod:`retrieval.api.types`) and the protobuf messages
+of ``proto/retrieval.proto``."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import numpy as np
+from google.protobuf import timestamp_pb2
+from google.protobuf.message import DecodeError, Message
+
+from proto import retrieval_pb2
+from retrieval.api.errors import (
+    InvalidArgument,
+)
+from retrieval.api.types import MergeStrategy, ModelInfo, Query, Rerank, Retrieved
+
+M = TypeVar("M", bound=Message)
+
+
+SERVICE_NAME: str = retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"].full_name
+
+
+def parse(request: M | bytes, message: type[M]) -> M:
+    """``request`` itself, or parsed from the bytes the server received.
+
+    The servicer is registered with raw-bytes handlers (:func:`add_servicer`) so that a request
+    that does not parse (truncated, invalid UTF-8 in a string) is answered INVALID_ARGUMENT;
+    grpcio's own deserializer would answer INTERNAL.
+
+    Raises:
+        InvalidArgument: the bytes are not a valid ``message``.
+    """
+    if not isinstance(request, bytes):
+        return request
+    try:
+        return message.FromString(request)
+    except DecodeError as e:
+        raise InvalidArgument(f"the request is not a valid {message.DESCRIPTOR.full_name}: {e}") from None
+
+
+_MERGE_FROM_PROTO: dict[int, MergeStrategy] = {
+    retrieval_pb2.MERGE_STRATEGY_UNSPECIFIED: MergeStrategy.MAX_SCORE,
+    retrieval_pb2.MAX_SCORE: MergeStrategy.MAX_SCORE,
+    retrieval_pb2.ROUND_ROBIN: MergeStrategy.ROUND_ROBIN,
+    retrieval_pb2.DIVERSITY: MergeStrategy.DIVERSITY,
+}
+
+
+_MERGE_TO_PROTO: dict[MergeStrategy, str] = {m: m.name for m in MergeStrategy}
+"""Enum value names: the same in the proto and in :class:`MergeStrategy`."""
+
+
+def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
+    """A ``RetrieveRequest`` as a :class:`Query` (the Retriever validates the values).
+
+    Raises:
+        InvalidArgument: both history and events sent, or an unknown merge strategy number.
+    """
+    if request.events and request.history:
+        raise InvalidArgument("send the history either as history or as events, not both")
+    if request.merge not in _MERGE_FROM_PROTO:
+        raise InvalidArgument(f"unknown merge strategy {request.merge}; use one of {list(_MERGE_FROM_PROTO)}")
+    if request.events:
+        history: list[str] = [e.item_id for e in request.events]
+        timestamps: list[int] | None = [e.timestamp for e in request.events]
+        actions: list[str] | None = [e.action for e in request.events]
+    else:
+        history, timestamps, actions = list(request.history), None, None
+    return Query(
+        history=history,
+        k=request.k,
+        timestamps=timestamps,
+        actions=actions,
+        merge=_MERGE_FROM_PROTO[request.merge],
+        diversity_lambda=request.diversity_lambda,
+        per_interest_k=request.per_interest_k,
+        exclude=list(request.exclude_ids),
+        allow=list(request.allow_ids),
+        return_interests=request.return_interests,
+        user_id=request.user_id,
+        category=request.category,
+        request_time=request.request_time,
+        rerank=Rerank(request.rerank.ranker, request.rerank.candidates, list(request.rerank.unclicked))
+        if request.HasField("rerank")
+        else None,
+    )
+
+
+def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
+    """The inverse of :func:`query_from_request`: with timestamps or actions, the history goes
+    as events (a missing timestamp is 0, a missing action "").
+
+    Raises:
+        ValueError: timestamps or actions not one per history event.
+    """
+    for name, values in (("timestamps", query.timestamps), ("actions", query.actions)):
+        if values is not None and len(values) != len(query.history):
+            raise ValueError(f"{len(values)} {name} for a history of {len(query.history)} events")
+    request = retrieval_pb2.RetrieveRequest(
+        k=query.k,
+        merge=_MERGE_TO_PROTO[query.merge],
+        diversity_lambda=query.diversity_lambda,
+        per_interest_k=query.per_interest_k,
+        exclude_ids=query.exclude,
+        allow_ids=query.allow,
+        return_interests=query.return_interests,
+        user_id=query.user_id,
+        category=query.category,
+        request_time=query.request_time,
+    )
+    if query.rerank is not None:
+        request.rerank.ranker = query.rerank.ranker
+        request.rerank.candidates = query.rerank.candidates
+        request.rerank.unclicked.extend(query.rerank.unclicked)
+        request.rerank.SetInParent()  # present even with default values
+    if query.timestamps is None and query.actions is None:
+        request.history.extend(query.history)
+    else:
+        request.events.extend(
+            retrieval_pb2.Event(
+                item_id=item,
+                timestamp=0 if query.timestamps is None else int(query.timestamps[i]),
+                action="" if query.actions is None else str(query.actions[i]),
+            )
+            for i, item in enumerate(query.history)
+        )
+    return request
+
+
+def response_from_result(result: Retrieved) -> retrieval_pb2.RetrieveResponse:
+    """A :class:`Retrieved` as a ``RetrieveResponse``."""
+    rank_scores = result.rank_scores or [0.0] * len(result.items)
+    return retrieval_pb2.RetrieveResponse(
+        items=[
+            retrieval_pb2.ScoredItem(item_id=item, score=score, interest=interest, rank_score=rank)
+            for (item, score, interest), rank in zip(result.items, rank_scores, strict=True)
+        ],
+        model_version=result.model_version,
+        unknown_items=result.unknown_items,
+        ranker_version=result.ranker_version,
+        interests=[]
+        if result.interests is None
+        else [retrieval_pb2.Interest(values=row.tolist()) for row in result.interests],
+    )
+
+
+def result_from_response(response: retrieval_pb2.RetrieveResponse) -> Retrieved:
+    """The inverse of :func:`response_from_result` (``interests`` float32 ``[K, d]`` or ``None``)."""
+    interests = (
+        np.array([list(i.values) for i in response.interests], np.float32) if response.interests else None
+    )
+    return Retrieved(
+        items=[(item.item_id, item.score, item.interest) for item in response.items],
+        unknown_items=response.unknown_items,
+        model_version=response.model_version,
+        interests=interests,
+        rank_scores=[item.rank_score for item in response.items] if response.ranker_version else None,
+        ranker_version=response.ranker_version,
+    )
+
+
+def model_info_message(info: ModelInfo) -> retrieval_pb2.ModelInfo:
+    """A :class:`ModelInfo` as the ``ModelInfo`` message."""
+    start = timestamp_pb2.Timestamp()
+    start.FromNanoseconds(int(info.start_time * 1e9))
+    index = info.index
+    return retrieval_pb2.ModelInfo(
+        model_version=info.model_version,
+        tower=info.tower,
+        num_interests=info.num_interests,
+        dim=info.dim,
+        max_len=info.max_len,
+        num_items=info.num_items,
+        index=retrieval_pb2.IndexInfo(
+            backend=str(index.get("backend", "")),
+            factory=str(index.get("factory", "")),
+            search_params=str(index.get("search_params", "")),
+            is_exact=bool(index.get("is_exact", False)),
+            recall=float(index.get("recall", 0.0)),
+            recall_k=int(index.get("recall_k", 0)),
+            count=int(index.get("count", 0)),
+        ),
+        side_features=list(info.side_features),
+        start_time=start,
+        rankers=list(info.rankers),
+    )
+
+
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+"""Largest request or response: a full batch (256 requests of long histories, or of 1000 items
+each) exceeds gRPC's default of 4 MiB."""

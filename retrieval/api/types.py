@@ -1,0 +1,147 @@
+"""The request and response types of the retrieval API and its limits: what a client sends and gets
+back, independent of gRPC (:mod:`retrieval.api.convert` maps them to the protobuf messages)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+MAX_K = 1000
+"""Most items one request may ask for (the API's documented limit)."""
+
+
+MAX_HISTORY = 10_000
+"""Most history ids one request may send; the user tower reads only the last ``max_len``, but
+every id is excluded from the results, so the whole history is looked up."""
+
+
+MAX_PER_INTEREST_K = 2000
+"""Most candidates one interest may fetch (``per_interest_k``): bounds the merge's work."""
+
+
+MAX_FILTER_IDS = 10_000
+"""Most ids one request's ``exclude`` or ``allow`` list may hold."""
+
+
+MAX_BATCH = 256
+"""Most requests one batch may hold."""
+
+
+MAX_USER_ID = 256
+"""Longest ``user_id`` (characters); it only goes to the log."""
+
+
+DEFAULT_RERANK_CANDIDATES = 200
+"""Candidates a rerank scores when the request does not say (at least ``k``)."""
+
+
+class MergeStrategy(enum.StrEnum):
+    """The merge strategies a request can ask for."""
+
+    MAX_SCORE = "max_score"
+    ROUND_ROBIN = "round_robin"
+    DIVERSITY = "diversity"
+
+
+@dataclass(frozen=True)
+class Rerank:
+    """Asks for the retrieved candidates to be scored by a ranker, the best ``k`` returned.
+
+    Attributes:
+        ranker: name of one of the retriever's rankers; ``""`` = its only one.
+        candidates: items retrieved (with the query's merge and filters) and scored,
+            ``k..MAX_K``; 0 = ``max(k, DEFAULT_RERANK_CANDIDATES)``.
+        unclicked: external ids of items shown to the user and not clicked (the caller's
+            impressions, at most ``MAX_FILTER_IDS``; unknown ids are ignored), for a ranker
+            that reads them (DSTN); the others ignore them. The ranker reads the first
+            ``num_unclicked`` known ones (as many as it was trained with). Empty = the server
+            computes them as training did: the retriever's top ``num_unclicked`` for the
+            history without its last event, minus that event's item
+            (:meth:`Retriever.retrieve_many`).
+    """
+
+    ranker: str = ""
+    candidates: int = 0
+    unclicked: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Query:
+    """One user's request; see :meth:`Retriever.retrieve` for the meaning of each field.
+
+    ``merge`` may be given by name (``"round_robin"``); it is stored as a :class:`MergeStrategy`.
+
+    Raises:
+        ValueError: an unknown merge name.
+    """
+
+    history: Sequence[str]
+    k: int
+    timestamps: Sequence[int] | None = None
+    actions: Sequence[str] | None = None
+    merge: MergeStrategy = MergeStrategy.MAX_SCORE
+    diversity_lambda: float = 0.0
+    per_interest_k: int = 0
+    exclude: Sequence[str] = ()
+    allow: Sequence[str] = ()
+    return_interests: bool = False
+    user_id: str = ""
+    category: str = ""
+    request_time: int = 0
+    rerank: Rerank | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.merge, str):
+            names = [m.value for m in MergeStrategy]
+            if self.merge not in names:
+                raise ValueError(f"unknown merge strategy {self.merge!r}; choose from {names}")
+            object.__setattr__(self, "merge", MergeStrategy(self.merge))
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a retriever serves (``GetModelInfo``).
+
+    Attributes:
+        index: the index's ``describe()`` (factory, search_params, is_exact, ...) plus, when its
+            manifest has a measurement, ``recall`` and ``recall_k`` (recall@k against exact).
+        start_time: when the retriever was created, seconds since the Unix epoch.
+    """
+
+    model_version: str
+    tower: str
+    num_interests: int
+    dim: int
+    max_len: int
+    num_items: int
+    index: dict[str, Any]
+    side_features: tuple[str, ...]
+    start_time: float
+    rankers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """Answer to one request.
+
+    Attributes:
+        items: ``(external id, score, interest)`` in the merge's order (best first for max-score),
+            never an item of the history or of the request's ``exclude`` list; after a rerank,
+            in the ranker's order (``score`` stays the retrieval score).
+        unknown_items: history ids missing from the vocabulary (skipped).
+        model_version: version of the model (and of the index built from it) that answered.
+        interests: float32 ``[K, d]``, the user's interest vectors, when the request asked for them.
+        rank_scores: after a rerank, the ranker's click logit of each item (best first).
+        ranker_version: after a rerank, the version of the ranker artifact that scored.
+    """
+
+    items: list[tuple[str, float, int]]
+    unknown_items: int
+    model_version: str
+    interests: np.ndarray | None = field(default=None, compare=False)
+    rank_scores: list[float] | None = None
+    ranker_version: str = ""

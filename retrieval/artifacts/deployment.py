@@ -1,0 +1,117 @@
+"""A deployment: a model and the index built from it, published together as one version.
+
+Layout (``tools/deploy.py --root ROOT``), swapped atomically by :func:`retrieval.storage.versions.publish`::
+
+    ROOT/current -> versions/<version>
+    ROOT/versions/<version>/model/   the model artifact
+    ROOT/versions/<version>/index/   an index artifact built from that model
+    ROOT/versions/<version>/rankers/<name>/   optional rankers trained against that model's items
+
+``tools/serve.py --watch ROOT`` serves the current version and moves to each new one without
+downtime (:class:`retrieval.serving.reload.DeploymentWatcher`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from retrieval.artifacts.index import KIND as INDEX_KIND
+from retrieval.artifacts.model import KIND as MODEL_KIND
+from retrieval.artifacts.model import VOCAB_FILE
+from retrieval.data.vocab import ItemVocab
+from retrieval.storage.manifest import ArtifactError, read_manifest
+from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current
+
+MODEL_DIR = "model"
+INDEX_DIR = "index"
+RANKERS_DIR = "rankers"
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard-links a file (artifacts are never modified in place), copying across filesystems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def publish_deployment(
+    model_dir: Path,
+    index_dir: Path,
+    root: Path,
+    keep: int = 3,
+    grace: float = PUBLISH_GRACE,
+    ranker_dirs: Sequence[Path] = (),
+) -> Path:
+    """Publishes a model, its index and optional rankers as the new current version of ``root``.
+
+    Every artifact is verified (checksums, the index built from this very model, each ranker
+    trained against this model's item vocabulary) before anything is written.
+
+    Args:
+        model_dir: a model artifact folder.
+        index_dir: an index artifact folder (or a published index root) built from that model.
+        keep, grace: which old versions stay on disk (:func:`retrieval.storage.versions.publish`).
+        ranker_dirs: ranker artifact folders (``tools/train_ranker.py``), one per ranker name.
+
+    Returns:
+        The new version folder.
+
+    Raises:
+        ArtifactError: an artifact is missing or corrupted, the index was built from another
+            model, a ranker has another item vocabulary, or two rankers share a name.
+    """
+    model_dir, index_dir = Path(model_dir), resolve_current(Path(index_dir))
+    model_version = read_manifest(model_dir, MODEL_KIND)["version"]
+    index_version = read_manifest(index_dir, INDEX_KIND)["model_version"]
+    if index_version != model_version:
+        raise ArtifactError(f"{index_dir} was built from model {index_version!r}, not {model_version!r}")
+    rankers: dict[str, Path] = {}
+    if ranker_dirs:
+        from retrieval.artifacts.ranker import KIND as RANKER_KIND  # TensorFlow: only with rankers
+        from retrieval.artifacts.ranker import vocab_digest
+
+        digest = vocab_digest(ItemVocab.load(model_dir / VOCAB_FILE))
+        for ranker_dir in map(Path, ranker_dirs):
+            manifest = read_manifest(ranker_dir, RANKER_KIND)
+            if manifest.get("vocab_sha256") != digest:
+                raise ArtifactError(
+                    f"{ranker_dir} was trained against another item vocabulary than {model_dir}"
+                )
+            name = str(manifest["ranker"])
+            if name in rankers:
+                raise ArtifactError(f"two rankers are named {name!r}: {rankers[name]}, {ranker_dir}")
+            rankers[name] = ranker_dir
+
+    def write(folder: Path) -> None:
+        folder.mkdir()
+        shutil.copytree(model_dir, folder / MODEL_DIR, copy_function=_link_or_copy)
+        shutil.copytree(index_dir, folder / INDEX_DIR, copy_function=_link_or_copy)
+        for name, ranker_dir in rankers.items():
+            shutil.copytree(ranker_dir, folder / RANKERS_DIR / name, copy_function=_link_or_copy)
+
+    return publish(root, write, keep, grace)
+
+
+def deployment_dirs(root: Path) -> tuple[Path, Path]:
+    """``(model folder, index folder)`` of the current version of ``root``.
+
+    Raises:
+        ArtifactError: ``root`` has no current version holding both.
+    """
+    folder = resolve_current(Path(root))
+    model_dir, index_dir = folder / MODEL_DIR, folder / INDEX_DIR
+    if not (model_dir.is_dir() and index_dir.is_dir()):
+        raise ArtifactError(
+            f"{root} is not a deployment: no current version with {MODEL_DIR}/ and {INDEX_DIR}/"
+        )
+    return model_dir, index_dir
+
+
+def deployment_rankers(root: Path) -> list[Path]:
+    """The ranker folders of the current version of ``root`` (or of one version folder)."""
+    rankers = resolve_current(Path(root)) / RANKERS_DIR
+    return sorted(p for p in rankers.iterdir() if p.is_dir()) if rankers.is_dir() else []

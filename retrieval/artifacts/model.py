@@ -1,0 +1,368 @@
+"""The trained-model artifact: what serving, evaluation and indexing read.
+
+Folder layout (``tools/train.py --out DIR``)::
+
+    DIR/manifest.json         kind "model", version, tower, dim, num_interests, max_len, checksums
+    DIR/config.json           the resolved training configuration
+    DIR/vocab.json            item vocabulary (external ids, titles when the data has them)
+    DIR/item_attributes.json  external id -> attributes (genres, categories), when the data has them
+    DIR/side_vocab.json       side features the tower reads and their vocabularies, when it reads any
+    DIR/item_embeddings.npy   float32 [num_items + 1, d]; row i is dense item i, row 0 padding
+    DIR/user_tower/           SavedModel, endpoint ``user_vectors({"items": [B, L], ...}) -> [B, K, d]``
+    DIR/model.keras           the full Keras two-tower model (to fine-tune or inspect)
+    DIR/metrics.json          validation and test metrics
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index.multi_interest import ItemCategories
+from retrieval.artifacts.xla import COMPILED_BATCHES, XlaFunction, pad_to, padded_size
+from retrieval.data.features import SideVocab
+from retrieval.data.vocab import PAD, ItemVocab
+from retrieval.storage.manifest import MANIFEST, ArtifactError, contained_file, read_manifest
+
+KIND = "model"
+SIDE_FILE = "side_vocab.json"
+Features = Mapping[str, Sequence[np.ndarray]]
+"""Side feature name -> per user, int values aligned with the history."""
+
+UserVectorsFn = Callable[[dict[str, np.ndarray]], np.ndarray]
+"""``{"items": int32 [B, L], <side feature>: int32 [B, L], ...}``, left-padded (``L <= max_len``,
+0 = padding) -> float32 ``[B, K, d]``."""
+
+
+@dataclass(frozen=True)
+class ModelArtifact:
+    """A loaded model artifact.
+
+    Attributes:
+        path: the folder it was read from (``None`` when built in memory).
+        manifest: the folder's manifest (``version``, ``tower``, ``dim``, ``num_interests``, ``max_len``).
+        vocab: the item vocabulary.
+        item_embeddings: float32 ``[num_items + 1, d]``; row 0 (padding) is never retrieved.
+        user_vectors: the user tower, see :data:`UserVectorsFn`.
+        side: the side features the tower reads (none by default).
+    """
+
+    path: Path | None
+    manifest: dict[str, Any]
+    vocab: ItemVocab
+    item_embeddings: np.ndarray
+    user_vectors: UserVectorsFn
+    side: SideVocab = field(default_factory=SideVocab)
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["version"])
+
+    @property
+    def max_len(self) -> int:
+        return int(self.manifest["max_len"])
+
+    @property
+    def num_interests(self) -> int:
+        return int(self.manifest["num_interests"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.item_embeddings.shape[1])
+
+    def encode(
+        self, histories: Sequence[np.ndarray], features: Features | None = None, width: int | None = None
+    ) -> np.ndarray:
+        """Dense-id histories (oldest first) -> interests float32 ``[B, K, d]``.
+
+        Args:
+            histories: per user, dense item ids.
+            features: per side feature the tower reads, per user an int array aligned with
+                the history (see ``retrieval.data.features.encode_events``); missing = unknown (0).
+            width: columns of the tower's input, at most ``max_len`` (None = ``max_len``).
+                Histories are cut to it: a batch of short histories may be encoded in fewer
+                columns, with the same result (towers ignore padding), for less work.
+
+        Each history is cut to its last ``width`` events and left-padded with 0.
+        """
+        width = self.max_len if width is None else min(max(int(width), 1), self.max_len)
+        inputs = {"items": pad_left(histories, width)}
+        for name in self.side.event_features:
+            given = (features or {}).get(name)
+            inputs[name] = pad_left(given, width) if given is not None else np.zeros_like(inputs["items"])
+        return self.user_vectors(inputs)
+
+
+def pad_left(histories: Sequence[np.ndarray], max_len: int) -> np.ndarray:
+    """Keeps the last ``max_len`` ids of each history, left-padded with 0: int32 ``[B, max_len]``."""
+    out = np.zeros((len(histories), max_len), np.int32)
+    for row, h in zip(out, histories, strict=True):
+        tail = np.asarray(h)[-max_len:]
+        if len(tail):
+            row[max_len - len(tail) :] = tail
+    return out
+
+
+def load_model(path: Path, verify: bool = True, xla: bool = False) -> ModelArtifact:
+    """Loads a model artifact written by ``tools/train.py`` (checksums verified by default).
+
+    Nothing is read that the manifest does not list (so every byte read is covered by a
+    checksum), and what is read must agree with the manifest before the model is returned:
+    the vocabulary (unique string ids), the embeddings (``.npy`` without pickle, float32
+    ``[num_items + 1, dim]``, finite) and the user tower, which is called once on a probe
+    history and must answer ``[1, num_interests, dim]`` finite vectors. With ``xla`` the user
+    tower runs compiled (:func:`compiled_tower`).
+
+    Raises:
+        retrieval.storage.manifest.ArtifactError: missing, incomplete, corrupted or inconsistent folder.
+    """
+    import tensorflow as tf
+
+    path = Path(path)
+    manifest = read_manifest(path, KIND, verify=verify)
+    max_len = _positive_int(path, manifest, "max_len")
+    num_interests = _positive_int(path, manifest, "num_interests")
+    dim = _positive_int(path, manifest, "dim")
+    num_items = _positive_int(path, manifest, "num_items")
+    if not isinstance(manifest.get("tower"), str) or not manifest["tower"]:
+        raise ArtifactError(f"{path / MANIFEST}: tower must be a tower name, found {manifest.get('tower')!r}")
+    listed = set(manifest.get("files", {}))
+    for name in (VOCAB_FILE, EMBEDDINGS_FILE, f"{TOWER_DIR}/saved_model.pb"):
+        _listed_file(path, listed, name)
+    unlisted = sorted(
+        p.relative_to(path).as_posix()
+        for p in [*(path / TOWER_DIR).rglob("*"), path / SIDE_FILE, path / ATTRIBUTES_FILE]
+        if (p.is_file() or p.is_symlink()) and p.relative_to(path).as_posix() not in listed
+    )
+    if unlisted:
+        raise ArtifactError(
+            f"{path}: {', '.join(unlisted)} not listed in the manifest (added after writing?)"
+        )
+
+    vocab = _load_vocab(path)
+    if num_items != len(vocab):
+        raise ArtifactError(f"{path}: the manifest says {num_items} items, {VOCAB_FILE} has {len(vocab)}")
+    item_embeddings = _load_embeddings(path / EMBEDDINGS_FILE, len(vocab) + 1, dim)
+
+    side = SideVocab()
+    if (path / SIDE_FILE).is_file():
+        try:
+            side = SideVocab.load(path / SIDE_FILE)
+        except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as e:
+            raise ArtifactError(f"{path / SIDE_FILE} is not a valid side-feature vocabulary: {e}") from e
+
+    _check_against_config(path, manifest, side, listed)  # before the (slow) TensorFlow load
+    try:
+        exported = tf.saved_model.load(str(path / TOWER_DIR))
+        if not hasattr(exported, "user_vectors"):
+            raise ValueError("the SavedModel has no user_vectors endpoint")
+    except Exception as e:  # TensorFlow raises many types for unreadable or foreign SavedModels
+        raise ArtifactError(f"{path / TOWER_DIR} is not a readable user tower: {_first_line(e)}") from e
+
+    model = ModelArtifact(path, manifest, vocab, item_embeddings, tower_function(exported, xla), side)
+    _check_tower(model, num_interests, max_len)
+    return model
+
+
+def read_model_vocab(path: Path, verify: bool = False) -> ItemVocab:
+    """The item vocabulary of a model folder (ids and titles), without loading the model.
+
+    Raises:
+        retrieval.storage.ArtifactError: not a model folder, or an invalid vocabulary.
+    """
+    path = Path(path)
+    read_manifest(path, KIND, verify=verify)
+    return _load_vocab(path)
+
+
+def _load_vocab(path: Path) -> ItemVocab:
+    """The folder's ``vocab.json``, checked: unique string ids and string titles."""
+    try:
+        vocab = ItemVocab.load(path / VOCAB_FILE)
+    except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path / VOCAB_FILE} is not a valid vocabulary: {e}") from e
+    if not all(isinstance(i, str) for i in vocab.ids) or (
+        vocab.titles is not None and not all(isinstance(t, str) for t in vocab.titles)
+    ):
+        raise ArtifactError(f"{path / VOCAB_FILE}: item ids and titles must be strings")
+    return vocab
+
+
+def tower_function(exported: Any, xla: bool = False) -> UserVectorsFn:
+    """The SavedModel's ``user_vectors`` endpoint on numpy arrays, XLA-compiled with ``xla``."""
+    if xla:
+        return compiled_tower(exported)
+    import tensorflow as tf
+
+    # The closure holds the loaded object itself: its endpoint alone does not keep the
+    # variables alive, and TensorFlow frees them once the object is collected.
+    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return exported.user_vectors({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
+
+    return user_vectors
+
+
+def compiled_tower(exported: Any) -> UserVectorsFn:
+    """The SavedModel's ``user_vectors`` endpoint compiled by XLA (faster than the plain graph:
+    ``bench/serving.py`` has a row with it), with a fallback to the plain graph should XLA
+    refuse it (:class:`retrieval.artifacts.xla.XlaFunction`).
+
+    XLA compiles once per input shape (0.3-1 s, on first use: :func:`retrieval.serving.reload.warm_up`
+    does it before serving), so rows are padded to one of :data:`COMPILED_BATCHES`. Not the
+    default: TensorFlow keeps every compiled program for the life of the process, so a server
+    that hot-reloads grows by about 1 MB per version (the soak test's reload loop).
+    """
+    import tensorflow as tf
+
+    tower = XlaFunction(
+        lambda inputs: exported.user_vectors(inputs), exported.user_vectors, "this user tower"
+    )
+
+    def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        rows = len(inputs["items"])
+        size = padded_size(rows, COMPILED_BATCHES) or rows
+        padded = {k: tf.constant(pad_to(v, (size, v.shape[1])), tf.int32) for k, v in inputs.items()}
+        return tower(padded)[:rows]
+
+    # The closure holds the loaded object itself: its endpoint alone does not keep the
+    # variables alive, and TensorFlow frees them once the object is collected.
+    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        chunk, rows = COMPILED_BATCHES[-1], len(inputs["items"])
+        if rows <= chunk:
+            return run(inputs)
+        return np.concatenate(
+            [run({k: v[i : i + chunk] for k, v in inputs.items()}) for i in range(0, rows, chunk)]
+        )
+
+    return user_vectors
+
+
+VOCAB_FILE = "vocab.json"
+CONFIG_FILE = "config.json"
+EMBEDDINGS_FILE = "item_embeddings.npy"
+TOWER_DIR = "user_tower"
+ATTRIBUTES_FILE = "item_attributes.json"
+
+
+def _positive_int(path: Path, manifest: dict[str, Any], key: str) -> int:
+    value = manifest.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArtifactError(f"{path / MANIFEST}: {key} must be a positive integer, found {value!r}")
+    return value
+
+
+def _listed_file(path: Path, listed: set[str], name: str) -> Path:
+    """``path / name``, which the manifest must list (so that a checksum covers it)."""
+    if name not in listed:
+        raise ArtifactError(f"{path} is incomplete: {name} is not listed in the manifest")
+    return contained_file(path, name)
+
+
+def _load_embeddings(file: Path, rows: int, dim: int) -> np.ndarray:
+    """The ``.npy`` item table, read without pickle and checked: float32 ``[rows, dim]``, finite."""
+    try:
+        table = np.load(file, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:  # a bad header, pickled objects, a short file
+        raise ArtifactError(f"{file} is not a readable .npy array: {e}") from e
+    if table.dtype != np.float32 or table.ndim != 2 or table.shape[0] != rows:
+        raise ArtifactError(f"{file} holds {table.dtype} {list(table.shape)}, expected float32 [{rows}, d]")
+    if table.shape[1] != dim:
+        raise ArtifactError(f"{file} has dimension {table.shape[1]}, the manifest says {dim}")
+    if not np.isfinite(table).all():
+        raise ArtifactError(f"{file} holds NaN or infinite values")
+    return table
+
+
+def _check_against_config(path: Path, manifest: dict[str, Any], side: SideVocab, listed: set[str]) -> None:
+    """The manifest repeats what ``config.json`` and the side vocabulary say (tower, sizes, data,
+    inputs); both are checksummed, so a manifest field that disagrees was damaged."""
+    pairs: list[tuple[str, Any, Any]] = [
+        ("inputs", manifest.get("inputs"), ["items", *side.event_features]),
+        ("side_features", manifest.get("side_features"), list(side.features)),
+    ]
+    if CONFIG_FILE in listed:
+        try:
+            config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+            section, data = dict(config["model"]), dict(config["data"])
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise ArtifactError(f"{path / CONFIG_FILE} is not a valid configuration: {e}") from e
+        pairs += [(key, manifest.get(key), section.get(key)) for key in ("tower", "max_len", "fusion")]
+        pairs += [
+            ("dim", manifest.get("dim"), section.get("dim")),
+            ("data", manifest.get("data"), data.get("path")),
+        ]
+        if section.get("num_interests") is not None:
+            pairs.append(("num_interests", manifest.get("num_interests"), section["num_interests"]))
+    for key, in_manifest, expected in pairs:
+        if key in manifest and in_manifest != expected:
+            raise ArtifactError(
+                f"{path / MANIFEST}: {key} is {in_manifest!r}, the artifact's files say {expected!r}"
+            )
+
+
+def _check_tower(model: ModelArtifact, num_interests: int, max_len: int) -> None:
+    """Calls the tower on a one-item history; it must answer finite ``[1, num_interests, dim]``."""
+    probe = [np.array([1 if len(model.vocab) else 0], np.int64)]
+    try:
+        out = np.asarray(model.encode(probe))
+    except Exception as e:  # a signature that does not fit the manifest fails inside TensorFlow
+        raise ArtifactError(
+            f"{model.path}: the user tower does not take a [1, {max_len}] history as "
+            f"{{'items': int32, ...}} (exported by another version of the code?): {_first_line(e)}"
+        ) from e
+    if out.shape != (1, num_interests, model.dim) or not np.isfinite(out).all():
+        raise ArtifactError(
+            f"{model.path}: the user tower answers {list(out.shape)}, the manifest and embeddings "
+            f"say [1, {num_interests}, {model.dim}] finite vectors"
+        )
+
+
+def _first_line(error: BaseException) -> str:
+    """``Type: first line of the message`` (TensorFlow's messages run to pages)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def encode_histories(
+    model: ModelArtifact,
+    histories: Sequence[np.ndarray],
+    features: Features | None = None,
+    batch_size: int = 1024,
+) -> np.ndarray:
+    """Interests for every history, float32 ``[U, K, d]`` (``features`` as in
+    :meth:`ModelArtifact.encode`).
+
+    Histories are encoded in batches of similar lengths, each only as wide as its longest
+    history (rounded up to a multiple of 8): the towers ignore padding, so the result is that
+    of full-width batches, for a fraction of the work on short histories.
+    """
+    out = np.zeros((len(histories), model.num_interests, model.dim), np.float32)
+    lengths = np.array([min(len(h), model.max_len) for h in histories], np.int64)
+    order = np.argsort(lengths, kind="stable")
+    for i in range(0, len(order), batch_size):
+        rows = order[i : i + batch_size]
+        width = -(-max(int(lengths[rows].max()), 1) // 8) * 8
+        part = None if features is None else {k: [v[r] for r in rows] for k, v in features.items()}
+        out[rows] = model.encode([histories[r] for r in rows], part, width=width)
+    return out
+
+
+def read_item_attributes(model_dir: Path) -> dict[str, list[str]] | None:
+    """A model folder's ``item_attributes.json`` (external id -> attributes); ``None`` without one."""
+    path = Path(model_dir) / ATTRIBUTES_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def dense_categories(vocab: ItemVocab, item_attributes: Mapping[str, Sequence[str]]) -> ItemCategories:
+    """Category -> the dense ids of the items whose attributes contain it, from external id ->
+    attributes; ids missing from ``vocab`` are dropped."""
+    external = list(item_attributes)
+    dense = vocab.lookup(external) if external else np.zeros(0, np.int64)
+    return ItemCategories.from_attributes(
+        {int(d): item_attributes[e] for e, d in zip(external, dense, strict=True) if d != PAD}
+    )

@@ -1,0 +1,444 @@
+"""The ranker artifact: a pre-ranking model (:mod:`rankers`) tied to a retrieval model's vocabulary.
+
+Folder layout (``tools/train_ranker.py --out DIR``)::
+
+    DIR/manifest.json          kind "ranker", version, ranker name and constructor arguments,
+                               the retrieval model version it was trained against, checksums
+    DIR/config.json            the resolved ranker training configuration (retrieval.ranking)
+    DIR/vocab.json             the item vocabulary, identical to the retrieval model's
+    DIR/ranker.weights.h5      the ranker's weights (Keras' HDF5 weights format, no pickle)
+    DIR/attributes.json        attribute names, id i = names[i - 1] (when the ranker reads attributes)
+    DIR/item_attributes.npy    int32 [num_items + 1, A]: each dense item's attribute ids (0 = none)
+    DIR/metrics.json           retrieval-only vs reranked metrics of the training run
+
+A ranker is only ever loaded against the vocabulary it was trained with: dense item ids mean
+nothing across vocabularies, so :func:`load_ranker` refuses any other. The loaded
+:class:`RankerScorer` scores dense ids through one ``tf.function`` traced once, with a fixed
+input signature (batch and candidate dimensions left open, history padded to ``max_len``), so
+concurrent calls from the server's threads never retrace.
+
+The manifest's ``ranker_kwargs`` always spell out ``retrieval_score`` (whether the ranker reads
+the retriever's scores) and, for DSTN, ``context_size``, and ``ranker_format`` is 2. An artifact
+written before those existed (no ``ranker_format``) is loaded as what it was trained as:
+``retrieval_score=False`` and DSTN's ``context_size=0`` (every other candidate); it scores without
+retrieval scores, exactly as before.
+
+A ranker reading unclicked items (DSTN, manifest ``uses_unclicked``) takes its ``unclicked`` and
+``num_unclicked`` from ``config.json`` (:attr:`LoadedRanker.num_unclicked`): one trained with
+``unclicked="none"`` is fed none at serving time either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.data.vocab import PAD, ItemVocab
+from retrieval.storage.folders import write_artifact
+from retrieval.storage.manifest import MANIFEST, ArtifactError, contained_file, read_manifest
+
+if TYPE_CHECKING:  # TensorFlow: loaded only with a ranker (load_ranker)
+    from rankers import Ranker
+    from retrieval.artifacts.ranker_scorer import RankerScorer
+
+log = logging.getLogger(__name__)
+
+
+KIND = "ranker"
+
+
+CONFIG_FILE = "config.json"
+
+
+VOCAB_FILE = "vocab.json"
+
+
+WEIGHTS_FILE = "ranker.weights.h5"
+
+
+ATTRIBUTE_NAMES_FILE = "attributes.json"
+
+
+ATTRIBUTE_TABLE_FILE = "item_attributes.npy"
+
+
+METRICS_FILE = "metrics.json"
+
+
+MODEL_ATTRIBUTES_FILE = "item_attributes.json"
+"""The retrieval model folder's external id -> attributes (``retrieval.artifacts.model``)."""
+
+
+MAX_ATTRIBUTES = 16
+"""Attributes kept per item (the first ones, duplicates dropped), as the item tower does."""
+
+
+UNCLICKED_RANKERS = ("dstn",)
+"""Rankers that read the ``unclicked`` input; the others are never given it."""
+
+
+DEFAULT_UNCLICKED, DEFAULT_NUM_UNCLICKED = "previous", 20
+"""How a ranker's unclicked items were built in training (``RankerConfig.unclicked`` and
+``num_unclicked``, :mod:`retrieval.ranking`), the defaults for an artifact whose
+``config.json`` does not say."""
+
+
+RANKER_FORMAT = 2
+"""Version of the ranker manifest's ``ranker_kwargs`` (2: ``retrieval_score`` and DSTN's
+``context_size`` written out; absent = 1, before both existed)."""
+
+
+LEGACY_KWARGS = {"retrieval_score": False}
+"""What a format-1 artifact's ranker was built with (the defaults of that time)."""
+
+
+LEGACY_RANKER_KWARGS = {"dstn": {"context_size": 0}}
+
+
+def vocab_digest(vocab: ItemVocab) -> str:
+    """SHA-256 of the vocabulary's external ids, in dense-id order (titles do not matter)."""
+    return hashlib.sha256(json.dumps(list(vocab.ids), ensure_ascii=False).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class AttributeTable:
+    """Item attributes as ids a ranker embeds.
+
+    Attributes:
+        names: attribute values; attribute id ``i`` is ``names[i - 1]`` (0 = padding).
+        table: int32 ``[num_items + 1, A]``: row ``i`` holds dense item ``i``'s attribute ids,
+            left-aligned and 0-padded; row 0 (padding) is all 0.
+
+    Example:
+        >>> t = AttributeTable.from_external(vocab, {"B01": ["Lipstick", "Brand 7"]})
+        >>> t.table[vocab.lookup(["B01"])[0]]  # array([1, 2], dtype=int32)
+    """
+
+    names: tuple[str, ...]
+    table: np.ndarray
+
+    @classmethod
+    def from_external(
+        cls,
+        vocab: ItemVocab,
+        item_attributes: Mapping[str, Sequence[Any]],
+        max_attributes: int = MAX_ATTRIBUTES,
+    ) -> AttributeTable:
+        """From external item id -> attribute values (ids unknown to ``vocab`` are ignored).
+
+        Attribute ids follow the sorted attribute names; each item keeps its first
+        ``max_attributes`` distinct values.
+        """
+        dense = vocab.lookup(list(item_attributes))
+        per_item = {
+            int(d): list(dict.fromkeys(str(v) for v in values))[:max_attributes]
+            for d, values in zip(dense, item_attributes.values(), strict=True)
+            if d != PAD
+        }
+        names = tuple(sorted({v for values in per_item.values() for v in values}))
+        index = {name: i + 1 for i, name in enumerate(names)}
+        width = max([len(v) for v in per_item.values()] + [1])
+        table = np.zeros((vocab.num_embeddings, width), np.int32)
+        for item, values in per_item.items():
+            table[item, : len(values)] = [index[v] for v in values]
+        return cls(names, table)
+
+    @classmethod
+    def from_model(cls, model: ModelArtifact) -> AttributeTable | None:
+        """The attributes saved with a retrieval model (``item_attributes.json``); ``None`` when
+        the model folder has none or the attributes are empty."""
+        if model.path is None or not (model.path / MODEL_ATTRIBUTES_FILE).is_file():
+            return None
+        raw = json.loads((model.path / MODEL_ATTRIBUTES_FILE).read_text(encoding="utf-8"))
+        table = cls.from_external(model.vocab, raw)
+        return table if table.names else None
+
+    @property
+    def num_attributes(self) -> int:
+        return len(self.names)
+
+    @property
+    def width(self) -> int:
+        """``A``, attribute slots per item."""
+        return int(self.table.shape[1])
+
+
+def context_of(candidates: np.ndarray, width: int) -> np.ndarray:
+    """Each row's first ``width`` real candidates (id > 0) in the order given, 0-padded: int32
+    ``[B, width]``. Candidates come in the retriever's order, so this is the request's top
+    retrieved items, DSTN's ``"context"`` (:mod:`rankers.dstn`)."""
+    present = candidates > 0
+    order = np.argsort(~present, axis=1, kind="stable")[:, :width]  # real ones first, in order
+    top = np.where(
+        np.take_along_axis(present, order, axis=1), np.take_along_axis(candidates, order, axis=1), 0
+    )
+    return np.pad(top, ((0, 0), (0, width - top.shape[1]))).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class LoadedRanker:
+    """A ranker artifact read from disk.
+
+    Attributes:
+        path: the folder.
+        manifest: its manifest (``ranker``, ``ranker_kwargs``, ``model_version``, ...).
+        vocab: the item vocabulary (identical to the retrieval model's).
+        scorer: scores dense ids, see :meth:`RankerScorer.score`.
+        num_unclicked: unclicked items per request the ranker was trained with (DSTN's
+            ``num_unclicked``); 0 = it reads none (another ranker, or DSTN trained with
+            ``unclicked="none"``), and none is fed to it.
+    """
+
+    path: Path
+    manifest: dict[str, Any]
+    vocab: ItemVocab
+    scorer: RankerScorer
+    num_unclicked: int = 0
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["version"])
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["ranker"])
+
+    @property
+    def model_version(self) -> str:
+        """Version of the retrieval model the ranker was trained against."""
+        return str(self.manifest["model_version"])
+
+    def score(
+        self,
+        histories: Sequence[np.ndarray],
+        candidates: np.ndarray,
+        unclicked: Sequence[np.ndarray] | None = None,
+        retrieval_scores: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """:meth:`RankerScorer.score`."""
+        return self.scorer.score(histories, candidates, unclicked, retrieval_scores)
+
+    @property
+    def uses_scores(self) -> bool:
+        """Whether the ranker reads the retriever's scores."""
+        return self.scorer.uses_scores
+
+
+def save_ranker(
+    out: Path,
+    model: Ranker,
+    name: str,
+    kwargs: Mapping[str, Any],
+    vocab: ItemVocab,
+    model_version: str,
+    attributes: AttributeTable | None = None,
+    config: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Writes a ranker artifact atomically (:func:`retrieval.storage.folders.write_artifact`).
+
+    Args:
+        out: the folder to create.
+        model: the trained, built ranker.
+        name: its registered name (``din``, ``dien``, ``afm``, ``dstn``).
+        kwargs: the arguments it was built with (``build_ranker(name, **kwargs)`` rebuilds it).
+        vocab: the retrieval model's item vocabulary (the ranker's item ids are its dense ids).
+        model_version: the retrieval model's version.
+        attributes: the attribute table the ranker reads (required when ``num_attributes > 0``).
+        config: the training configuration, saved as ``config.json``.
+        metrics: saved as ``metrics.json``.
+        overwrite: replace an existing ``out``.
+
+    Returns:
+        The manifest written.
+
+    Raises:
+        ValueError: the model, kwargs, vocabulary and attributes disagree.
+        FileExistsError: ``out`` exists and ``overwrite`` is false.
+    """
+    num_attributes = int(kwargs.get("num_attributes", 0))
+    if int(kwargs["num_items"]) != len(vocab):
+        raise ValueError(f"the ranker has {kwargs['num_items']} items, the vocabulary {len(vocab)}")
+    if num_attributes and (attributes is None or attributes.num_attributes != num_attributes):
+        raise ValueError(f"the ranker reads {num_attributes} attributes: give the attribute table it used")
+    # The options that changed meaning across formats are written out, whatever the defaults.
+    explicit: dict[str, Any] = {"retrieval_score": bool(model.retrieval_score)}
+    if "context_size" in model.get_config():
+        explicit["context_size"] = int(model.context_size)
+    meta = {
+        "ranker": name,
+        "ranker_format": RANKER_FORMAT,
+        "ranker_kwargs": {**dict(kwargs), **explicit},
+        "model_version": model_version,
+        "num_items": len(vocab),
+        "max_len": int(kwargs["max_len"]),
+        "num_attributes": num_attributes,
+        "uses_unclicked": name in UNCLICKED_RANKERS,
+        "vocab_sha256": vocab_digest(vocab),
+    }
+    with write_artifact(Path(out), KIND, meta, overwrite=overwrite) as tmp:
+        vocab.save(tmp / VOCAB_FILE)
+        model.save_weights(tmp / WEIGHTS_FILE)
+        if num_attributes and attributes is not None:
+            (tmp / ATTRIBUTE_NAMES_FILE).write_text(json.dumps(list(attributes.names), ensure_ascii=False))
+            np.save(tmp / ATTRIBUTE_TABLE_FILE, attributes.table.astype(np.int32), allow_pickle=False)
+        if config is not None:
+            (tmp / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
+        if metrics is not None:
+            (tmp / METRICS_FILE).write_text(json.dumps(dict(metrics), indent=2))
+    return read_manifest(Path(out), KIND, verify=False)
+
+
+def load_ranker(
+    path: Path, model: ModelArtifact | ItemVocab | None = None, verify: bool = True, xla: bool = False
+) -> LoadedRanker:
+    """Loads a ranker artifact written by :func:`save_ranker` (checksums verified by default).
+
+    Args:
+        path: the folder.
+        model: the retrieval model (or its vocabulary) the ranker will rerank for: a ranker
+            trained against another vocabulary is refused (another model version with the same
+            vocabulary is accepted, with a warning). ``None`` skips the check.
+        verify: check every file's SHA-256 against the manifest.
+        xla: score with the ranker compiled by XLA (:class:`RankerScorer`).
+
+    Raises:
+        retrieval.storage.manifest.ArtifactError: missing, incomplete or corrupted folder, a vocabulary
+            other than ``model``'s, or weights that do not fit the ranker the manifest describes.
+    """
+    path = Path(path)
+    manifest = read_manifest(path, KIND, verify=verify)
+    listed = set(manifest.get("files", {}))
+    for required in (VOCAB_FILE, WEIGHTS_FILE):
+        if required not in listed:
+            raise ArtifactError(f"{path} is incomplete: {required} is not listed in the manifest")
+    try:
+        vocab = ItemVocab.load(contained_file(path, VOCAB_FILE))
+    except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path / VOCAB_FILE} is not a valid vocabulary: {e}") from e
+    if manifest.get("vocab_sha256") != vocab_digest(vocab):
+        raise ArtifactError(f"{path / MANIFEST}: vocab_sha256 does not match {VOCAB_FILE}")
+    if model is not None:
+        expected = model if isinstance(model, ItemVocab) else model.vocab
+        check_same_vocab(path, vocab, expected)
+        if isinstance(model, ModelArtifact) and model.version != manifest.get("model_version"):
+            # Same ids, another retriever: usable, but the candidates it was trained on differ.
+            log.warning(
+                "%s was trained against model %s, now reranking for model %s (same vocabulary)",
+                path, manifest.get("model_version"), model.version,
+            )  # fmt: skip
+    kwargs = manifest.get("ranker_kwargs")
+    name = manifest.get("ranker")
+    if not isinstance(kwargs, dict) or not isinstance(name, str):
+        raise ArtifactError(f"{path / MANIFEST}: ranker and ranker_kwargs are missing")
+    ranker_format = manifest.get("ranker_format", 1)
+    if ranker_format == 1:  # written before the options existed: rebuild it as it was trained
+        kwargs = {**LEGACY_KWARGS, **LEGACY_RANKER_KWARGS.get(name, {}), **kwargs}
+    elif ranker_format != RANKER_FORMAT:
+        raise ArtifactError(
+            f"{path / MANIFEST}: ranker_format {ranker_format!r}; this code reads 1 and {RANKER_FORMAT}"
+        )
+    if kwargs.get("num_items") != len(vocab):
+        raise ArtifactError(
+            f"{path / MANIFEST}: the ranker has {kwargs.get('num_items')} items, {VOCAB_FILE} {len(vocab)}"
+        )
+    attributes = _load_attributes(path, manifest, listed, len(vocab))
+    num_unclicked = _num_unclicked(path, manifest, listed)
+    from rankers import build_ranker
+    from retrieval.artifacts.ranker_scorer import RankerScorer
+
+    try:
+        ranker = build_ranker(name, **kwargs)
+        ranker.build()
+        ranker.load_weights(contained_file(path, WEIGHTS_FILE))
+    except Exception as e:  # unknown name, bad kwargs, weights of another architecture
+        text = str(e).strip().splitlines()
+        raise ArtifactError(
+            f"{path}: cannot rebuild ranker {name!r} from its weights: {type(e).__name__}: "
+            f"{text[0][:300] if text else ''}"
+        ) from e
+    scorer = RankerScorer(ranker, attributes, num_unclicked > 0, xla=xla)
+    return LoadedRanker(path, manifest, vocab, scorer, num_unclicked)
+
+
+def _num_unclicked(path: Path, manifest: dict[str, Any], listed: set[str]) -> int:
+    """Unclicked items per request the ranker was trained with: 0 unless the manifest says it
+    reads them (``uses_unclicked``, DSTN) and its ``config.json`` does not say ``unclicked="none"``;
+    else the config's ``num_unclicked`` (the training defaults without a config).
+
+    Raises:
+        ArtifactError: an unreadable config, or an unclicked mode or count it cannot be.
+    """
+    if not manifest.get("uses_unclicked"):
+        return 0
+    config: dict[str, Any] = {}
+    if CONFIG_FILE in listed:
+        try:
+            config = dict(json.loads(contained_file(path, CONFIG_FILE).read_text(encoding="utf-8")))
+        except (ValueError, TypeError, OSError, RecursionError, UnicodeDecodeError) as e:
+            raise ArtifactError(f"{path / CONFIG_FILE} is not a valid configuration: {e}") from e
+    mode = config.get("unclicked", DEFAULT_UNCLICKED)
+    count = config.get("num_unclicked", DEFAULT_NUM_UNCLICKED)
+    if mode not in ("previous", "none") or isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ArtifactError(
+            f"{path / CONFIG_FILE}: unclicked {mode!r} with num_unclicked {count!r}; expected "
+            "'previous' or 'none' and a positive count"
+        )
+    return 0 if mode == "none" else count
+
+
+def check_same_vocab(path: Path, vocab: ItemVocab, expected: ItemVocab) -> None:
+    """Refuses a ranker (at ``path``) whose item vocabulary is not ``expected``.
+
+    Raises:
+        ArtifactError: the vocabularies differ (the message names the first difference).
+    """
+    if vocab.ids == expected.ids:
+        return
+    if len(vocab) != len(expected):
+        detail = f"{len(vocab)} items, the model has {len(expected)}"
+    else:
+        first = next(i for i, (a, b) in enumerate(zip(vocab.ids, expected.ids, strict=True)) if a != b)
+        detail = f"dense id {first + 1} is {vocab.ids[first]!r} there, {expected.ids[first]!r} in the model"
+    raise ArtifactError(
+        f"{path} was trained against another item vocabulary ({detail}): its item ids mean "
+        "other items for this model; retrain it with tools/train_ranker.py against this model"
+    )
+
+
+def _load_attributes(
+    path: Path, manifest: dict[str, Any], listed: set[str], num_items: int
+) -> AttributeTable | None:
+    """The attribute table, checked against the manifest; ``None`` for a ranker without attributes."""
+    num_attributes = manifest.get("num_attributes", 0)
+    if not num_attributes:
+        return None
+    for required in (ATTRIBUTE_NAMES_FILE, ATTRIBUTE_TABLE_FILE):
+        if required not in listed:
+            raise ArtifactError(f"{path} is incomplete: {required} is not listed in the manifest")
+    try:
+        names = json.loads(contained_file(path, ATTRIBUTE_NAMES_FILE).read_text(encoding="utf-8"))
+        table = np.load(contained_file(path, ATTRIBUTE_TABLE_FILE), allow_pickle=False)
+    except (ValueError, OSError, EOFError, RecursionError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path}: unreadable attribute files: {e}") from e
+    if not isinstance(names, list) or len(names) != num_attributes:
+        raise ArtifactError(f"{path / ATTRIBUTE_NAMES_FILE}: expected {num_attributes} attribute names")
+    if (
+        table.dtype != np.int32
+        or table.ndim != 2
+        or table.shape[0] != num_items + 1
+        or (table.size and (table.min() < 0 or table.max() > num_attributes))
+    ):
+        raise ArtifactError(
+            f"{path / ATTRIBUTE_TABLE_FILE}: expected int32 [{num_items + 1}, A] ids in 0..{num_attributes}"
+        )
+    return AttributeTable(tuple(str(n) for n in names), table)

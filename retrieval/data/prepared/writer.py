@@ -1,0 +1,189 @@
+"""Writes the prepared layout (:mod:`retrieval.data.prepared`) from any input: in memory for the
+formats :func:`~retrieval.data.loaders.load_interactions` reads, out of core for a ``dataset``
+(:mod:`retrieval.data.prepared.out_of_core`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from retrieval.data.interactions import DataError, SequenceData, build_sequences
+from retrieval.data.loaders import FORMATS as IN_MEMORY_FORMATS
+from retrieval.data.loaders import load_interactions
+from retrieval.data.prepared.out_of_core import prepare_out_of_core
+from retrieval.data.prepared.partitions import (
+    EVENTS_PER_PARTITION,
+    MAX_PARTITIONS,
+    ItemCounts,
+    check_event_columns,
+    part_path,
+    partition_of,
+    partitions_for,
+    user_table,
+)
+from retrieval.data.prepared.reader import ATTRIBUTES_FILE, COUNTS_FILE, KIND, SEQUENCES, VOCAB_FILE
+from retrieval.data.splits import leave_one_out
+from retrieval.storage.folders import write_artifact
+
+FORMATS = (*IN_MEMORY_FORMATS, "dataset")
+
+
+USERS_PER_ROW_GROUP = 1024
+
+
+BATCH_ROWS = 1 << 18
+
+
+def prepare(
+    path: str | Path,
+    out: str | Path,
+    format: str | None = None,
+    partitions: int | None = None,
+    events_per_partition: int = EVENTS_PER_PARTITION,
+    users_per_row_group: int = USERS_PER_ROW_GROUP,
+    batch_rows: int = BATCH_ROWS,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Converts interactions into the prepared layout (module docstring) at ``out``.
+
+    Args:
+        path: the input: anything :func:`~retrieval.data.loaders.load_interactions` reads, or (format
+            ``dataset``) a folder of Parquet/CSV files, one such file, or a URI Arrow reads.
+        out: the folder to write (local).
+        format: one of :data:`FORMATS`; None = a folder without MovieLens files or a URI is a
+            ``dataset``, anything else is detected by :func:`~retrieval.data.loaders.load_interactions`.
+        partitions: number of partition files; None = :func:`partitions_for` the input's events.
+        events_per_partition: the partition size aimed at when ``partitions`` is None.
+        users_per_row_group: users per Parquet row group (the readers' unit).
+        batch_rows: rows per record batch read from a ``dataset`` input.
+        overwrite: replace an existing ``out``.
+        progress: show progress bars (on stderr).
+
+    Returns:
+        The manifest's metadata (counts, partitions, source, …).
+
+    Raises:
+        DataError: unreadable or malformed input, naming the file (and row or line).
+        FileExistsError: ``out`` exists and ``overwrite`` is false.
+    """
+    if format is None:
+        format = _detect_format(path)
+    if format is not None and format not in FORMATS:
+        raise DataError(f"unknown data format {format!r}; expected one of {', '.join(FORMATS)}")
+    if partitions is not None and not 1 <= partitions <= MAX_PARTITIONS:
+        raise ValueError(f"partitions must be in 1..{MAX_PARTITIONS}, got {partitions}")
+    if users_per_row_group < 1 or batch_rows < 1:
+        raise ValueError("users_per_row_group and batch_rows must be positive")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (pass overwrite to replace it)")
+    # The input is read (and checked) before the artifact is started, for in-memory formats;
+    # the dataset path is checked as it streams, inside the temporary folder.
+    data = build_sequences(load_interactions(path, format)) if format != "dataset" else None
+    meta: dict[str, Any] = {
+        "source": str(path),
+        "format": format or "detected",
+        "users_per_row_group": users_per_row_group,
+    }
+    # write_artifact reads ``meta`` when the block ends: the counts are filled in before.
+    with write_artifact(out, KIND, meta, overwrite=overwrite) as tmp:
+        (tmp / SEQUENCES).mkdir()
+        options = (events_per_partition, users_per_row_group, progress)
+        if data is not None:
+            meta.update(_prepare_in_memory(data, tmp, partitions, *options))
+        else:
+            meta.update(prepare_out_of_core(str(path), tmp, partitions, batch_rows, *options))
+    return meta
+
+
+def prepare_dataset(
+    path: str | Path,
+    out: str | Path,
+    partitions: int | None = None,
+    events_per_partition: int = EVENTS_PER_PARTITION,
+    users_per_row_group: int = USERS_PER_ROW_GROUP,
+    batch_rows: int = BATCH_ROWS,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """:func:`prepare` of a raw table read out of core (format ``dataset``), whatever its path."""
+    return prepare(
+        path, out, "dataset", partitions, events_per_partition, users_per_row_group, batch_rows,
+        overwrite, progress,
+    )  # fmt: skip
+
+
+def _detect_format(path: str | Path) -> str | None:
+    text = str(path)
+    if "://" in text:
+        return "dataset"
+    folder = Path(text)
+    if folder.is_dir() and not ((folder / "u.data").is_file() or (folder / "ratings.dat").is_file()):
+        return "dataset"
+    return None  # load_interactions detects it (or says why it cannot)
+
+
+def _prepare_in_memory(
+    data: SequenceData,
+    tmp: Path,
+    partitions: int | None,
+    events_per_partition: int,
+    users_per_row_group: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """Writes sequences built in memory by :func:`~retrieval.data.interactions.build_sequences`."""
+    split = leave_one_out(data)
+    lengths = np.array([len(s) for s in data.sequences], np.int64)
+    partitions = partitions or partitions_for(int(lengths.sum()), events_per_partition)
+    check_event_columns(list(data.event_columns), "the input")
+    types = {
+        name: pa.array(np.concatenate(per_user[:1]) if per_user else []).type
+        for name, per_user in data.event_columns.items()
+    }
+    part = partition_of(list(data.users), partitions)
+    counts = ItemCounts(data.vocab.num_embeddings)
+    largest = 0
+    for p in tqdm(range(partitions), desc="partitions", unit="part", disable=not progress):
+        members = np.flatnonzero(part == p)
+
+        def flat(per_user: Sequence[np.ndarray], members: np.ndarray = members) -> np.ndarray:
+            return np.concatenate([per_user[u] for u in members] or [per_user[0][:0]])  # keeps the dtype
+
+        items = flat(data.sequences)
+        columns = {n: pa.array(flat(v), types[n]) for n, v in data.event_columns.items()}
+        train_len = np.array([len(split.train[u]) for u in members], np.int64)
+        table = user_table(
+            pa.array([data.users[u] for u in members], pa.string()),
+            lengths[members],
+            items,
+            columns,
+            train_len,
+        )
+        pq.write_table(table, part_path(tmp, p), row_group_size=users_per_row_group)
+        counts.add(items, lengths[members], train_len)
+        largest = max(largest, len(items))
+    data.vocab.save(tmp / VOCAB_FILE)
+    if data.item_attributes:
+        attributes = {data.vocab.ids[i - 1]: list(a) for i, a in sorted(data.item_attributes.items())}
+        (tmp / ATTRIBUTES_FILE).write_text(json.dumps(attributes, ensure_ascii=False))
+    counts.write(tmp / COUNTS_FILE)
+    train_lengths = np.array([len(s) for s in split.train], np.int64)
+    return {
+        "partitions": partitions,
+        "users": len(data.users),
+        "items": len(data.vocab),
+        "events": int(lengths.sum()),
+        "train_events": int(train_lengths.sum()),
+        "evaluated_users": len(split.test_targets),
+        "has_time": data.has_time,
+        "event_columns": list(data.event_columns),
+        "largest_partition_events": largest,
+    }

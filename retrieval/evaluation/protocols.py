@@ -1,0 +1,167 @@
+"""A saved model's metrics on a dataset under one protocol (:mod:`retrieval.data.splits`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index import VectorIndex
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.data.features import history_features, user_event_features
+from retrieval.data.interactions import Interactions, build_sequences
+from retrieval.data.loaders import load_interactions
+from retrieval.data.splits import DEFAULT_SEED, PROTOCOLS, comirec_split, leave_one_out, sample_negatives
+from retrieval.data.vocab import PAD
+from retrieval.evaluation.evaluate import category_codes, evaluate_comirec, evaluate_ranking, evaluate_sampled
+
+
+@dataclass(frozen=True)
+class ProtocolResult:
+    """One protocol's metrics on one split of a dataset.
+
+    Attributes:
+        protocol: one of ``retrieval.data.splits.PROTOCOLS``.
+        split: ``"valid"`` or ``"test"``.
+        metrics: metric name -> mean over the evaluated users.
+        users: users evaluated.
+        settings: what else fixes the numbers (seed, negatives, the user split's sizes).
+    """
+
+    protocol: str
+    split: str
+    metrics: dict[str, float]
+    users: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, **context: Any) -> dict[str, Any]:
+        """A flat JSON-able record: ``context`` (model, data, search...), the protocol, split,
+        users, settings and every metric; what ``tools/evaluate.py`` prints and saves."""
+        return {
+            **context,
+            "protocol": self.protocol,
+            "split": self.split,
+            "users": self.users,
+            **self.settings,
+            **self.metrics,
+        }
+
+
+def _model_categories(interactions: Interactions, model: ModelArtifact) -> np.ndarray | None:
+    """Every item's first attribute in the data (items without events too), as codes over the
+    model's ids; ``None`` when the data has no attributes."""
+    items = interactions.items
+    if "attributes" not in items.columns:
+        return None
+    dense = model.vocab.lookup(items["item"].astype(str).tolist())
+    first = {
+        int(d): str(values[0])
+        for d, values in zip(dense, items["attributes"], strict=True)
+        if d != PAD and values is not None and len(values)
+    }
+    return category_codes(first, len(model.item_embeddings))
+
+
+def _model_histories(
+    to_model: np.ndarray,
+    per_user: Mapping[str, Sequence[np.ndarray]],
+    users: np.ndarray,
+    histories: Sequence[np.ndarray],
+) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
+    """Data-id histories (prefixes of the users' sequences) -> model ids, items the model does
+    not know dropped, with each side feature cut and filtered alike."""
+    raw = [to_model[h] for h in histories]
+    known = [h != PAD for h in raw]
+    cut = history_features(per_user, users, [len(h) for h in histories])
+    features = {name: [v[k] for v, k in zip(values, known, strict=True)] for name, values in cut.items()}
+    return [h[k] for h, k in zip(raw, known, strict=True)], features
+
+
+def evaluate_protocol(
+    model: ModelArtifact,
+    data_path: str | Path,
+    protocol: str = "loo-full",
+    data_format: str | None = None,
+    split: str = "test",
+    index: VectorIndex | None = None,
+    *,
+    seed: int = DEFAULT_SEED,
+    num_negatives: int = 100,
+) -> ProtocolResult:
+    """A trained model's metrics on a dataset under one protocol (:mod:`retrieval.data.splits`).
+
+    The data is split as the protocol says and its item ids are mapped through the model's
+    vocabulary: history items the model does not know are dropped, unknown targets count
+    as misses.
+
+    * ``loo-full``: leave-one-out, full ranking, history excluded: ``hr``, ``ndcg``, ``recall``
+      at 5, 10, 20, 50 (exact, or through ``index``).
+    * ``loo-sampled``: leave-one-out, the target against ``num_negatives`` items the user
+      never interacted with (drawn with ``seed``): ``sampled_hr@10``, ``sampled_ndcg@10``.
+    * ``comirec``: ComiRec's user split (``seed``), history = first 80%, targets = the rest:
+      ``recall``, ``hitrate``, ``ndcg`` (ComiRec's definitions) and, when the data has item
+      attributes, ``diversity`` (categories = first attribute), at 20 and 50.
+
+    Raises:
+        ValueError: unknown protocol or split, ``index`` with ``loo-sampled``, or too few
+            items to sample negatives from.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+    if split not in ("valid", "test"):
+        raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
+    if protocol == "loo-sampled" and index is not None:
+        raise ValueError("loo-sampled scores the target and its negatives exactly: an index does not apply")
+    interactions = load_interactions(data_path, data_format)
+    data = build_sequences(interactions)
+    to_model = np.concatenate([[PAD], model.vocab.lookup(list(data.vocab.ids))])  # data id -> model id
+    per_user = user_event_features(data, model.side)  # encoded with the model's vocabularies
+    test = split == "test"
+
+    if protocol == "comirec":
+        parts = comirec_split(data.sequences, seed)
+        users = parts.test_users if test else parts.valid_users
+        histories, features = _model_histories(
+            to_model, per_user, users, parts.test_histories if test else parts.valid_histories
+        )
+        targets = [to_model[t] for t in (parts.test_targets if test else parts.valid_targets)]
+        categories = _model_categories(interactions, model)
+        metrics = evaluate_comirec(model, histories, targets, features, categories, index=index)
+        settings = {
+            "seed": seed,
+            "train_users": len(parts.train_users),
+            "valid_users": len(parts.valid_users),
+            "test_users": len(parts.test_users),
+            "dropped_users": len(parts.dropped_users),
+        }
+        return ProtocolResult(protocol, split, metrics, len(users), settings)
+
+    loo = leave_one_out(data)
+    users = loo.test_users if test else loo.valid_users
+    histories, features = _model_histories(
+        to_model, per_user, users, loo.test_histories if test else loo.valid_histories
+    )
+    targets = to_model[loo.test_targets if test else loo.valid_targets]
+    if protocol == "loo-full":
+        metrics = evaluate_ranking(model, histories, targets, features=features, index=index)
+        return ProtocolResult(protocol, split, metrics, len(users))
+    # Everything the user ever touched (the validation and test items too) stays out of the negatives.
+    user_items = [to_model[data.sequences[u]] for u in users]
+    negatives = sample_negatives(user_items, len(model.vocab), num_negatives, seed)
+    metrics = evaluate_sampled(model, histories, targets, negatives, features)
+    return ProtocolResult(protocol, split, metrics, len(users), {"seed": seed, "negatives": num_negatives})
+
+
+def evaluate_model_on_data(
+    model: ModelArtifact,
+    data_path: str | Path,
+    data_format: str | None = None,
+    split: str = "test",
+    index: VectorIndex | None = None,
+) -> dict[str, float]:
+    """Leave-one-out full-ranking metrics of a trained model on a dataset (exact, or through
+    ``index``): :func:`evaluate_protocol` with ``loo-full``."""
+    return evaluate_protocol(model, data_path, "loo-full", data_format, split, index).metrics

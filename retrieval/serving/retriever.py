@@ -1,0 +1,479 @@
+"""The retriever: user histories in, the top-k items over each user's interests out (no gRPC)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index import VectorIndex
+from index.merge import strategy
+from index.multi_interest import search_interests
+from retrieval.api.errors import InvalidArgument
+from retrieval.api.types import (
+    DEFAULT_RERANK_CANDIDATES,
+    MAX_BATCH,
+    MAX_FILTER_IDS,
+    MAX_HISTORY,
+    MAX_K,
+    MAX_PER_INTEREST_K,
+    MAX_USER_ID,
+    MergeStrategy,
+    ModelInfo,
+    Query,
+    Rerank,
+    Retrieved,
+)
+from retrieval.artifacts.index import load_index
+from retrieval.artifacts.model import KIND as MODEL_KIND
+from retrieval.artifacts.model import ModelArtifact, dense_categories, load_model, read_item_attributes
+from retrieval.artifacts.ranker import LoadedRanker, check_same_vocab, load_ranker
+from retrieval.data.features import encode_events
+from retrieval.data.vocab import PAD
+from retrieval.storage.manifest import ArtifactError, read_manifest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A validated query in dense ids."""
+
+    known: np.ndarray  # int [n] known history ids, oldest first
+    features: dict[str, np.ndarray]  # per side feature of the tower, int [n]
+    exclude: np.ndarray  # sorted unique int64: history and exclude list
+    allow: np.ndarray | None  # sorted unique int64 dense ids, None = everything
+    allow_key: tuple[tuple[str, ...], str]  # what ``allow`` came from: queries sharing it share a search
+    unknown: int
+    ranker: LoadedRanker | None  # the rerank's ranker, None = no rerank
+    depth: int  # items retrieved: k, or the rerank's candidates
+    unclicked: np.ndarray | None = None  # int64 dense ids the ranker reads, None = none or computed
+    previous: np.ndarray | None = None  # int [n - 1] the previous request's history, to compute them
+    num_unclicked: int = 0  # unclicked items the ranker reads (0 = none)
+
+
+class Retriever:
+    """Turns histories of external item ids into the top-k items across each user's K interests.
+
+    Safe to call from several threads: it only reads the model and the index.
+
+    Example:
+        >>> retriever = Retriever.from_dirs(Path("runs/model"), Path("runs/index"))
+        >>> retriever.retrieve(["B0001", "B0042"], k=10).items[0]
+        ('B0107', 3.52, 1)
+    """
+
+    def __init__(
+        self,
+        model: ModelArtifact,
+        index: VectorIndex,
+        index_model_version: str | None = None,
+        *,
+        index_manifest: Mapping[str, Any] | None = None,
+        item_attributes: Mapping[str, Sequence[str]] | None = None,
+        rankers: Sequence[LoadedRanker] = (),
+    ) -> None:
+        """Pairs a model with an index of its item embeddings.
+
+        Args:
+            model: the model whose user tower encodes histories.
+            index: items indexed under the model's dense ids.
+            index_model_version: version of the model the index was built from (its manifest's
+                ``model_version``); ``None`` when the index was just built from ``model``.
+            index_manifest: the index folder's manifest (for :meth:`model_info`), if any.
+            item_attributes: external id -> attributes, the first being the item's category
+                (for the diversity merge); by default the model folder's ``item_attributes.json``.
+            rankers: pre-ranking models a query can ask to rerank with (:class:`Rerank`), loaded
+                against this model's vocabulary (:func:`~retrieval.artifacts.ranker.load_ranker`).
+
+        Raises:
+            ArtifactError: the index was built from another model or has another dimension;
+                two rankers share a name, or a ranker's item vocabulary is not the model's.
+        """
+        if index_model_version is not None and index_model_version != model.version:
+            raise ArtifactError(
+                f"index built from model {index_model_version!r} cannot serve model {model.version!r}"
+            )
+        if index.dim != model.dim:
+            raise ArtifactError(f"index has dimension {index.dim}, model {model.dim}")
+        self.model = model
+        self.index = index
+        self.index_manifest = dict(index_manifest or {})
+        if item_attributes is None and model.path is not None:
+            item_attributes = read_item_attributes(model.path)
+        self.categories = item_categories(model, item_attributes or {})
+        self.item_categories = dense_categories(model.vocab, item_attributes or {})
+        self.rankers: dict[str, LoadedRanker] = {}
+        for ranker in rankers:
+            if ranker.name in self.rankers:
+                raise ArtifactError(
+                    f"two rankers are named {ranker.name!r}: {self.rankers[ranker.name].path}, {ranker.path}"
+                )
+            check_same_vocab(ranker.path, ranker.vocab, model.vocab)
+            self.rankers[ranker.name] = ranker
+        self.start_time = time.time()
+        self.observe_search: Callable[[float], None] | None = None
+        """Called with the seconds each index search took (the server's metrics hook)."""
+
+    @classmethod
+    def from_dirs(
+        cls, model_dir: Path, index_dir: Path, ranker_dirs: Sequence[Path] = (), xla: bool = False
+    ) -> Retriever:
+        """Loads a model folder, an index folder and ranker folders, refusing an index built
+        from another model and rankers trained against another vocabulary. ``xla`` compiles the
+        user tower (:func:`retrieval.artifacts.model.load_model`) and the rankers
+        (:class:`retrieval.artifacts.ranker_scorer.RankerScorer`).
+
+        The versions are compared before the model's TensorFlow graph is loaded, so a mismatch
+        fails fast.
+
+        Raises:
+            ArtifactError: a folder is missing or corrupted, or the versions differ.
+        """
+        model_version = str(read_manifest(Path(model_dir), MODEL_KIND, verify=False)["version"])
+        index, manifest = load_index(Path(index_dir), expected_model_version=model_version)
+        model = load_model(Path(model_dir), xla=xla)
+        rankers = []
+        if ranker_dirs:
+            rankers = [load_ranker(Path(d), model, xla=xla) for d in ranker_dirs]
+        return cls(model, index, manifest["model_version"], index_manifest=manifest, rankers=rankers)
+
+    @property
+    def model_version(self) -> str:
+        return self.model.version
+
+    def model_info(self) -> ModelInfo:
+        """What this retriever serves: the model's shape, the index and its measured recall."""
+        index = dict(self.index.describe())
+        measured = self.index_manifest.get("measured") or {}
+        if "recall" in measured:
+            index.update(recall=float(measured["recall"]), recall_k=int(measured.get("k", 0)))
+        manifest = self.model.manifest
+        return ModelInfo(
+            model_version=self.model_version,
+            tower=str(manifest.get("tower", "")),
+            num_interests=self.model.num_interests,
+            dim=self.model.dim,
+            max_len=self.model.max_len,
+            num_items=len(self.model.vocab),
+            index=index,
+            side_features=tuple(self.model.side.features),
+            start_time=self.start_time,
+            rankers=tuple(sorted(self.rankers)),
+        )
+
+    def retrieve(
+        self,
+        history: Sequence[str],
+        k: int,
+        timestamps: Sequence[int] | None = None,
+        actions: Sequence[str] | None = None,
+        *,
+        merge: MergeStrategy = MergeStrategy.MAX_SCORE,
+        diversity_lambda: float = 0.0,
+        per_interest_k: int = 0,
+        exclude: Sequence[str] = (),
+        allow: Sequence[str] = (),
+        return_interests: bool = False,
+        user_id: str = "",
+        category: str = "",
+        request_time: int = 0,
+        rerank: Rerank | None = None,
+    ) -> Retrieved:
+        """Top-``k`` items for one user.
+
+        Args:
+            history: external item ids, oldest first (unknown ids are skipped and counted).
+            k: number of items wanted, ``1..MAX_K``.
+            timestamps, actions: per history event, for models trained with side features
+                (``gap_prev``, ``gap_now``, ``action``); ignored by models without them.
+            merge: how the K interests' lists become one (see ``index.merge``).
+            diversity_lambda: ``λ >= 0`` of the DIVERSITY merge (0 = max-score); only with it.
+            per_interest_k: candidates per interest, ``k..MAX_PER_INTEREST_K``; 0 = ``k``.
+            exclude: external ids never to return (besides the history); unknown ids ignored.
+            allow: when non-empty, the only external ids that may be returned; unknown ids ignored.
+            category: when non-empty, only items with this attribute (e.g. a genre) are returned
+                (with ``allow``: items in both).
+            request_time: seconds since the epoch the items are asked for, for models with the
+                ``gap_now`` feature (0 = now, by the server's clock).
+            return_interests: also return the user's ``[K, d]`` interest vectors.
+            user_id: for the log only.
+            rerank: score the retrieved candidates with a ranker and return its best ``k``.
+
+        Raises:
+            InvalidArgument: an argument out of range (the message says which and why).
+        """
+        query = Query(
+            history, k, timestamps, actions, merge, diversity_lambda, per_interest_k,
+            exclude, allow, return_interests, user_id, category, request_time, rerank,
+        )  # fmt: skip
+        return self.retrieve_many([query])[0]
+
+    def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
+        """Answers several users with one user-tower call and one index search per group of
+        queries sharing merge options, per-interest depth and filters (one search when
+        they all share them); each answer equals :meth:`retrieve` of that query alone.
+
+        A rerank by a ranker that reads unclicked items (:attr:`LoadedRanker.num_unclicked` > 0,
+        DSTN) without the request's own (``Rerank.unclicked``) gets them as its training did
+        (:mod:`retrieval.ranking`, "Unclicked items"): the first ``num_unclicked`` items the
+        retriever returns for the *previous* request, the known history without its last event
+        (max-score merge, that history excluded, no side features and none of the request's
+        filters, as ranker training retrieved), other than the last event's item. That previous
+        request is one more row of the same tower call and of a search (the request's own when
+        it has no filters and the max-score merge); a history of one known event has none.
+
+        Raises:
+            InvalidArgument: no queries, more than ``MAX_BATCH``, or a bad query (the message
+                starts with ``requests[i]`` when there are several).
+        """
+        if not queries:
+            raise InvalidArgument("the batch is empty: send at least one request")
+        if len(queries) > MAX_BATCH:
+            raise InvalidArgument(f"the batch has {len(queries)} requests, at most {MAX_BATCH} are accepted")
+        prepared = []
+        for i, query in enumerate(queries):
+            try:
+                prepared.append(self._prepare(query))
+            except InvalidArgument as e:
+                raise InvalidArgument(f"requests[{i}]: {e}" if len(queries) > 1 else str(e)) from None
+        # Rows of the tower call and the searches: the queries, then the previous requests of
+        # the reranks that compute their unclicked items (row len(queries) + j: query extra[j]).
+        extra = [i for i, p in enumerate(prepared) if p.previous is not None]
+        previous = [p.previous for p in prepared if p.previous is not None]
+        histories = [p.known for p in prepared] + previous
+        features = {
+            name: [p.features[name] for p in prepared] + [np.zeros(len(h), np.int32) for h in previous]
+            for name in self.model.side.event_features
+        }
+        encoded = self.model.encode(histories, features)  # [B + E, K, d], one call
+        interests = encoded[: len(prepared)]
+        depths = [p.depth for p in prepared]
+        excludes = [p.exclude for p in prepared]
+        allows = [p.allow for p in prepared]
+        depths += [prepared[i].num_unclicked + 1 for i in extra]  # + the clicked one
+        excludes += [np.unique(h).astype(np.int64) for h in previous]
+        allows += [None] * len(extra)
+
+        groups: dict[tuple[MergeStrategy, float, int, tuple[tuple[str, ...], str]], list[int]] = {}
+        for i, (query, p) in enumerate(zip(queries, prepared, strict=True)):
+            # Max-score top-k is a prefix of top-k' (k < k'): any k share a search. The other
+            # merges choose among each interest's first candidates, so their depth must match.
+            fetch = query.per_interest_k
+            if query.merge is not MergeStrategy.MAX_SCORE:
+                fetch = max(p.depth, fetch)
+            groups.setdefault((query.merge, query.diversity_lambda, fetch, p.allow_key), []).append(i)
+        for j in range(len(extra)):  # as ranker training retrieved: max-score, no filter
+            groups.setdefault((MergeStrategy.MAX_SCORE, 0.0, 0, ((), "")), []).append(len(prepared) + j)
+        found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # ids, scores, interests
+        for (merge, lam, fetch, _), members in groups.items():
+            started = time.perf_counter()
+            result = search_interests(
+                self.index,
+                encoded[members],
+                max(depths[i] for i in members),
+                exclude=[excludes[i] for i in members],
+                allow=allows[members[0]],
+                merge=None if merge is MergeStrategy.MAX_SCORE else strategy(merge, self.categories, lam),
+                per_interest_k=fetch,
+                # DIVERSITY ranks by each item's best score over all interests: score exactly.
+                item_vectors=self.model.item_embeddings if merge is MergeStrategy.DIVERSITY else None,
+            )
+            if self.observe_search is not None:
+                self.observe_search(time.perf_counter() - started)
+            for row, i in enumerate(members):
+                kept = np.flatnonzero(result.ids[row] >= 0)[: depths[i]]
+                found[i] = (result.ids[row][kept], result.scores[row][kept], result.interests[row][kept])
+        unclicked = {i: p.unclicked for i, p in enumerate(prepared) if p.unclicked is not None}
+        for j, i in enumerate(extra):
+            # Training's rule (retrieval.ranking): the previous request's retrieved items in its
+            # order, without the item clicked at it (the history's last event), the first n.
+            shown = found.pop(len(prepared) + j)[0]
+            p = prepared[i]
+            unclicked[i] = shown[(shown > 0) & (shown != p.known[-1])][: p.num_unclicked]
+        rank_scores = self._rerank(queries, prepared, found, unclicked)
+        answers = []
+        for i, (query, p) in enumerate(zip(queries, prepared, strict=True)):
+            ids, scores, slots = found[i]
+            answers.append(
+                Retrieved(
+                    list(zip(self.model.vocab.external(ids), scores.tolist(), slots.tolist(), strict=True)),
+                    unknown_items=p.unknown,
+                    model_version=self.model_version,
+                    interests=interests[i].copy() if query.return_interests else None,
+                    rank_scores=None if p.ranker is None else rank_scores[i],
+                    ranker_version="" if p.ranker is None else p.ranker.version,
+                )
+            )
+            if query.user_id:
+                logger.debug("user %s: %d items", query.user_id, len(ids))
+        return answers
+
+    def _rerank(
+        self,
+        queries: Sequence[Query],
+        prepared: Sequence[_Prepared],
+        found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+        unclicked: Mapping[int, np.ndarray],
+    ) -> dict[int, list[float]]:
+        """Scores the candidates of the queries asking for a rerank (one ranker call per ranker)
+        and cuts each to its best ``k`` by the ranker's score, in place in ``found``.
+
+        The ranker gets each candidate's retrieval score (``found[i][1]``, what the search
+        returned), the candidates in the retrieval order (DSTN's context is the top of it) and,
+        when it reads them, query ``i``'s unclicked items ``unclicked[i]`` (none when absent).
+
+        Returns:
+            Per reranked query, the ranker's logits of the items kept, best first.
+        """
+        by_ranker: dict[str, list[int]] = {}
+        for i, p in enumerate(prepared):
+            if p.ranker is not None:
+                by_ranker.setdefault(p.ranker.name, []).append(i)
+        out: dict[int, list[float]] = {}
+        for name, members in by_ranker.items():
+            width = max(1, max(len(found[i][0]) for i in members))
+            candidates = np.zeros((len(members), width), np.int64)  # 0 = no item
+            scores = np.zeros((len(members), width), np.float32)
+            for row, i in enumerate(members):
+                candidates[row, : len(found[i][0])] = found[i][0]
+                scores[row, : len(found[i][1])] = found[i][1]
+            histories = [prepared[i].known for i in members]
+            ranker = self.rankers[name]
+            shown = None
+            if ranker.num_unclicked:
+                shown = [unclicked.get(i, np.zeros(0, np.int64)) for i in members]
+            logits = ranker.score(histories, candidates, shown, retrieval_scores=scores)
+            for row, i in enumerate(members):
+                n = len(found[i][0])
+                # Best logit first; ties keep the retrieval order (a stable sort).
+                order = np.argsort(-logits[row, :n], kind="stable")[: queries[i].k]
+                found[i] = tuple(a[order] for a in found[i])  # type: ignore[assignment]
+                out[i] = logits[row, order].tolist()
+        return out
+
+    def _prepare(self, query: Query) -> _Prepared:
+        """Validates ``query`` and looks its ids up."""
+        history, k = query.history, query.k
+        if isinstance(k, bool) or not 1 <= k <= MAX_K:
+            raise InvalidArgument(f"k must be between 1 and {MAX_K}, got {k}")
+        if not history:
+            raise InvalidArgument("history is empty: send at least one item id")
+        if len(history) > MAX_HISTORY:
+            raise InvalidArgument(f"history has {len(history)} ids, at most {MAX_HISTORY} are accepted")
+        for name, values in (("timestamps", query.timestamps), ("actions", query.actions)):
+            if values is not None and len(values) != len(history):
+                raise InvalidArgument(f"{len(values)} {name} for a history of {len(history)} events")
+        lam = query.diversity_lambda
+        if not math.isfinite(lam) or lam < 0:
+            raise InvalidArgument(f"diversity_lambda must be a finite number >= 0, got {lam}")
+        if lam and query.merge is not MergeStrategy.DIVERSITY:
+            raise InvalidArgument(
+                f"diversity_lambda is only used by the DIVERSITY merge, not {query.merge.name}"
+            )
+        if query.per_interest_k and not k <= query.per_interest_k <= MAX_PER_INTEREST_K:
+            raise InvalidArgument(
+                f"per_interest_k must be 0 (= k) or between k ({k}) and {MAX_PER_INTEREST_K}, "
+                f"got {query.per_interest_k}"
+            )
+        for name, ids in (("exclude_ids", query.exclude), ("allow_ids", query.allow)):
+            if len(ids) > MAX_FILTER_IDS:
+                raise InvalidArgument(f"{name} has {len(ids)} ids, at most {MAX_FILTER_IDS} are accepted")
+        if len(query.user_id) > MAX_USER_ID:
+            raise InvalidArgument(f"user_id has {len(query.user_id)} characters, at most {MAX_USER_ID}")
+        ranker, depth = self._ranker(query.rerank, k)
+
+        dense = self.model.vocab.lookup(history)
+        is_known = dense != PAD
+        known = dense[is_known]
+        if not len(known):
+            raise InvalidArgument(f"none of the {len(history)} history ids is in the model's vocabulary")
+        # Side features come from the whole timeline (a gap is to the previous event, known or
+        # not), then follow their items, exactly as in training and evaluation. A feature the
+        # request does not carry is unknown (0) at every event.
+        timestamps = None if query.timestamps is None else np.asarray(query.timestamps, np.int64)
+        now = query.request_time or int(time.time())
+        events = encode_events(self.model.side, timestamps, query.actions, request_time=now)
+        features = {
+            name: values[is_known] if len(values) == len(history) else np.zeros(len(known), np.int32)
+            for name, values in events.items()
+        }
+        excluded = self.model.vocab.lookup(list(query.exclude)) if query.exclude else np.zeros(0, np.int64)
+        allow = None
+        if query.allow:
+            allowed = self.model.vocab.lookup(list(query.allow))
+            allow = np.unique(allowed[allowed != PAD]).astype(np.int64)
+        if query.category:
+            if query.category not in self.item_categories:
+                raise InvalidArgument(f"unknown category {query.category!r}: no item of the model has it")
+            members = self.item_categories.ids(query.category)
+            allow = members if allow is None else np.intersect1d(allow, members)
+        unclicked = previous = None
+        if ranker is not None and ranker.num_unclicked and query.rerank is not None:
+            if query.rerank.unclicked:  # the caller's impressions replace the computed ones
+                shown = self.model.vocab.lookup(list(query.rerank.unclicked))
+                unclicked = shown[shown != PAD][: ranker.num_unclicked].astype(np.int64)
+            elif len(known) > 1:
+                previous = known[:-1]
+        return _Prepared(
+            known=known,
+            features=features,
+            exclude=np.unique(np.concatenate([known, excluded[excluded != PAD]]).astype(np.int64)),
+            allow=allow,
+            allow_key=(tuple(query.allow), query.category),
+            unknown=len(history) - len(known),
+            ranker=ranker,
+            depth=depth,
+            unclicked=unclicked,
+            previous=previous,
+            num_unclicked=0 if ranker is None else ranker.num_unclicked,
+        )
+
+    def _ranker(self, rerank: Rerank | None, k: int) -> tuple[LoadedRanker | None, int]:
+        """The ranker a query asks for and how many items to retrieve for it.
+
+        Raises:
+            InvalidArgument: an unknown ranker, no ranker loaded, or candidates out of range.
+        """
+        if rerank is None:
+            return None, k
+        if not self.rankers:
+            raise InvalidArgument(
+                "rerank asked for, but the server has no ranker (tools/serve.py --ranker DIR)"
+            )
+        if not rerank.ranker and len(self.rankers) > 1:
+            raise InvalidArgument(f"name the ranker to rerank with, one of {sorted(self.rankers)}")
+        name = rerank.ranker or next(iter(self.rankers))
+        if name not in self.rankers:
+            raise InvalidArgument(f"unknown ranker {name!r}; the server has {sorted(self.rankers)}")
+        depth = rerank.candidates or max(k, DEFAULT_RERANK_CANDIDATES)
+        if not k <= depth <= MAX_K:
+            raise InvalidArgument(
+                f"rerank candidates must be 0 or between k ({k}) and {MAX_K}, got {rerank.candidates}"
+            )
+        if len(rerank.unclicked) > MAX_FILTER_IDS:
+            raise InvalidArgument(
+                f"rerank unclicked has {len(rerank.unclicked)} ids, at most {MAX_FILTER_IDS} are accepted"
+            )
+        return self.rankers[name], depth
+
+
+def item_categories(model: ModelArtifact, item_attributes: Mapping[str, Sequence[str]]) -> np.ndarray:
+    """Category code per dense id, int64 ``[num_items + 1]``: items with the same first attribute
+    share a code; items without attributes (and the padding row) each get a code of their own."""
+    n = model.vocab.num_embeddings
+    codes = np.arange(n, dtype=np.int64) + n  # own categories, above every shared code
+    external = list(item_attributes)
+    dense = model.vocab.lookup(external) if external else np.zeros(0, np.int64)
+    names: dict[str, int] = {}
+    for item, d in zip(external, dense, strict=True):
+        values = item_attributes[item]
+        if d != PAD and values:
+            codes[d] = names.setdefault(str(values[0]), len(names))
+    return codes

@@ -1,0 +1,403 @@
+"""gRPC server for ``retrieval.v1.RetrievalService``: message conversion around a :class:`Retriever`.
+
+Besides the service it exposes the standard health service (SERVING only once the retriever
+is in place, NOT_SERVING from the moment the server starts stopping) and server reflection,
+so ``grpcurl`` and load balancers work without the ``.proto``. Operations: dynamic
+micro-batching of concurrent ``Retrieve`` calls (:mod:`retrieval.serving.batching`), hot swaps of the
+retriever (:mod:`retrieval.serving.reload`), deadlines, a bound on concurrent calls, message size
+limits, TLS or mutual TLS, and Prometheus metrics on a separate HTTP port.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import faiss
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from proto import retrieval_pb2, retrieval_pb2_grpc
+from retrieval.api.convert import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    SERVICE_NAME,
+    model_info_message,
+    parse,
+    query_from_request,
+    response_from_result,
+)
+from retrieval.api.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    RetrievalError,
+    Unavailable,
+)
+from retrieval.api.types import MAX_BATCH
+from retrieval.serving.batching import MicroBatcher
+from retrieval.serving.metrics import Metrics
+from retrieval.serving.reload import RetrieverSlot
+from retrieval.serving.retriever import Retriever
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def add_servicer(servicer: RetrievalServicer, server: grpc.Server) -> None:
+    """Registers ``servicer``'s methods as the generated ``add_RetrievalServiceServicer_to_server``
+    does, but with requests handed over as bytes (parsed by :func:`parse` inside the call)."""
+    service = retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"]
+    handlers = {
+        method.name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name), response_serializer=lambda response: response.SerializeToString()
+        )
+        for method in service.methods
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for TLS; with ``ca`` the server also requires client certificates signed by it
+    (mutual TLS).
+
+    Attributes:
+        cert: the server's certificate chain.
+        key: its private key.
+        ca: the CA that signs client certificates; ``None`` for server-side TLS only.
+    """
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(Path(self.key).read_bytes(), Path(self.cert).read_bytes())],
+            root_certificates=None if self.ca is None else Path(self.ca).read_bytes(),
+            require_client_auth=self.ca is not None,
+        )
+
+
+class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
+    """Converts messages and errors; all logic lives in the :class:`Retriever`.
+
+    Around every call: a request whose deadline has already passed is not computed
+    (DEADLINE_EXCEEDED); at most ``max_concurrent`` calls compute at once, the others are refused
+    at once with RESOURCE_EXHAUSTED (clients retry with backoff) rather than queued behind them;
+    and the call is counted and timed in ``metrics``. With a ``batcher``, ``Retrieve`` calls are
+    answered in micro-batches; the retriever is read from ``slot`` on every call, so a hot swap
+    takes effect at once.
+    """
+
+    def __init__(
+        self,
+        slot: Retriever | RetrieverSlot,
+        max_concurrent: int | None = None,
+        metrics: Metrics | None = None,
+        batcher: MicroBatcher | None = None,
+    ) -> None:
+        self._slot = slot if isinstance(slot, RetrieverSlot) else RetrieverSlot(slot)
+        self._slots = None if max_concurrent is None else threading.BoundedSemaphore(max_concurrent)
+        self._max_concurrent = max_concurrent
+        self._metrics = metrics
+        self._batcher = batcher
+
+    def Retrieve(
+        self, request: retrieval_pb2.RetrieveRequest | bytes, context: grpc.ServicerContext
+    ) -> retrieval_pb2.RetrieveResponse:
+        def work() -> retrieval_pb2.RetrieveResponse:
+            query = query_from_request(parse(request, retrieval_pb2.RetrieveRequest))
+            if self._batcher is not None:
+                return response_from_result(self._batcher.submit(query, context.time_remaining()))
+            self._observe_batch(1)
+            (result,) = self._slot.current.retrieve_many([query])
+            return response_from_result(result)
+
+        return self._call("Retrieve", context, work)
+
+    def BatchRetrieve(
+        self, request: retrieval_pb2.BatchRetrieveRequest | bytes, context: grpc.ServicerContext
+    ) -> retrieval_pb2.BatchRetrieveResponse:
+        def work() -> retrieval_pb2.BatchRetrieveResponse:
+            queries = []
+            for i, one in enumerate(parse(request, retrieval_pb2.BatchRetrieveRequest).requests):
+                try:
+                    queries.append(query_from_request(one))
+                except InvalidArgument as e:
+                    raise InvalidArgument(f"requests[{i}]: {e}") from None
+            self._observe_batch(len(queries))
+            results = self._slot.current.retrieve_many(queries)
+            return retrieval_pb2.BatchRetrieveResponse(responses=[response_from_result(r) for r in results])
+
+        return self._call("BatchRetrieve", context, work)
+
+    def GetModelInfo(
+        self, request: retrieval_pb2.GetModelInfoRequest | bytes, context: grpc.ServicerContext
+    ) -> retrieval_pb2.ModelInfo:
+        def work() -> retrieval_pb2.ModelInfo:
+            parse(request, retrieval_pb2.GetModelInfoRequest)
+            return model_info_message(self._slot.current.model_info())
+
+        return self._call("GetModelInfo", context, work)
+
+    def _observe_batch(self, size: int) -> None:
+        if self._metrics is not None and size:
+            self._metrics.batch_size.observe(size)
+
+    def _call(self, method: str, context: grpc.ServicerContext, work: Callable[[], T]) -> T:
+        """Runs ``work`` under the deadline and concurrency checks; every error becomes a status."""
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        acquired = False
+        try:
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceeded(f"the deadline passed {-remaining:.3f} s before the server started")
+            if self._slots is not None:
+                acquired = self._slots.acquire(blocking=False)
+                if not acquired:
+                    raise ResourceExhausted(
+                        f"server busy: {self._max_concurrent} requests in flight, retry with backoff"
+                    )
+            return work()
+        except Exception as error:  # every error must become a status, none a crash
+            code, details = status_for(error)
+            context.abort(code, details)
+            raise  # unreachable: abort raises
+        finally:
+            if acquired and self._slots is not None:
+                self._slots.release()
+            if self._metrics is not None:
+                self._metrics.requests.labels(method, code.name).inc()
+                self._metrics.latency.labels(method, code.name).observe(time.perf_counter() - started)
+
+
+class RetrievalServer:
+    """A started server and what it owns: stop it with :meth:`stop`.
+
+    Attributes:
+        port: the bound port.
+        slot: the retriever in service; :meth:`RetrieverSlot.swap` (or a
+            :class:`~retrieval.serving.reload.DeploymentWatcher` on it) replaces it while serving.
+    """
+
+    def __init__(
+        self,
+        server: grpc.Server,
+        port: int,
+        slot: RetrieverSlot,
+        health_servicer: health.HealthServicer,
+        batcher: MicroBatcher | None,
+    ) -> None:
+        self._server = server
+        self.port = port
+        self.slot = slot
+        self._health = health_servicer
+        self._batcher = batcher
+
+    def set_serving(self, serving: bool) -> None:
+        """Sets the health status of the server and of the retrieval service."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", SERVICE_NAME):  # "" is the whole server, which most probes ask for
+            self._health.set(service, status)
+
+    def stop(self, grace: float | None, drain: float = 0.0) -> threading.Event:
+        """Reports NOT_SERVING, keeps answering for ``drain`` seconds (clients that watch health,
+        as :class:`~retrieval.api.client.RetrievalClient` over replicas does, move their calls to
+        other replicas meanwhile), then refuses new calls and gives in-flight ones ``grace``
+        seconds (``None``: cancels them at once). Does not block.
+
+        Returns:
+            An event set once every call has finished.
+        """
+        self.set_serving(False)
+        if drain <= 0:
+            return self._shut_down(grace)
+        done = threading.Event()
+
+        def shut_down_later() -> None:
+            time.sleep(drain)
+            self._shut_down(grace).wait()
+            done.set()
+
+        threading.Thread(target=shut_down_later, name="drain", daemon=True).start()
+        return done
+
+    def _shut_down(self, grace: float | None) -> threading.Event:
+        if self._batcher is not None:
+            self._batcher.close()  # calls already in it are still answered
+        return self._server.stop(grace)
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        """Blocks until the server stopped (or ``timeout`` seconds); ``True`` on timeout."""
+        return bool(self._server.wait_for_termination(timeout))
+
+
+def create_server(
+    retriever: Retriever | RetrieverSlot,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_workers: int = 64,
+    *,
+    max_batch: int = 32,
+    max_wait: float = 0.0,
+    max_concurrent: int | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    tls: TlsFiles | None = None,
+    metrics: Metrics | None = None,
+    search_threads: int | None = None,
+) -> tuple[RetrievalServer, int]:
+    """Starts a server for ``retriever`` with health checking and reflection.
+
+    Args:
+        retriever: answers the requests; a :class:`RetrieverSlot` to swap it while serving.
+        host: interface to bind (``"0.0.0.0"`` or ``"[::]"`` for all).
+        port: port to bind; 0 picks a free one.
+        max_workers: request threads. With micro-batching most of them only wait for their
+            batch, so there should be about as many as requests in flight.
+        max_batch: most ``Retrieve`` calls answered by one user-tower call and one index search
+            (dynamic micro-batching); 1 answers each call on its own thread.
+        max_wait: seconds a micro-batch waits for more calls once it has one; the default 0
+            adds no latency: calls that arrive while a batch computes form the next one.
+        max_concurrent: calls in progress at once, beyond which calls get RESOURCE_EXHAUSTED;
+            ``None`` for no bound (extra calls queue for a thread).
+        max_message_bytes: largest request and response.
+        tls: serve TLS (mutual TLS when it has a CA) instead of plaintext.
+        metrics: where to count requests; ``None`` for none. Its HTTP endpoint is started
+            separately (:meth:`Metrics.serve`).
+        search_threads: FAISS (OpenMP) threads per search, set in every request thread (the
+            setting is per thread, and searches run on the request threads); ``None`` leaves
+            FAISS's default, one per core.
+
+    Returns:
+        ``(server, bound port)``; the server is started and reports SERVING.
+
+    Raises:
+        ValueError: a bound out of range.
+    """
+    if max_workers < 1 or (max_concurrent is not None and max_concurrent < 1):
+        raise ValueError(f"max_workers and max_concurrent must be >= 1, got {max_workers}, {max_concurrent}")
+    if search_threads is not None and search_threads < 1:
+        raise ValueError(f"search_threads must be >= 1, got {search_threads}")
+    if not 1 <= max_batch <= MAX_BATCH:
+        raise ValueError(f"max_batch must be between 1 and {MAX_BATCH}, got {max_batch}")
+    slot = retriever if isinstance(retriever, RetrieverSlot) else RetrieverSlot(retriever)
+    threads_setter = None if search_threads is None else partial(faiss.omp_set_num_threads, search_threads)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(
+            max_workers=max_workers,
+            thread_name_prefix="retrieve",
+            initializer=threads_setter,
+        ),
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ],
+    )
+    if metrics is not None:
+        metrics.model.labels(slot.current.model_version).set(1)
+        slot.current.observe_search = metrics.search.observe
+        slot.on_swap(metrics.swapped)
+    batcher = None
+    if max_batch > 1:
+        observe = None if metrics is None else metrics.batch_size.observe
+        batcher = MicroBatcher(lambda: slot.current, max_batch, max_wait, observe_batch=observe)
+    servicer = RetrievalServicer(slot, max_concurrent, metrics, batcher)
+    health_servicer = health.HealthServicer()
+    add_servicer(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    running = RetrievalServer(server, bound, slot, health_servicer, batcher)
+    running.set_serving(False)
+    server.start()
+    running.set_serving(True)
+    return running, bound
+
+
+def serve_forever(
+    retriever: Retriever | RetrieverSlot,
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    grace: float = 5.0,
+    *,
+    drain: float = 0.0,
+    metrics_port: int | None = None,
+    search_threads: int | None = 1,
+    on_start: Callable[[RetrievalServer], None] | None = None,
+    **options: Any,
+) -> None:
+    """Serves until SIGTERM or SIGINT, then stops gracefully.
+
+    On the signal the health status turns NOT_SERVING, calls are still answered for ``drain``
+    seconds (while load balancers move away), then new calls are refused and in-flight ones get
+    ``grace`` seconds to finish. Must run in the main thread (Python delivers signals only
+    there). ``metrics_port`` (``None`` = no metrics) serves Prometheus metrics on ``host``;
+    ``search_threads`` sets FAISS's threads per search (see :func:`create_server`; one thread
+    each is faster and steadier with concurrent requests, see the index benchmark);
+    ``on_start`` is called with the started server (e.g. to start a
+    :class:`~retrieval.serving.reload.DeploymentWatcher`); ``options`` go to :func:`create_server`.
+    """
+    metrics = None if metrics_port is None else Metrics()
+    server, bound = create_server(
+        retriever, host, port, metrics=metrics, search_threads=search_threads, **options
+    )
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        logger.info("%s received, stopping (drain %.1f s, grace %.1f s)", name, drain, grace)
+        server.stop(grace, drain)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if metrics is not None and metrics_port is not None:
+        logger.info("metrics on http://%s:%d/metrics", host, metrics.serve(metrics_port, host))
+    tls = " with TLS" if options.get("tls") else ""
+    version = server.slot.current.model_version
+    logger.info("serving %s (model %s) on %s:%d%s", SERVICE_NAME, version, host, bound, tls)
+    if on_start is not None:
+        on_start(server)
+    try:
+        server.wait_for_termination()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if metrics is not None:
+            metrics.close()
+    logger.info("server stopped")
+
+
+_STATUS: dict[type[RetrievalError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status code and details to answer ``error`` with.
+
+    Domain errors keep their message; anything else is a bug: it becomes INTERNAL with a
+    generic message (internals stay out of responses) and its traceback goes to the log.
+    """
+    for error_type, code in _STATUS.items():
+        if isinstance(error, error_type):
+            return code, str(error)
+    logger.error("internal error while serving a request", exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}), see the server log"

@@ -1,0 +1,152 @@
+"""The two-tower Keras model: a user tower (which holds the shared item tower) and a task."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from retrieval.data.features import SideVocab
+from retrieval.training.config import ModelConfig
+from retrieval.training.losses.task import RetrievalTask
+from towers import ItemTower, UserTower, build_user_tower
+from towers.registry import tower_class
+
+
+@keras.saving.register_keras_serializable(package="retrieval")
+class TwoTowerModel(keras.Model):
+    """User tower + item tower trained by a :class:`~retrieval.training.losses.task.RetrievalTask`.
+
+    ``call({"items": [B, L]})`` returns the interests ``[B, K, d]``; ``fit`` takes
+    ``(inputs, target_ids [B])``. The task is attached for training and is not saved.
+    """
+
+    def __init__(self, user_tower: UserTower, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.user_tower = user_tower
+        self.task: RetrievalTask | None = None
+        self.objective = user_tower.objectives[0]
+
+    @property
+    def item_tower(self) -> ItemTower:
+        return self.user_tower.item_tower
+
+    def set_objective(self, objective: str | None) -> None:
+        """Chooses the training objective (None = the tower's default)."""
+        objective = objective or self.user_tower.objectives[0]
+        if objective not in self.user_tower.objectives:
+            raise ValueError(
+                f"tower {type(self.user_tower).__name__} trains with {self.user_tower.objectives}, "
+                f"not {objective!r}"
+            )
+        self.objective = objective
+
+    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+        if training and self.objective != "last":
+            return self.user_tower.sequence_output(inputs, training=True)  # [B, L, d]
+        return self.user_tower(inputs, training=training)  # [B, K, d]
+
+    def compute_loss(
+        self,
+        x: Any = None,
+        y: Any = None,
+        y_pred: Any = None,
+        sample_weight: Any = None,
+        training: bool = True,
+    ) -> Any:
+        if self.task is None:
+            raise RuntimeError(
+                "attach a task (model.task = retrieval.training.losses.task.build_task(...)) before training"
+            )
+        loss = self.task(y_pred, y, self.item_tower)
+        if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
+            loss = loss + tf.add_n(self.losses)
+        return loss
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "user_tower": keras.saving.serialize_keras_object(self.user_tower)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> TwoTowerModel:
+        config = dict(config)
+        config["user_tower"] = keras.saving.deserialize_keras_object(config["user_tower"])
+        return cls(**config)
+
+
+def takes_side_information(tower: str) -> bool:
+    """Whether the user tower ``tower`` reads side information (``ModelConfig.fusion``,
+    ``side_features``): its constructor takes a ``fusion`` argument.
+
+    Example:
+        >>> takes_side_information("sasrec"), takes_side_information("youtubednn")
+        (True, False)
+    """
+    return "fusion" in inspect.signature(tower_class(tower)).parameters
+
+
+def build_model(
+    config: ModelConfig,
+    num_embeddings: int,
+    side: SideVocab | None = None,
+    attributes: np.ndarray | None = None,
+) -> TwoTowerModel:
+    """Builds an untrained model for a catalogue of ``num_embeddings - 1`` items.
+
+    Every :class:`ModelConfig` field that the chosen tower's constructor accepts is passed to
+    it (``None`` = the tower's default), so a new tower option needs only a config field.
+
+    Args:
+        side: the side features to use (their vocabularies), if any.
+        attributes: the item -> attribute-ids table ``[num_embeddings, A]`` when ``side``
+            includes ``attributes``.
+    """
+    cls = tower_class(config.tower)
+    accepted = inspect.signature(cls).parameters
+    skip = ("item_tower", "max_len", "side_features")
+    options = {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if f.name in accepted and f.name not in skip and getattr(config, f.name) is not None
+    }
+    side = side or SideVocab()
+    if (side.features or config.fusion != "none") and not takes_side_information(config.tower):
+        raise ValueError(f"tower {config.tower!r} does not take side information (fusion, side features)")
+    if side.event_features:
+        options["side_features"] = side.vocab_sizes()
+    use_attributes = "attributes" in side.features
+    item_tower = ItemTower(
+        num_embeddings,
+        config.dim,
+        num_attributes=len(side.attributes) if use_attributes else 0,
+        max_attributes=side.max_attributes if use_attributes else 0,
+    )
+    model = TwoTowerModel(
+        build_user_tower(config.tower, item_tower=item_tower, max_len=config.max_len, **options)
+    )
+    model.user_tower.build()
+    if use_attributes:
+        if attributes is None:
+            raise ValueError("side features include attributes but no item -> attributes table was given")
+        item_tower.set_item_attributes(attributes)
+    return model
+
+
+def export_user_tower(model: TwoTowerModel, path: Path, inputs: tuple[str, ...] = ("items",)) -> None:
+    """Writes a SavedModel with the serving endpoint ``user_vectors({name: int32 [B, L]}) -> [B, K, d]``.
+
+    ``inputs`` names the tower's inputs (``items`` plus any per-event side features). The
+    endpoint is a traced graph: serving needs neither the tower classes nor tracing per call.
+    """
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        name="user_vectors",
+        fn=lambda features: model(features, training=False),
+        input_signature=[{name: tf.TensorSpec([None, None], tf.int32, name=name) for name in inputs}],
+    )
+    archive.write_out(str(path), verbose=False)

@@ -1,0 +1,364 @@
+"""Training: data -> split -> training with a named loss (on one device or several) -> model artifact.
+
+:func:`train` reads its data through a :class:`~retrieval.training.inputs.TrainingData`
+(:mod:`retrieval.training.inputs`), builds the task (:func:`build_training_task`) and the
+optimizer (:func:`make_optimizer`), fits under a ``tf.distribute`` strategy
+(:mod:`retrieval.training.distribute`) while validating on full rankings every epoch
+(:class:`FullRankingValidation`), and writes the model artifact (:func:`save_model`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from retrieval.artifacts.model import KIND, SIDE_FILE
+from retrieval.data.features import SideVocab
+from retrieval.data.vocab import ItemVocab
+from retrieval.storage.folders import remove_folder, remove_stale_temporaries, write_artifact
+from retrieval.storage.manifest import ArtifactError, read_manifest
+from retrieval.training.callbacks import (
+    EarlyStopping,
+    EpochCheckpoint,
+    EpochTimer,
+    TensorBoardLogger,
+    load_checkpoint,
+    run_folder,
+)
+from retrieval.training.config import Config, TrainConfig
+from retrieval.training.distribute import (
+    GlobalBatchTask,
+    fit_under,
+    is_chief,
+    wait_for_workers,
+)
+from retrieval.training.examples import mask_items
+from retrieval.training.inputs import open_training_data
+from retrieval.training.losses.samplers import CandidateSampler
+from retrieval.training.losses.task import RetrievalTask, build_task
+from retrieval.training.model import TwoTowerModel, build_model, export_user_tower
+from retrieval.training.optimizer import make_optimizer
+from retrieval.training.validation import FullRankingValidation, live_artifact
+
+log = logging.getLogger(__name__)
+
+
+def build_training_task(config: TrainConfig, counts: np.ndarray, as_targets: np.ndarray) -> RetrievalTask:
+    """The task ``config.loss`` names, its sampler over ``counts`` (training events per item) and
+    its in-batch correction from ``as_targets``, how often each item is a training target
+    (``[num_embeddings]``, :meth:`TrainingData.target_counts`)."""
+    sampler = CandidateSampler.from_counts(counts, config.sampler, config.sampler_alpha, seed=config.seed)
+    frequency = np.asarray(as_targets, np.float64)
+    return build_task(
+        config.loss,
+        sampler=sampler,
+        num_negatives=config.num_negatives,
+        target_probabilities=frequency / max(frequency.sum(), 1.0),
+        negatives_per_positive=config.negatives_per_positive,
+        # [B, L] targets would make an [M, M] in-batch softmax: at most batch_size candidates.
+        in_batch_candidates=config.batch_size,
+        gbce_t=config.gbce_t,
+        temperature=config.temperature,
+        remove_accidental_hits=config.remove_accidental_hits,
+        logq_correction=config.logq_correction,
+        interest_selection=config.interest_selection,
+        label_aware_power=config.label_aware_power,
+    )
+
+
+def _resume_state(config: Config, run: Path, resume: bool, overwrite: bool) -> bool:
+    """Checks the run folder against the request; True if a checkpoint is to be loaded."""
+    checkpoint = run / "checkpoint"
+    if not resume:
+        if run.exists():
+            if not overwrite:
+                raise FileExistsError(
+                    f"{run} holds an interrupted run: "
+                    "pass --resume to continue it or --overwrite to start over"
+                )
+            remove_folder(run)
+        return False
+    if not (run / "config.json").is_file():
+        raise ValueError(f"nothing to resume: {run} does not exist (train without --resume)")
+    saved = Config.from_dict(json.loads((run / "config.json").read_text()))
+    # Only the number of epochs may change on resume (to train a run for longer).
+    saved_flat = {f"{s}.{k}": v for s, fields in saved.to_dict().items() for k, v in fields.items()}
+    given_flat = {f"{s}.{k}": v for s, fields in config.to_dict().items() for k, v in fields.items()}
+    differ = sorted(k for k in given_flat if k != "train.epochs" and given_flat[k] != saved_flat.get(k))
+    if differ:
+        changes = ", ".join(f"{k}: {saved_flat.get(k)!r} -> {given_flat[k]!r}" for k in differ)
+        raise ValueError(f"cannot resume {run} with another configuration ({changes})")
+    if not checkpoint.is_dir():
+        log.info("%s has no checkpoint yet: training from the first epoch", run)
+        return False
+    return True
+
+
+def _finished_run(config: Config, out: Path) -> dict[str, Any] | None:
+    """The metrics of ``out`` when it is the finished artifact of this very configuration (a run
+    killed after its artifact was in place, before its run folder was gone): the run folder is
+    cleared and there is nothing left to train. ``None`` when ``out`` is not that."""
+    try:
+        read_manifest(out, KIND)
+        same = json.loads((out / "config.json").read_text()) == config.to_dict()
+    except (ArtifactError, OSError, ValueError):
+        return None
+    if not same:
+        return None
+    log.info("%s is already complete: clearing its run folder", out)
+    remove_folder(run_folder(out))
+    remove_stale_temporaries(out.parent)
+    return dict(json.loads((out / "metrics.json").read_text()))
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """Where a process writes (``out``, ``run``) and the checkpoint it resumes from (if any)."""
+
+    out: Path
+    run: Path
+    restore: Path | None
+
+
+@contextmanager
+def _outputs(
+    config: Config, out: Path, strategy: tf.distribute.Strategy, resume: bool, overwrite: bool
+) -> Iterator[_Outputs]:
+    """The chief writes the artifact ``out`` and the run folder ``out.partial``. Every other
+    worker runs the same steps (collective ops need them all, saving included) into a scratch
+    folder it deletes at the end, and on ``resume`` restores the chief's checkpoint, which it
+    must therefore see (``out`` on storage shared by the workers)."""
+    run = run_folder(out)
+    if is_chief(strategy):
+        if out.exists() and not overwrite:
+            raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+        load = _resume_state(config, run, resume, overwrite)
+        yield _Outputs(out, run, run / "checkpoint" if load else None)
+        return
+    try:
+        load = resume and _resume_state(config, run, resume, overwrite=False)
+    except ValueError as e:
+        raise ValueError(f"{e} (seen from a non-chief worker: --resume needs {run} on shared storage)") from e
+    with tempfile.TemporaryDirectory(prefix="retrieval-worker-") as folder:
+        scratch = Path(folder)
+        yield _Outputs(scratch / out.name, scratch / run.name, run / "checkpoint" if load else None)
+
+
+def train(
+    config: Config,
+    out: Path,
+    overwrite: bool = False,
+    verbose: int | str = "auto",
+    resume: bool = False,
+    tensorboard: Path | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+) -> dict[str, Any]:
+    """Trains the configured towers and writes the model artifact to ``out``.
+
+    The run keeps a checkpoint of every epoch in ``out.partial/`` (removed once ``out`` is
+    written); ``resume`` continues an interrupted run from its last checkpoint (same
+    configuration, ``train.epochs`` may be raised; the strategy and the number of workers may
+    change).
+
+    Under a strategy with several replicas, ``train.batch_size`` is the global batch (each
+    replica computes ``batch_size / replicas`` examples of it) and the loss and its gradient are
+    those of one device with that batch (:class:`GlobalBatchTask`). In a cluster every worker
+    calls this function with the same arguments; only the chief writes ``out`` and its
+    checkpoints (:func:`is_chief`).
+
+    Args:
+        config: the resolved configuration.
+        out: the model artifact folder to write.
+        overwrite: replace an existing ``out`` (and discard an interrupted run in ``out.partial``).
+        verbose: Keras' progress output (0 = none).
+        resume: continue the run in ``out.partial``.
+        tensorboard: write TensorBoard logs (loss, learning rate, validation metrics) there (chief only).
+        strategy: a ``tf.distribute`` strategy (:func:`~retrieval.training.distribute.make_strategy`);
+            None = the current one.
+
+    Returns:
+        the metrics written to ``out/metrics.json``: ``validation`` (per epoch and final),
+        ``test``, ``baseline_popularity_test``, the training time and the epochs trained.
+    """
+    if not config.data.path:
+        raise ValueError("config.data.path is empty: give the interactions to train on")
+    if config.data.protocol == "loo-refit" and config.train.patience > 0:
+        raise ValueError(
+            "data.protocol=loo-refit trains on the validation events, so nothing is left to stop "
+            "early on: set train.patience=0 and train.epochs to a loo run's best_epoch"
+        )
+    strategy = strategy or tf.distribute.get_strategy()
+    replicas = int(strategy.num_replicas_in_sync)
+    if replicas > 1 and config.model.attention_penalty > 0:
+        # The tower adds it with add_loss, which TwoTowerModel.compute_loss does not share out.
+        raise ValueError("model.attention_penalty is not supported with several replicas yet")
+    if not is_chief(strategy):
+        tensorboard = None
+    elif resume and not overwrite and (finished := _finished_run(config, Path(out))) is not None:
+        return finished
+    with _outputs(config, Path(out), strategy, resume, overwrite) as where:
+        return _train(config, where, overwrite, verbose, tensorboard, strategy)
+
+
+def _train(
+    config: Config,
+    where: _Outputs,
+    overwrite: bool,
+    verbose: int | str,
+    tensorboard: Path | None,
+    strategy: tf.distribute.Strategy,
+) -> dict[str, Any]:
+    """:func:`train` once the outputs are settled."""
+    keras.utils.set_random_seed(config.train.seed)
+    data = open_training_data(config)
+    t, max_len, replicas = config.train, config.model.max_len, int(strategy.num_replicas_in_sync)
+    # Variables (weights, optimizer slots, the sampler's seed counters) are created in the
+    # strategy's scope: mirrored on every replica.
+    with strategy.scope():
+        model = build_model(config.model, data.vocab.num_embeddings, data.side, data.attribute_table())
+        model.set_objective(t.objective)
+    examples = data.num_examples(model.objective, max_len)
+    if not examples:
+        raise ValueError(f"{config.data.path}: no training examples (every user needs >= 2 training events)")
+    log.info(
+        "%d users, %d items, %d training examples (objective %s, loss %s), %d replica(s)",
+        data.users, len(data.vocab), examples, model.objective, t.loss, replicas,
+    )  # fmt: skip
+    steps = -(-examples // t.batch_size)
+    with strategy.scope():
+        task = build_training_task(t, data.train_counts(), data.target_counts(model.objective, max_len))
+        model.task = task if replicas == 1 else GlobalBatchTask(task)
+        # XLA has no kernel for the sampler and was slower on CPU (MEASURED.md): keep it off.
+        model.compile(optimizer=make_optimizer(t, t.epochs * steps, replicas), jit_compile=False)
+
+    validation = FullRankingValidation(data, max_len, t.eval_every)
+    early = EarlyStopping(f"val_{data.shown[0]}", t.patience) if t.patience > 0 else None
+    state: dict[str, Any] = {}
+    if where.restore is not None:
+        with strategy.scope():  # the optimizer's variables are built here
+            state, best_weights = load_checkpoint(where.restore, model, model.task.variables)
+        validation.history = list(state["validation"])
+        if early is not None and state.get("early_stopping"):
+            early.set_state(state["early_stopping"])
+            early.best_weights = best_weights
+        log.info("resuming %s after epoch %d", where.restore.parent, state["epoch"])
+    else:
+        where.run.mkdir(parents=True, exist_ok=True)
+        config.save(where.run / "config.json")
+    first_epoch = int(state.get("epoch", 0))
+    timer = EpochTimer(state.get("epoch_seconds", []))
+    checkpoint = EpochCheckpoint(
+        where.run / "checkpoint", model.task.variables, validation, early, state, timer=timer
+    )
+    callbacks: list[keras.callbacks.Callback] = [timer, validation, *([early] if early else []), checkpoint]
+    if tensorboard is not None:
+        callbacks.append(TensorBoardLogger(tensorboard))
+
+    if first_epoch < t.epochs and not (early is not None and early.stopped):
+        dataset = data.batches(model.objective, max_len, t.batch_size, t.seed, first_epoch, t.epochs)
+        if model.objective == "cloze":  # fresh masks every step, seeded by (run seed, step)
+            mask_id = model.user_tower.mask_id
+
+            def mask(step: Any, batch: tuple[Any, ...]) -> tuple[Any, ...]:
+                seed = tf.stack([tf.constant(t.seed, tf.int64), step])
+                masked = mask_items(batch[0], batch[1], mask_id, t.mask_ratio, seed=seed)
+                return (*masked, *batch[2:])  # and the batch's sample weight, when it has one
+
+            dataset = dataset.enumerate(start=first_epoch * steps).map(mask, tf.data.AUTOTUNE)
+        options = tf.data.Options()
+        # Every worker reads the whole input and keeps its replicas' share of each global batch
+        # (a generator cannot be split by files), so the batches are the single-device ones.
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+        with fit_under(strategy, model):
+            model.fit(
+                dataset,
+                epochs=t.epochs,
+                initial_epoch=first_epoch,
+                steps_per_epoch=steps,
+                callbacks=callbacks,
+                verbose=verbose,
+                shuffle=False,  # the data orders every epoch itself (seeded)
+            )
+    elif early is not None:  # the run had already finished training: export its best weights
+        early.restore_best(model)
+
+    artifact = live_artifact(model, data.vocab, max_len, data.side)
+    metrics = {
+        "validation": _exported_validation(validation.history, early),
+        "validation_per_epoch": validation.history,
+        "protocol": data.protocol,
+        "test": data.evaluate(artifact, "test"),
+        "baseline_popularity_test": data.baseline("test"),
+        "train_loss_per_epoch": checkpoint.losses,
+        "train_seconds": round(checkpoint.seconds, 1),
+        "train_seconds_per_epoch": [round(x, 3) for x in timer.seconds],  # validation excluded
+        "train_examples": examples,
+        "objective": model.objective,
+        "loss": t.loss,
+        "replicas": replicas,
+        "epochs_trained": len(checkpoint.losses),
+        "best_epoch": early.best_epoch if early is not None else None,
+        "stopped_early": bool(early is not None and early.stopped),
+    }
+    save_model(model, config, data.vocab, data.side, metrics, where.out, overwrite, data.item_attributes)
+    remove_folder(where.run)  # the artifact is complete: the checkpoints are done with
+    wait_for_workers(strategy)
+    return metrics
+
+
+def _exported_validation(history: list[dict[str, float]], early: EarlyStopping | None) -> dict[str, float]:
+    """The validation metrics of the exported weights: the best epoch's with early stopping."""
+    if early is not None and early.best_epoch:
+        return next((h for h in history if h["epoch"] == early.best_epoch), {})
+    return history[-1] if history else {}
+
+
+def save_model(
+    model: TwoTowerModel,
+    config: Config,
+    vocab: ItemVocab,
+    side: SideVocab,
+    metrics: dict[str, Any],
+    out: Path,
+    overwrite: bool,
+    attributes: dict[str, list[str]] | None = None,
+) -> None:
+    """Writes the model artifact (layout in :mod:`retrieval.artifacts.model`) atomically.
+
+    ``attributes`` (external item id -> attribute values, e.g. genres) is saved when given.
+    """
+    table = np.array(model.item_tower.all_items(), np.float32)
+    table[0] = 0.0  # padding is never an answer
+    meta = {
+        "tower": config.model.tower,
+        "dim": int(table.shape[1]),
+        "num_interests": int(model.user_tower.num_interests),
+        "max_len": config.model.max_len,
+        "num_items": len(vocab),
+        "data": config.data.path,
+        "inputs": ["items", *side.event_features],
+        "side_features": list(side.features),
+        "fusion": config.model.fusion,
+    }
+    with write_artifact(out, KIND, meta, overwrite=overwrite) as tmp:
+        config.save(tmp / "config.json")
+        vocab.save(tmp / "vocab.json")
+        if attributes:
+            (tmp / "item_attributes.json").write_text(json.dumps(attributes, ensure_ascii=False))
+        if side.features:
+            side.save(tmp / SIDE_FILE)
+        np.save(tmp / "item_embeddings.npy", table)
+        export_user_tower(model, tmp / "user_tower", ("items", *side.event_features))
+        model.save(tmp / "model.keras")
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))

@@ -658,9 +658,9 @@ def ours_config(run: ModelRun, data: str, s: Settings) -> dict[str, Any]:
 
 def ours_worker(spec_file: Path) -> int:
     """Trains one of our towers (``python -m bench.peers --ours-worker SPEC``, its own process so
-    that its memory is its own) with ``retrieval.training.run.train``, as ``tools/train.py`` would, and
+    that its memory is its own) with ``retrieval.training.train``, as ``tools/train.py`` would, and
     exports it as the runners export theirs."""
-    import retrieval.training.run as training
+    from retrieval.training import train
     from retrieval.artifacts import encode_histories, load_model
     from retrieval.data import build_sequences, load_interactions
     from retrieval.training import Config
@@ -670,7 +670,7 @@ def ours_worker(spec_file: Path) -> int:
     out, protocol = Path(spec["out"]), spec["protocol"]
     data = build_sequences(load_interactions(config.data.path, config.data.format))
     split = make_split(data, protocol, config.data.split_seed)
-    metrics = training.train(config, out / "model", overwrite=True, verbose=2)
+    metrics = train(config, out / "model", overwrite=True, verbose=2)
 
     model = load_model(out / "model")
     final = out / "export" / "final"

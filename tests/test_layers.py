@@ -1,0 +1,169 @@
+"""The layout's rules, read from the code: which package may import which, what is public, what
+stays light. Imports are read with ``ast`` (every import, in functions and under
+``TYPE_CHECKING`` too), not by running or grepping the code."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+LAYERS: dict[str, set[str]] = {
+    "storage": set(),
+    "api": set(),
+    "data": {"storage"},
+    "artifacts": {"data", "storage"},
+    "serving": {"api", "artifacts", "data", "storage"},
+    "evaluation": {"serving", "api", "artifacts", "data", "storage"},
+    "training": {"evaluation", "serving", "api", "artifacts", "data", "storage"},
+    "ranking": {"training", "evaluation", "serving", "api", "artifacts", "data", "storage"},
+}
+"""Each subpackage of :mod:`retrieval` -> the subpackages it may import (besides itself)."""
+
+BASE_MODULES = {"retrieval.config"}
+"""Modules at the top of :mod:`retrieval` that every layer may import; they import no layer."""
+
+LIBRARIES = ("retrieval", "towers", "rankers", "index", "proto")
+
+
+def python_files(*tops: str) -> Iterator[Path]:
+    for top in tops:
+        yield from sorted((REPO / top).rglob("*.py"))
+
+
+def imported_modules(path: Path) -> Iterator[tuple[int, str, list[str]]]:
+    """``(line, module, names)`` of every import in ``path``; names are empty for ``import m``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: relative import"
+            yield node.lineno, node.module or "", [alias.name for alias in node.names]
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a ``retrieval.<layer>...`` module; ``None`` for anything else."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "retrieval" and len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_every_subpackage_of_retrieval_is_a_layer() -> None:
+    folders = {p.name for p in (REPO / "retrieval").iterdir() if (p / "__init__.py").is_file()}
+    assert folders == set(LAYERS)
+    modules = {f"retrieval.{p.stem}" for p in (REPO / "retrieval").glob("*.py") if p.stem != "__init__"}
+    assert modules <= BASE_MODULES, f"modules outside a layer: {sorted(modules - BASE_MODULES)}"
+
+
+def test_layers_import_only_the_layers_below_them() -> None:
+    violations = []
+    for path in python_files("retrieval"):
+        own = layer_of(".".join(path.relative_to(REPO).with_suffix("").parts))
+        for line, module, _ in imported_modules(path):
+            if module == "retrieval" or (module.startswith("retrieval.") and layer_of(module) is None):
+                if own is not None and module not in BASE_MODULES:
+                    violations.append(f"{path.relative_to(REPO)}:{line} imports {module}")
+                continue
+            target = layer_of(module)
+            if target is None or target == own:
+                continue
+            if own is None or target not in LAYERS[own]:
+                violations.append(f"{path.relative_to(REPO)}:{line} ({own}) imports {module} ({target})")
+    assert not violations, "\n".join(violations)
+
+
+def test_base_modules_import_no_layer() -> None:
+    for module in BASE_MODULES:
+        path = REPO / (module.replace(".", "/") + ".py")
+        if path.is_file():
+            imported = [m for _, m, _ in imported_modules(path) if m.startswith("retrieval")]
+            assert not imported, f"{module} imports {imported}"
+
+
+@pytest.mark.parametrize("package", ["towers", "rankers", "index"])
+def test_towers_rankers_and_index_never_import_retrieval(package: str) -> None:
+    for path in python_files(package):
+        for line, module, _ in imported_modules(path):
+            assert module.split(".")[0] != "retrieval", f"{path.relative_to(REPO)}:{line} imports {module}"
+
+
+def test_towers_and_index_do_not_import_each_other() -> None:
+    for package, other in (("towers", "index"), ("index", "towers")):
+        for path in python_files(package):
+            for line, module, _ in imported_modules(path):
+                assert module.split(".")[0] != other, f"{path.relative_to(REPO)}:{line} imports {module}"
+
+
+def test_no_library_imports_tools_or_bench() -> None:
+    for path in python_files(*LIBRARIES, "tools"):
+        for line, module, _ in imported_modules(path):
+            top = module.split(".")[0]
+            assert top not in ("tools", "bench"), f"{path.relative_to(REPO)}:{line} imports {module}"
+
+
+def public_names(package: str) -> set[str]:
+    """The ``__all__`` of a package, read from its ``__init__.py``."""
+    init = REPO / package.replace(".", "/") / "__init__.py"
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            assert isinstance(node.value, ast.List | ast.Tuple)
+            return {ast.literal_eval(e) for e in node.value.elts}
+    raise AssertionError(f"{init.relative_to(REPO)} declares no __all__")
+
+
+def packages_of(top: str) -> list[str]:
+    return sorted(
+        ".".join(p.parent.relative_to(REPO).parts) for p in (REPO / top).rglob("__init__.py")
+    )
+
+
+@pytest.mark.parametrize("package", [*packages_of("retrieval")[1:], "towers", "rankers", "index"])
+def test_every_package_declares_its_public_api(package: str) -> None:
+    names = public_names(package)
+    module = __import__(package, fromlist=["__all__"])
+    assert sorted(module.__all__) == sorted(names)
+    missing = [name for name in names if not hasattr(module, name)]
+    assert not missing, f"{package}.__all__ names what it does not define: {missing}"
+
+
+def test_tools_and_bench_import_only_public_names() -> None:
+    violations = []
+    for path in python_files("tools", "bench"):
+        for line, module, names in imported_modules(path):
+            if module.split(".")[0] != "retrieval":
+                continue
+            where = f"{path.relative_to(REPO)}:{line}"
+            init = REPO / module.replace(".", "/") / "__init__.py"
+            if not names or not init.is_file():
+                violations.append(f"{where}: import from a package, not {module}")
+                continue
+            private = sorted(set(names) - public_names(module))
+            if private:
+                violations.append(f"{where}: {module} does not export {private}")
+    assert not violations, "\n".join(violations)
+
+
+def loaded_heavy_modules(statement: str) -> list[str]:
+    """Which of TensorFlow, Keras, FAISS and pandas a fresh interpreter has loaded after ``statement``."""
+    code = (
+        f"import sys; {statement}; "
+        "print(sorted(m for m in ('tensorflow', 'keras', 'faiss', 'pandas') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    return list(ast.literal_eval(out.stdout.strip()))
+
+
+@pytest.mark.parametrize("module", ["retrieval.api", "retrieval.api.client", "retrieval.storage"])
+def test_a_grpc_client_is_light(module: str) -> None:
+    assert loaded_heavy_modules(f"import {module}") == []
+
+
+def test_the_data_layer_loads_no_tensorflow() -> None:
+    loaded = loaded_heavy_modules("import retrieval.data, retrieval.data.prepared")
+    assert "tensorflow" not in loaded and "keras" not in loaded

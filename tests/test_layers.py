@@ -118,9 +118,7 @@ def public_names(package: str) -> set[str]:
 
 
 def packages_of(top: str) -> list[str]:
-    return sorted(
-        ".".join(p.parent.relative_to(REPO).parts) for p in (REPO / top).rglob("__init__.py")
-    )
+    return sorted(".".join(p.parent.relative_to(REPO).parts) for p in (REPO / top).rglob("__init__.py"))
 
 
 @pytest.mark.parametrize("package", [*packages_of("retrieval")[1:], "towers", "rankers", "index"])

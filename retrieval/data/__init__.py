@@ -5,6 +5,7 @@
   into one in-memory form; every problem is a :class:`DataError` naming the file and line.
 * :mod:`~retrieval.data.interactions`: :class:`Interactions` and the per-user
   :class:`SequenceData` (:func:`build_sequences`) in a dense item :mod:`~retrieval.data.vocab`.
+* :mod:`~retrieval.data.datasets`: named public datasets under a data root (``MITT_DATA``).
 * :mod:`~retrieval.data.splits`: leave-one-out, ComiRec's user split, sampled negatives.
 * :mod:`~retrieval.data.features`: side features (attributes, actions, time gaps).
 * :mod:`retrieval.data.prepared`: data larger than memory as partitioned Parquet, its writer
@@ -13,6 +14,7 @@
 No TensorFlow here (a test checks): pandas, pyarrow and numpy only.
 """
 
+from retrieval.data.datasets import DATA_ROOT_ENV, DATASETS, data_root, dataset_at, dataset_path
 from retrieval.data.features import (
     SIDE_FEATURES,
     SideVocab,
@@ -63,6 +65,8 @@ from retrieval.data.vocab import PAD, ItemVocab
 
 __all__ = [
     "BATCH_ROWS",
+    "DATASETS",
+    "DATA_ROOT_ENV",
     "DEFAULT_SEED",
     "EVENTS_PER_PARTITION",
     "FORMATS",
@@ -84,6 +88,9 @@ __all__ = [
     "build_side_vocab",
     "comirec_split",
     "count_examples",
+    "data_root",
+    "dataset_at",
+    "dataset_path",
     "default_data_path",
     "download_movielens_100k",
     "encode_events",

@@ -7,26 +7,41 @@
   it from its module: it needs ``pymilvus``).
 * :func:`tune`: the cheapest index / search parameters reaching a recall target.
 * :func:`estimate_memory`: the size of a factory string before building it.
+* :func:`search_interests`: K interest vectors per user, one batched search, the per-interest
+  lists merged (:mod:`index.merge`: max-score, round-robin, ComiRec's diversity) into a top-k.
 """
 
 from index.base import METRIC, SearchFilter, VectorIndex
 from index.faiss_index import FaissIndex, parse_search_params, recall_at_k, recall_of
 from index.memory import MemoryEstimate, estimate_memory
+from index.merge import MERGES, Merged, MergeFn, best_per_item, diversity, max_score, round_robin, strategy
+from index.multi_interest import ItemCategories, SearchResult, search_interests
 from index.tuning import OperatingPoint, TuningResult, candidate_factories, exact_neighbours, tune
 
 __all__ = [
+    "MERGES",
     "METRIC",
     "FaissIndex",
+    "ItemCategories",
     "MemoryEstimate",
+    "MergeFn",
+    "Merged",
     "OperatingPoint",
     "SearchFilter",
+    "SearchResult",
     "TuningResult",
     "VectorIndex",
+    "best_per_item",
     "candidate_factories",
+    "diversity",
     "estimate_memory",
     "exact_neighbours",
+    "max_score",
     "parse_search_params",
     "recall_at_k",
     "recall_of",
+    "round_robin",
+    "search_interests",
+    "strategy",
     "tune",
 ]

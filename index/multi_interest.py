@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from index import SearchFilter, VectorIndex
-from index.base import as_id_array
+from index.base import SearchFilter, VectorIndex, as_id_array
 from index.merge import MergeFn
 
 

@@ -1,7 +1,7 @@
 """Domain errors of the retrieval service, one class per gRPC status the server can return.
 
 The classes stay free of gRPC so that plain-Python callers (tests, batch jobs) can use the
-:class:`~retrieval.serving.retriever.Retriever` directly; ``retrieval.serving.server.status_for`` is the one
+:class:`~retrieval.serving.Retriever` directly; :func:`retrieval.serving.status_for` is the one
 place that turns them into status codes.
 """
 

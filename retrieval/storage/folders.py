@@ -1,9 +1,10 @@
-"""Self-describing artifact folders, written atomically and verified on load.
+"""Folders written atomically: a crash never leaves half an artifact where a reader would look.
 
 Every artifact (a trained model, an index) is a folder holding its files and a
-``manifest.json`` with its kind, version, metadata and the SHA-256 of every file.
-Folders are written under a temporary name beside the destination and renamed into
-place, so a crash never leaves half an artifact where a reader would pick it up.
+``manifest.json`` (:mod:`retrieval.storage.manifest`). :func:`write_artifact` builds it under a
+temporary name beside the destination and renames it into place; the temporary names carry
+the writer's process id and host, so :func:`remove_stale_temporaries` can tell what a crashed
+writer left behind from what a live one is still writing.
 """
 
 from __future__ import annotations

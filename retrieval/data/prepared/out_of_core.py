@@ -5,9 +5,10 @@ for the memory it takes)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -171,9 +172,10 @@ class _Firsts:
             self.pending, self.pending_rows = [], 0
 
     def result(self) -> pa.Table | None:
-        """One row per item seen, in order of ``keys``."""
+        """One row per item seen, in order of ``keys``; the fold is emptied (its memory freed)."""
         self._fold()
-        return None if self.kept is None else self.kept.sort_by(self.keys)
+        kept, self.kept = self.kept, None
+        return None if kept is None else kept.sort_by(self.keys)
 
 
 def prepare_out_of_core(
@@ -185,7 +187,12 @@ def prepare_out_of_core(
     users_per_row_group: int,
     progress: bool,
 ) -> dict[str, Any]:
-    """The out-of-core path: pass 1 (scan, item firsts, staging by partition), pass 2 (per partition)."""
+    """The out-of-core path into ``tmp``: pass 1 (:func:`_scan`), the vocabulary, then pass 2
+    (:func:`_write_partitions`).
+
+    Returns:
+        The manifest's counts and columns.
+    """
     fs, files, kind = _input_files(path)
     total = _count_rows(fs, files, kind)
     if partitions is None:
@@ -195,118 +202,195 @@ def prepare_out_of_core(
         partitions = partitions_for(estimate, events_per_partition)
     staging = tmp / "staging"
     staging.mkdir()
-    writers: dict[int, pq.ParquetWriter] = {}
-    schema: pa.Schema | None = None
-    # Per item its first (timestamp, row), the vocabulary order; and its first non-empty title.
-    firsts, first_titles = _Firsts(["t", ROW_COLUMN]), _Firsts([ROW_COLUMN])
-    side: list[str] | None = None
-    has_titles = False
-    row = 0
+    scanned = _scan(path, fs, files, kind, total, _Staging(staging, partitions), batch_rows, progress)
+    vocab = ItemVocab.from_ids(scanned.ids.to_pylist(), scanned.titles)
+    vocab.save(tmp / VOCAB_FILE)
+    totals = _write_partitions(tmp, scanned, vocab.num_embeddings, users_per_row_group, progress)
+    return {
+        "partitions": partitions,
+        "users": totals.users,
+        "items": len(vocab),
+        "events": totals.events,
+        "train_events": totals.train_events,
+        "evaluated_users": totals.evaluated_users,
+        "has_time": True,
+        "event_columns": ["timestamp", *scanned.side],
+        "largest_partition_events": totals.largest_partition_events,
+    }
+
+
+@dataclass(frozen=True)
+class _Scanned:
+    """What pass 1 leaves for pass 2.
+
+    Attributes:
+        staging: the rows staged per partition, ``<p:05d>.parquet`` (absent when none).
+        partitions: the number of partitions.
+        ids: string ``[items]`` the item ids in vocabulary order (by first ``(timestamp, row)``).
+        titles: item id -> its first non-empty title (None without a ``title`` column).
+        schema: the staged rows' (``user, item, timestamp``, the row, the other event columns).
+        side: the other event columns, in input order.
+    """
+
+    staging: Path
+    partitions: int
+    ids: pa.Array
+    titles: dict[str, str] | None
+    schema: pa.Schema
+    side: list[str]
+
+
+class _Staging:
+    """Pass 1's state: per item its first ``(timestamp, row)`` (the vocabulary order) and first
+    non-empty title, the rows staged per partition, the first file's columns."""
+
+    def __init__(self, folder: Path, partitions: int) -> None:
+        self.folder, self.partitions = folder, partitions
+        self.writers: dict[int, pq.ParquetWriter] = {}
+        self.firsts, self.first_titles = _Firsts(["t", ROW_COLUMN]), _Firsts([ROW_COLUMN])
+        self.schema: pa.Schema | None = None
+        self.side: list[str] | None = None
+        self.has_titles = False
+        self.rows = 0
+
+    def check_columns(self, names: Sequence[str], shown: str) -> None:
+        """Takes the first file's columns; refuses a file without the required ones or (after the
+        first) with other columns."""
+        missing = [c for c in REQUIRED_COLUMNS if c not in names]
+        if missing:
+            raise DataError(f"{shown}: missing column(s) {', '.join(missing)}; found: {', '.join(names)}")
+        columns = [c for c in names if c not in (*REQUIRED_COLUMNS, "title")]
+        if self.side is None:
+            self.side, self.has_titles = columns, "title" in names
+            check_event_columns(self.side, shown)
+        elif columns != self.side or ("title" in names) != self.has_titles:
+            raise DataError(
+                f"{shown}: columns {', '.join(names)} differ from the first file's "
+                f"({', '.join([*REQUIRED_COLUMNS, *(['title'] if self.has_titles else []), *self.side])})"
+            )
+
+    def add(self, table: pa.Table, where: Callable[[int], str], shown: str) -> None:
+        """Folds a batch's items into the firsts and appends its rows to their partitions."""
+        users = _id_text(table["user"], "user", where)
+        items = _id_text(table["item"], "item", where)
+        times = _integer_times(table["timestamp"], where)
+        rows = np.arange(self.rows, self.rows + table.num_rows, dtype=np.int64)
+        self.firsts.add(pa.table({"item": items, "t": times, ROW_COLUMN: rows}))
+        if self.has_titles:
+            title = table["title"].cast(pa.string())
+            named = pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(title), ""), False)
+            self.first_titles.add(pa.table({"item": items, ROW_COLUMN: rows, "title": title}).filter(named))
+        staged = pa.table(
+            {"user": users, "item": items, "timestamp": times, ROW_COLUMN: rows}
+            | {c: table[c] for c in self.side or ()}
+        )
+        if self.schema is None:
+            self.schema = staged.schema
+        try:
+            staged = staged.cast(self.schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise DataError(f"{shown}: column types differ from the first batch's: {e}") from None
+        _stage(staged, users, self.partitions, self.folder, self.writers)
+        self.rows += table.num_rows
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+
+
+def _scan(
+    path: str,
+    fs: pafs.FileSystem,
+    files: list[str],
+    kind: str,
+    total: int | None,
+    staging: _Staging,
+    batch_rows: int,
+    progress: bool,
+) -> _Scanned:
+    """Pass 1: reads ``files`` in record batches of ``batch_rows`` rows into ``staging``; then
+    orders the items by their first ``(timestamp, row)``, the folds dropped before pass 2."""
     bar = tqdm(total=total, desc="pass 1: scan", unit="row", unit_scale=True, disable=not progress)
     try:
         for file in files:
             shown = file if len(files) > 1 or "://" not in path else path
-            try:
-                dataset = ds.dataset(file, filesystem=fs, format=_file_format(kind))
-            except (pa.ArrowInvalid, OSError) as e:
-                raise DataError(f"{shown}: not a readable {kind} file: {e}") from None
-            names = dataset.schema.names
-            missing = [c for c in REQUIRED_COLUMNS if c not in names]
-            if missing:
-                raise DataError(f"{shown}: missing column(s) {', '.join(missing)}; found: {', '.join(names)}")
-            columns = [c for c in names if c not in (*REQUIRED_COLUMNS, "title")]
-            if side is None:
-                side, has_titles = columns, "title" in names
-                check_event_columns(side, shown)
-            elif columns != side or ("title" in names) != has_titles:
-                raise DataError(
-                    f"{shown}: columns {', '.join(names)} differ from the first file's "
-                    f"({', '.join([*REQUIRED_COLUMNS, *(['title'] if has_titles else []), *side])})"
-                )
-            start = 0
-            try:
-                for batch in dataset.to_batches(batch_size=batch_rows):
-                    if not batch.num_rows:
-                        continue
-                    table = pa.Table.from_batches([batch])
-
-                    def where(r: int, start: int = start, shown: str = shown) -> str:
-                        return f"{shown}, row {start + r + 1}"
-
-                    users = _id_text(table["user"], "user", where)
-                    items = _id_text(table["item"], "item", where)
-                    times = _integer_times(table["timestamp"], where)
-                    rows = np.arange(row, row + table.num_rows, dtype=np.int64)
-                    firsts.add(pa.table({"item": items, "t": times, ROW_COLUMN: rows}))
-                    if has_titles:
-                        title = table["title"].cast(pa.string())
-                        named = pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(title), ""), False)
-                        first_titles.add(
-                            pa.table({"item": items, ROW_COLUMN: rows, "title": title}).filter(named)
-                        )
-                    staged = pa.table(
-                        {"user": users, "item": items, "timestamp": times, ROW_COLUMN: rows}
-                        | {c: table[c] for c in side}
-                    )
-                    if schema is None:
-                        schema = staged.schema
-                    try:
-                        staged = staged.cast(schema)
-                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                        raise DataError(f"{shown}: column types differ from the first batch's: {e}") from None
-                    _stage(staged, users, partitions, staging, writers)
-                    start += table.num_rows
-                    row += table.num_rows
-                    bar.update(table.num_rows)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as e:
-                raise DataError(f"{shown}: not a readable {kind} file: {e}") from None
+            _scan_file(fs, file, kind, shown, staging, batch_rows, bar)
     finally:
         bar.close()
-        for writer in writers.values():
-            writer.close()
-    ordered = firsts.result()
-    if ordered is None or schema is None or side is None:
+        staging.close()
+    ordered = staging.firsts.result()
+    if ordered is None or staging.schema is None or staging.side is None:
         raise DataError(f"{path}: no rows")
     ids = ordered["item"].combine_chunks()
-    del ordered, firsts  # the ids are kept for the lookups below
+    del ordered  # the ids are kept for pass 2's lookups
     titles = None
-    if has_titles:
-        titled = first_titles.result()
+    if staging.has_titles:
+        titled = staging.first_titles.result()
+        titles = {}
         if titled is not None:
             titles = dict(zip(titled["item"].to_pylist(), titled["title"].to_pylist(), strict=True))
-        else:
-            titles = {}
-    vocab = ItemVocab.from_ids(ids.to_pylist(), titles)
-    vocab.save(tmp / VOCAB_FILE)
+    return _Scanned(staging.folder, staging.partitions, ids, titles, staging.schema, staging.side)
 
-    counts = ItemCounts(vocab.num_embeddings)
-    users_total = events = train_events = evaluated = largest = 0
-    for p in tqdm(range(partitions), desc="pass 2: partitions", unit="part", disable=not progress):
-        source = staging / f"{p:05d}.parquet"
-        part = pq.read_table(source) if source.exists() else schema.empty_table()
-        table, lengths, items, train_len = _sequences_of_partition(part, ids, side)
+
+def _scan_file(
+    fs: pafs.FileSystem, file: str, kind: str, shown: str, staging: _Staging, batch_rows: int, bar: tqdm
+) -> None:
+    """One input file into ``staging``, batch by batch (errors name ``shown`` and the row)."""
+    try:
+        dataset = ds.dataset(file, filesystem=fs, format=_file_format(kind))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"{shown}: not a readable {kind} file: {e}") from None
+    staging.check_columns(dataset.schema.names, shown)
+    start = 0
+    try:
+        for batch in dataset.to_batches(batch_size=batch_rows):
+            if not batch.num_rows:
+                continue
+            table = pa.Table.from_batches([batch])
+
+            def where(r: int, start: int = start) -> str:
+                return f"{shown}, row {start + r + 1}"
+
+            staging.add(table, where, shown)
+            start += table.num_rows
+            bar.update(table.num_rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as e:
+        raise DataError(f"{shown}: not a readable {kind} file: {e}") from None
+
+
+class _Totals(NamedTuple):
+    """Pass 2's counts, for the manifest."""
+
+    users: int
+    events: int
+    train_events: int
+    evaluated_users: int
+    largest_partition_events: int
+
+
+def _write_partitions(
+    tmp: Path, scanned: _Scanned, num_embeddings: int, users_per_row_group: int, progress: bool
+) -> _Totals:
+    """Pass 2: one staged partition at a time (the only one in memory) has its items numbered,
+    its users' events sorted and written, its staging file removed; the item counts last."""
+    counts = ItemCounts(num_embeddings)
+    users = events = train_events = evaluated = largest = 0
+    for p in tqdm(range(scanned.partitions), desc="pass 2: partitions", unit="part", disable=not progress):
+        source = scanned.staging / f"{p:05d}.parquet"
+        part = pq.read_table(source) if source.exists() else scanned.schema.empty_table()
+        table, lengths, items, train_len = _sequences_of_partition(part, scanned.ids, scanned.side)
         del part
         pq.write_table(table, part_path(tmp, p), row_group_size=users_per_row_group)
         counts.add(items, lengths, train_len)
         source.unlink(missing_ok=True)
-        users_total += len(lengths)
+        users += len(lengths)
         events += len(items)
         train_events += int(train_len.sum())
         evaluated += int((lengths >= 3).sum())
         largest = max(largest, len(items))
-    staging.rmdir()
+    scanned.staging.rmdir()
     counts.write(tmp / COUNTS_FILE)
-    return {
-        "partitions": partitions,
-        "users": users_total,
-        "items": len(vocab),
-        "events": events,
-        "train_events": train_events,
-        "evaluated_users": evaluated,
-        "has_time": True,
-        "event_columns": ["timestamp", *side],
-        "largest_partition_events": largest,
-    }
+    return _Totals(users, events, train_events, evaluated, largest)
 
 
 def _stage(

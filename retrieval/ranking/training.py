@@ -80,45 +80,10 @@ class _Validation(keras.callbacks.Callback):
     def record(self, epoch: int, record: dict[str, Any]) -> None:
         """Validates, logs and keeps the weights when they are the best so far."""
         if self.dataset is not None:
-            scores = self.model.predict(self.dataset, verbose=0)
-            valid = self.examples.candidates > 0
-            labels = self.examples.labels > 0
-            retrieval = self.examples.retrieval_scores
-            # With a blend the model's logits are its own part alone (g = 1, w = b = 0).
-            if self.blend == "clicks":
-                g, w, b = fit_blend(scores, retrieval, labels, valid)
-            elif self.blend == "lists" and self.lists is not None and self.score_lists is not None:
-                lists = self.lists
-                present = lists.candidates > 0
-                own = self.score_lists(
-                    lists.histories, np.where(present, lists.candidates, PAD), lists.unclicked, lists.scores
-                )
-                targets = present & (lists.candidates == lists.targets[:, None])
-                g, w = fit_list_blend(own, lists.scores, targets, present)
-                b = fit_bias(g * scores + w * retrieval, labels, valid)
-                blended = np.where(present, g * own + w * np.where(present, lists.scores, 0.0) + b, -np.inf)
-                found = list_metrics(lists.candidates, blended, lists.targets)
-                record.update(
-                    val_list_loss=list_loss(blended, targets, present), val_list_ndcg=found["ndcg@10"]
-                )
-            if self.blend:
-                scores = g * scores + w * retrieval + b
-                record["blend"] = [round(v, 4) for v in (g, w, b)]
-            group, _ = gauc(scores, labels, valid)
-            record.update(val_auc=auc(scores[valid], labels[valid]), val_gauc=group)
+            record.update(self._validate())
         record["seconds"] = round(time.perf_counter() - self.started, 1)
         self.history.append(record)
-        if "val_list_loss" in record:
-            monitored = -record["val_list_loss"]
-        else:
-            monitored = record.get("val_gauc", -record.get("loss", np.inf))
-        better = bool(monitored > self.best)
-        if better:
-            self.best, self.best_epoch, self.wait = monitored, epoch, 0
-            self.best_weights = [np.array(w) for w in self.model.get_weights()]
-            self.best_blend = tuple(record["blend"]) if "blend" in record else None
-        elif epoch:
-            self.wait += 1
+        better = self._keep_if_best(epoch, record)
         shown = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith(("loss", "val_")))
         if "blend" in record:
             shown += f", blend (g, w, b) {record['blend']}"
@@ -130,6 +95,75 @@ class _Validation(keras.callbacks.Callback):
             record["seconds"],
             " (best)" if better else "",
         )
+
+    def _validate(self) -> dict[str, Any]:
+        """The validation clicks' AUC and GAUC (``val_auc``, ``val_gauc``) under the fitted blend
+        (``blend``: ``[g, w, b]``) when there is one, and with ``retrieval_fit="lists"`` the
+        validation lists' loss and NDCG@10 (``val_list_loss``, ``val_list_ndcg``)."""
+        scores = self.model.predict(self.dataset, verbose=0)
+        valid = self.examples.candidates > 0
+        labels = self.examples.labels > 0
+        retrieval = self.examples.retrieval_scores
+        out: dict[str, Any] = {}
+        # With a blend the model's logits are its own part alone (g = 1, w = b = 0).
+        if self.blend == "clicks":
+            g, w, b = fit_blend(scores, retrieval, labels, valid)
+        elif self.blend == "lists" and self.lists is not None and self.score_lists is not None:
+            (g, w, b), found = _fit_on_lists(self.lists, self.score_lists, scores, retrieval, labels, valid)
+            out.update(found)
+        if self.blend:
+            scores = g * scores + w * retrieval + b
+            out["blend"] = [round(v, 4) for v in (g, w, b)]
+        group, _ = gauc(scores, labels, valid)
+        out.update(val_auc=auc(scores[valid], labels[valid]), val_gauc=group)
+        return out
+
+    def _keep_if_best(self, epoch: int, record: dict[str, Any]) -> bool:
+        """Keeps the weights (and blend) when ``record`` is the best so far; counts the epochs
+        since the best otherwise. Monitored: the lists' loss, else GAUC, else the training loss."""
+        if "val_list_loss" in record:
+            monitored = -record["val_list_loss"]
+        else:
+            monitored = record.get("val_gauc", -record.get("loss", np.inf))
+        better = bool(monitored > self.best)
+        if better:
+            self.best, self.best_epoch, self.wait = monitored, epoch, 0
+            self.best_weights = [np.array(w) for w in self.model.get_weights()]
+            self.best_blend = tuple(record["blend"]) if "blend" in record else None
+        elif epoch:
+            self.wait += 1
+        return better
+
+
+def _fit_on_lists(
+    lists: CandidateLists,
+    score_lists: ScoreFn,
+    scores: np.ndarray,
+    retrieval: np.ndarray,
+    labels: np.ndarray,
+    valid: np.ndarray,
+) -> tuple[tuple[float, float, float], dict[str, float]]:
+    """``(g, w, b)``: ``g``, ``w`` fitted on the validation lists (:func:`fit_list_blend`), ``b``
+    calibrating the blend on the validation clicks; with the blended lists' ``val_list_loss`` and
+    ``val_list_ndcg`` (NDCG@10).
+
+    Args:
+        scores, retrieval, labels, valid: ``[E, C]`` the validation clicks' own logits, retrieval
+            scores, labels and real candidates.
+    """
+    present = lists.candidates > 0
+    own = score_lists(
+        lists.histories, np.where(present, lists.candidates, PAD), lists.unclicked, lists.scores
+    )
+    targets = present & (lists.candidates == lists.targets[:, None])
+    g, w = fit_list_blend(own, lists.scores, targets, present)
+    b = fit_bias(g * scores + w * retrieval, labels, valid)
+    blended = np.where(present, g * own + w * np.where(present, lists.scores, 0.0) + b, -np.inf)
+    found = list_metrics(lists.candidates, blended, lists.targets)
+    return (g, w, b), {
+        "val_list_loss": list_loss(blended, targets, present),
+        "val_list_ndcg": found["ndcg@10"],
+    }
 
 
 @dataclass
@@ -222,6 +256,50 @@ def train_ranker(
         raise ValueError("no training examples: every user needs at least 2 training events")
     keras.utils.set_random_seed(config.seed)
     attributes = data.attributes if config.attributes else None
+    model, kwargs = _build(config, data, attributes)
+    uses_unclicked = config.ranker in UNCLICKED_RANKERS and config.unclicked != "none"
+    keys = {"unclicked": uses_unclicked, "scores": model.retrieval_score, "context": model.context_size > 0}
+    table = None if attributes is None else tf.constant(attributes.table, tf.int32)
+    train_set = _dataset(data.train, table, keys, config.batch_size, config.seed)
+    valid_set = _dataset(data.valid, table, keys, 4 * config.batch_size, None) if len(data.valid) else None
+    blend = _start_blend(config, model, data, valid_set is not None)
+    model.compile(optimizer=keras.optimizers.Adam(config.learning_rate), jit_compile=False)
+    # Scores lists with the model's current weights (the scorer's graph reads its variables).
+    list_scorer = RankerScorer(model, attributes, uses_unclicked) if blend == "lists" else None
+    validation = _Validation(
+        valid_set, data.valid, config.patience, config.ranker, blend, data.valid_lists,
+        None if list_scorer is None else list_scorer.score,
+    )  # fmt: skip
+    log.info(
+        "training %s: %d examples of %d candidates, %d validation, %d attributes",
+        config.ranker, len(data.train), data.train.candidates.shape[1], len(data.valid),
+        kwargs["num_attributes"],
+    )  # fmt: skip
+    started = time.perf_counter()
+    model.fit(train_set, epochs=config.epochs, callbacks=[validation], verbose=verbose, shuffle=False)
+    seconds = time.perf_counter() - started
+    if validation.best_weights is not None:
+        model.set_weights(validation.best_weights)
+    if validation.best_blend is not None:
+        model.set_blend(*validation.best_blend)
+    scorer = RankerScorer(model, attributes, uses_unclicked)
+    metrics = _metrics(config, data, model, scorer, validation, seconds)
+    if out is not None:
+        save_ranker(
+            Path(out), model, config.ranker, kwargs, data.vocab, data.model_version,
+            attributes=attributes, config=config.to_dict(), metrics=metrics, overwrite=overwrite,
+        )  # fmt: skip
+    return TrainedRanker(config.ranker, model, kwargs, scorer, metrics)
+
+
+def _build(
+    config: RankerConfig, data: RankingData, attributes: AttributeTable | None
+) -> tuple[Ranker, dict[str, Any]]:
+    """The configured ranker, built, and its constructor arguments.
+
+    Raises:
+        ValueError: as :func:`ranker_kwargs`, or examples holding less context than it reads.
+    """
     kwargs = ranker_kwargs(config, len(data.vocab), attributes, int(data.item_embeddings.shape[1]))
     model: Ranker = build_ranker(config.ranker, **kwargs)
     model.build()
@@ -229,18 +307,20 @@ def train_ranker(
         # The retriever learnt its item vectors from every training event; the ranker, trained on
         # a few clicks per user, starts from them instead of from noise (row 0, padding, is 0).
         model.item_tower.embedding.embeddings.assign(np.asarray(data.item_embeddings, np.float32))
-    uses_unclicked = config.ranker in UNCLICKED_RANKERS and config.unclicked != "none"
     if model.context_size and data.train.context.shape[1] < model.context_size + 1:
         raise ValueError(
             f"the examples hold {data.train.context.shape[1]} context items, the ranker reads "
             f"{model.context_size + 1}: build the data with context_size={model.context_size}"
         )
-    keys = {"unclicked": uses_unclicked, "scores": model.retrieval_score, "context": model.context_size > 0}
-    table = None if attributes is None else tf.constant(attributes.table, tf.int32)
-    train_set = _dataset(data.train, table, keys, config.batch_size, config.seed)
-    valid_set = _dataset(data.valid, table, keys, 4 * config.batch_size, None) if len(data.valid) else None
+    return model, kwargs
+
+
+def _start_blend(config: RankerConfig, model: Ranker, data: RankingData, validated: bool) -> str | None:
+    """Sets the ranker's blend ``g, w, b`` up for training and says where it is fitted:
+    ``"lists"`` or ``"clicks"`` after each epoch on held-out data (:class:`_Validation`), the
+    ranker's own part trained alone; ``None`` with the ranker (or without a retrieval score)."""
     blend = None
-    if model.retrieval_score and config.retrieval_fit != "joint" and valid_set is not None:
+    if model.retrieval_score and config.retrieval_fit != "joint" and validated:
         blend = "lists" if config.retrieval_fit == "lists" and data.valid_lists is not None else "clicks"
     if blend:  # the ranker's own part alone; g, w, b are fitted on held-out data
         model.set_blend(1.0, 0.0, 0.0)
@@ -261,30 +341,21 @@ def train_ranker(
         if w > 0:
             model.retrieval_weight.assign(w)
             model.retrieval_bias.assign(b)
-    model.compile(optimizer=keras.optimizers.Adam(config.learning_rate), jit_compile=False)
-    # Scores lists with the model's current weights (the scorer's graph reads its variables).
-    list_scorer = RankerScorer(model, attributes, uses_unclicked) if blend == "lists" else None
-    validation = _Validation(
-        valid_set, data.valid, config.patience, config.ranker, blend, data.valid_lists,
-        None if list_scorer is None else list_scorer.score,
-    )  # fmt: skip
-    log.info(
-        "training %s: %d examples of %d candidates, %d validation, %d attributes",
-        config.ranker, len(data.train), data.train.candidates.shape[1], len(data.valid),
-        kwargs["num_attributes"],
-    )  # fmt: skip
-    started = time.perf_counter()
-    model.fit(train_set, epochs=config.epochs, callbacks=[validation], verbose=verbose, shuffle=False)
-    seconds = time.perf_counter() - started
-    if validation.best_weights is not None:
-        model.set_weights(validation.best_weights)
-    if validation.best_blend is not None:
-        model.set_blend(*validation.best_blend)
+    return blend
 
-    scorer = RankerScorer(model, attributes, uses_unclicked)
+
+def _metrics(
+    config: RankerConfig,
+    data: RankingData,
+    model: Ranker,
+    scorer: RankerScorer,
+    validation: _Validation,
+    seconds: float,
+) -> dict[str, Any]:
+    """The trained ranker's metrics (:func:`train_ranker`): the test lists reranked, validation."""
     found = evaluate_reranking(data.test, {config.ranker: scorer.score})
     best = next((h for h in validation.history if h["epoch"] == validation.best_epoch), {})
-    metrics = {
+    return {
         "ranker": config.ranker,
         "model_version": data.model_version,
         "users": found["users"],
@@ -300,12 +371,6 @@ def train_ranker(
         **_retrieval_term(model),
         **data.settings,
     }
-    if out is not None:
-        save_ranker(
-            Path(out), model, config.ranker, kwargs, data.vocab, data.model_version,
-            attributes=attributes, config=config.to_dict(), metrics=metrics, overwrite=overwrite,
-        )  # fmt: skip
-    return TrainedRanker(config.ranker, model, kwargs, scorer, metrics)
 
 
 def load_retrieval(model_dir: Path, index_dir: Path) -> Retriever:

@@ -41,15 +41,27 @@ from retrieval.storage.manifest import ArtifactError, read_manifest
 logger = logging.getLogger(__name__)
 
 
+_Found = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A row's retrieved items: ids, scores, and the interest that found each (``[n]`` each)."""
+
+_SearchKey = tuple[MergeStrategy, float, int, tuple[tuple[str, ...], str]]
+"""Merge, diversity λ, per-interest depth, and what ``allow`` came from (allow ids, category):
+rows sharing it share an index search."""
+
+_PREVIOUS_SEARCH: _SearchKey = (MergeStrategy.MAX_SCORE, 0.0, 0, ((), ""))
+"""A previous request's search, as ranker training retrieved: max-score, no filter."""
+
+
 @dataclass(frozen=True)
 class _Prepared:
-    """A validated query in dense ids."""
+    """A validated query in dense ids: a row of the tower call and of a search (so is the
+    previous request of a rerank computing its unclicked items, :meth:`Retriever._previous`)."""
 
     known: np.ndarray  # int [n] known history ids, oldest first
     features: dict[str, np.ndarray]  # per side feature of the tower, int [n]
     exclude: np.ndarray  # sorted unique int64: history and exclude list
     allow: np.ndarray | None  # sorted unique int64 dense ids, None = everything
-    allow_key: tuple[tuple[str, ...], str]  # what ``allow`` came from: queries sharing it share a search
+    search: _SearchKey
     unknown: int
     ranker: LoadedRanker | None  # the rerank's ranker, None = no rerank
     depth: int  # items retrieved: k, or the rerank's candidates
@@ -233,6 +245,28 @@ class Retriever:
             InvalidArgument: no queries, more than ``MAX_BATCH``, or a bad query (the message
                 starts with ``requests[i]`` when there are several).
         """
+        prepared = self._prepare_all(queries)
+        # Rows of the tower call and the searches: the queries, then the previous requests of
+        # the reranks that compute their unclicked items, in the order of those reranks.
+        previous = [self._previous(p.previous, p.num_unclicked) for p in prepared if p.previous is not None]
+        rows = prepared + previous
+        features = {name: [r.features[name] for r in rows] for name in self.model.side.event_features}
+        encoded = self.model.encode([r.known for r in rows], features)  # [B + E, K, d], one call
+        found = self._search(rows, encoded)
+        unclicked = _unclicked(prepared, found)
+        rank_scores = self._rerank(queries, prepared, found, unclicked)
+        return [
+            self._answer(query, p, found[i], encoded[i], rank_scores.get(i))
+            for i, (query, p) in enumerate(zip(queries, prepared, strict=True))
+        ]
+
+    def _prepare_all(self, queries: Sequence[Query]) -> list[_Prepared]:
+        """Each query validated and in dense ids (:meth:`_prepare`).
+
+        Raises:
+            InvalidArgument: no queries, more than ``MAX_BATCH``, or a bad query (the message
+                starts with ``requests[i]`` when there are several).
+        """
         if not queries:
             raise InvalidArgument("the batch is empty: send at least one request")
         if len(queries) > MAX_BATCH:
@@ -243,43 +277,45 @@ class Retriever:
                 prepared.append(self._prepare(query))
             except InvalidArgument as e:
                 raise InvalidArgument(f"requests[{i}]: {e}" if len(queries) > 1 else str(e)) from None
-        # Rows of the tower call and the searches: the queries, then the previous requests of
-        # the reranks that compute their unclicked items (row len(queries) + j: query extra[j]).
-        extra = [i for i, p in enumerate(prepared) if p.previous is not None]
-        previous = [p.previous for p in prepared if p.previous is not None]
-        histories = [p.known for p in prepared] + previous
-        features = {
-            name: [p.features[name] for p in prepared] + [np.zeros(len(h), np.int32) for h in previous]
-            for name in self.model.side.event_features
-        }
-        encoded = self.model.encode(histories, features)  # [B + E, K, d], one call
-        interests = encoded[: len(prepared)]
-        depths = [p.depth for p in prepared]
-        excludes = [p.exclude for p in prepared]
-        allows = [p.allow for p in prepared]
-        depths += [prepared[i].num_unclicked + 1 for i in extra]  # + the clicked one
-        excludes += [np.unique(h).astype(np.int64) for h in previous]
-        allows += [None] * len(extra)
+        return prepared
 
-        groups: dict[tuple[MergeStrategy, float, int, tuple[tuple[str, ...], str]], list[int]] = {}
-        for i, (query, p) in enumerate(zip(queries, prepared, strict=True)):
-            # Max-score top-k is a prefix of top-k' (k < k'): any k share a search. The other
-            # merges choose among each interest's first candidates, so their depth must match.
-            fetch = query.per_interest_k
-            if query.merge is not MergeStrategy.MAX_SCORE:
-                fetch = max(p.depth, fetch)
-            groups.setdefault((query.merge, query.diversity_lambda, fetch, p.allow_key), []).append(i)
-        for j in range(len(extra)):  # as ranker training retrieved: max-score, no filter
-            groups.setdefault((MergeStrategy.MAX_SCORE, 0.0, 0, ((), "")), []).append(len(prepared) + j)
-        found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # ids, scores, interests
+    def _previous(self, history: np.ndarray, num_unclicked: int) -> _Prepared:
+        """The request before a rerank's, for its unclicked items: ``history`` (the known history
+        without its last event), that history excluded, no side features, no filter; its first
+        ``num_unclicked`` items other than the one clicked at it are wanted."""
+        return _Prepared(
+            known=history,
+            features={name: np.zeros(len(history), np.int32) for name in self.model.side.event_features},
+            exclude=np.unique(history).astype(np.int64),
+            allow=None,
+            search=_PREVIOUS_SEARCH,
+            unknown=0,
+            ranker=None,
+            depth=num_unclicked + 1,  # + the clicked one
+        )
+
+    def _search(self, rows: Sequence[_Prepared], encoded: np.ndarray) -> dict[int, _Found]:
+        """One index search per group of rows sharing a :data:`_SearchKey`, in the order of their
+        first rows.
+
+        Args:
+            encoded: float32 ``[len(rows), K, d]`` the rows' interests.
+
+        Returns:
+            Per row, its first ``depth`` items: ids, scores and the interest that found each.
+        """
+        groups: dict[_SearchKey, list[int]] = {}
+        for r, p in enumerate(rows):
+            groups.setdefault(p.search, []).append(r)
+        found: dict[int, _Found] = {}
         for (merge, lam, fetch, _), members in groups.items():
             started = time.perf_counter()
             result = search_interests(
                 self.index,
                 encoded[members],
-                max(depths[i] for i in members),
-                exclude=[excludes[i] for i in members],
-                allow=allows[members[0]],
+                max(rows[i].depth for i in members),
+                exclude=[rows[i].exclude for i in members],
+                allow=rows[members[0]].allow,
                 merge=None if merge is MergeStrategy.MAX_SCORE else strategy(merge, self.categories, lam),
                 per_interest_k=fetch,
                 # DIVERSITY ranks by each item's best score over all interests: score exactly.
@@ -288,38 +324,37 @@ class Retriever:
             if self.observe_search is not None:
                 self.observe_search(time.perf_counter() - started)
             for row, i in enumerate(members):
-                kept = np.flatnonzero(result.ids[row] >= 0)[: depths[i]]
+                kept = np.flatnonzero(result.ids[row] >= 0)[: rows[i].depth]
                 found[i] = (result.ids[row][kept], result.scores[row][kept], result.interests[row][kept])
-        unclicked = {i: p.unclicked for i, p in enumerate(prepared) if p.unclicked is not None}
-        for j, i in enumerate(extra):
-            # Training's rule (retrieval.ranking): the previous request's retrieved items in its
-            # order, without the item clicked at it (the history's last event), the first n.
-            shown = found.pop(len(prepared) + j)[0]
-            p = prepared[i]
-            unclicked[i] = shown[(shown > 0) & (shown != p.known[-1])][: p.num_unclicked]
-        rank_scores = self._rerank(queries, prepared, found, unclicked)
-        answers = []
-        for i, (query, p) in enumerate(zip(queries, prepared, strict=True)):
-            ids, scores, slots = found[i]
-            answers.append(
-                Retrieved(
-                    list(zip(self.model.vocab.external(ids), scores.tolist(), slots.tolist(), strict=True)),
-                    unknown_items=p.unknown,
-                    model_version=self.model_version,
-                    interests=interests[i].copy() if query.return_interests else None,
-                    rank_scores=None if p.ranker is None else rank_scores[i],
-                    ranker_version="" if p.ranker is None else p.ranker.version,
-                )
-            )
-            if query.user_id:
-                logger.debug("user %s: %d items", query.user_id, len(ids))
-        return answers
+        return found
+
+    def _answer(
+        self,
+        query: Query,
+        p: _Prepared,
+        found: _Found,
+        interests: np.ndarray,
+        rank_scores: list[float] | None,
+    ) -> Retrieved:
+        """The answer to ``query`` from its items (``found``) and its ``[K, d]`` interests."""
+        ids, scores, slots = found
+        answer = Retrieved(
+            list(zip(self.model.vocab.external(ids), scores.tolist(), slots.tolist(), strict=True)),
+            unknown_items=p.unknown,
+            model_version=self.model_version,
+            interests=interests.copy() if query.return_interests else None,
+            rank_scores=rank_scores,
+            ranker_version="" if p.ranker is None else p.ranker.version,
+        )
+        if query.user_id:
+            logger.debug("user %s: %d items", query.user_id, len(ids))
+        return answer
 
     def _rerank(
         self,
         queries: Sequence[Query],
         prepared: Sequence[_Prepared],
-        found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+        found: dict[int, _Found],
         unclicked: Mapping[int, np.ndarray],
     ) -> dict[int, list[float]]:
         """Scores the candidates of the queries asking for a rerank (one ranker call per ranker)
@@ -359,36 +394,15 @@ class Retriever:
         return out
 
     def _prepare(self, query: Query) -> _Prepared:
-        """Validates ``query`` and looks its ids up."""
-        history, k = query.history, query.k
-        if isinstance(k, bool) or not 1 <= k <= MAX_K:
-            raise InvalidArgument(f"k must be between 1 and {MAX_K}, got {k}")
-        if not history:
-            raise InvalidArgument("history is empty: send at least one item id")
-        if len(history) > MAX_HISTORY:
-            raise InvalidArgument(f"history has {len(history)} ids, at most {MAX_HISTORY} are accepted")
-        for name, values in (("timestamps", query.timestamps), ("actions", query.actions)):
-            if values is not None and len(values) != len(history):
-                raise InvalidArgument(f"{len(values)} {name} for a history of {len(history)} events")
-        lam = query.diversity_lambda
-        if not math.isfinite(lam) or lam < 0:
-            raise InvalidArgument(f"diversity_lambda must be a finite number >= 0, got {lam}")
-        if lam and query.merge is not MergeStrategy.DIVERSITY:
-            raise InvalidArgument(
-                f"diversity_lambda is only used by the DIVERSITY merge, not {query.merge.name}"
-            )
-        if query.per_interest_k and not k <= query.per_interest_k <= MAX_PER_INTEREST_K:
-            raise InvalidArgument(
-                f"per_interest_k must be 0 (= k) or between k ({k}) and {MAX_PER_INTEREST_K}, "
-                f"got {query.per_interest_k}"
-            )
-        for name, ids in (("exclude_ids", query.exclude), ("allow_ids", query.allow)):
-            if len(ids) > MAX_FILTER_IDS:
-                raise InvalidArgument(f"{name} has {len(ids)} ids, at most {MAX_FILTER_IDS} are accepted")
-        if len(query.user_id) > MAX_USER_ID:
-            raise InvalidArgument(f"user_id has {len(query.user_id)} characters, at most {MAX_USER_ID}")
-        ranker, depth = self._ranker(query.rerank, k)
+        """Validates ``query`` and looks its ids up.
 
+        Raises:
+            InvalidArgument: as :meth:`_check` and :meth:`_ranker`; no known history id, or an
+                unknown category.
+        """
+        _check(query)
+        ranker, depth = self._ranker(query.rerank, query.k)
+        history = query.history
         dense = self.model.vocab.lookup(history)
         is_known = dense != PAD
         known = dense[is_known]
@@ -404,7 +418,43 @@ class Retriever:
             name: values[is_known] if len(values) == len(history) else np.zeros(len(known), np.int32)
             for name, values in events.items()
         }
-        excluded = self.model.vocab.lookup(list(query.exclude)) if query.exclude else np.zeros(0, np.int64)
+        exclude = known
+        if query.exclude:
+            excluded = self.model.vocab.lookup(list(query.exclude))
+            exclude = np.concatenate([known, excluded[excluded != PAD]])
+        allow = self._allowed(query)
+        unclicked = previous = None
+        if ranker is not None and ranker.num_unclicked and query.rerank is not None:
+            if query.rerank.unclicked:  # the caller's impressions replace the computed ones
+                shown = self.model.vocab.lookup(list(query.rerank.unclicked))
+                unclicked = shown[shown != PAD][: ranker.num_unclicked].astype(np.int64)
+            elif len(known) > 1:
+                previous = known[:-1]
+        # Max-score top-k is a prefix of top-k' (k < k'): any k share a search. The other
+        # merges choose among each interest's first candidates, so their depth must match.
+        fetch = query.per_interest_k
+        if query.merge is not MergeStrategy.MAX_SCORE:
+            fetch = max(depth, fetch)
+        return _Prepared(
+            known=known,
+            features=features,
+            exclude=np.unique(exclude),  # int64, as vocab lookups are
+            allow=allow,
+            search=(query.merge, query.diversity_lambda, fetch, (tuple(query.allow), query.category)),
+            unknown=len(history) - len(known),
+            ranker=ranker,
+            depth=depth,
+            unclicked=unclicked,
+            previous=previous,
+            num_unclicked=0 if ranker is None else ranker.num_unclicked,
+        )
+
+    def _allowed(self, query: Query) -> np.ndarray | None:
+        """The dense ids ``query`` may return (sorted unique int64), None = every item.
+
+        Raises:
+            InvalidArgument: an unknown category.
+        """
         allow = None
         if query.allow:
             allowed = self.model.vocab.lookup(list(query.allow))
@@ -414,26 +464,7 @@ class Retriever:
                 raise InvalidArgument(f"unknown category {query.category!r}: no item of the model has it")
             members = self.item_categories.ids(query.category)
             allow = members if allow is None else np.intersect1d(allow, members)
-        unclicked = previous = None
-        if ranker is not None and ranker.num_unclicked and query.rerank is not None:
-            if query.rerank.unclicked:  # the caller's impressions replace the computed ones
-                shown = self.model.vocab.lookup(list(query.rerank.unclicked))
-                unclicked = shown[shown != PAD][: ranker.num_unclicked].astype(np.int64)
-            elif len(known) > 1:
-                previous = known[:-1]
-        return _Prepared(
-            known=known,
-            features=features,
-            exclude=np.unique(np.concatenate([known, excluded[excluded != PAD]]).astype(np.int64)),
-            allow=allow,
-            allow_key=(tuple(query.allow), query.category),
-            unknown=len(history) - len(known),
-            ranker=ranker,
-            depth=depth,
-            unclicked=unclicked,
-            previous=previous,
-            num_unclicked=0 if ranker is None else ranker.num_unclicked,
-        )
+        return allow
 
     def _ranker(self, rerank: Rerank | None, k: int) -> tuple[LoadedRanker | None, int]:
         """The ranker a query asks for and how many items to retrieve for it.
@@ -462,6 +493,60 @@ class Retriever:
                 f"rerank unclicked has {len(rerank.unclicked)} ids, at most {MAX_FILTER_IDS} are accepted"
             )
         return self.rankers[name], depth
+
+
+def _unclicked(prepared: Sequence[_Prepared], found: dict[int, _Found]) -> dict[int, np.ndarray]:
+    """The unclicked items of each rerank reading them: the request's own or, by training's rule
+    (:mod:`retrieval.ranking`), its previous request's retrieved items in their order without the
+    item clicked at it (the history's last event), the first ``num_unclicked``.
+
+    Args:
+        found: per row, its items; the previous requests' rows (after the queries', in the
+            order of their reranks) are taken out.
+    """
+    unclicked = {}
+    row = len(prepared)
+    for i, p in enumerate(prepared):
+        if p.unclicked is not None:
+            unclicked[i] = p.unclicked
+        elif p.previous is not None:
+            shown = found.pop(row)[0]
+            row += 1
+            unclicked[i] = shown[(shown > 0) & (shown != p.known[-1])][: p.num_unclicked]
+    return unclicked
+
+
+def _check(query: Query) -> None:
+    """Checks the ranges of ``query``'s arguments (the rerank's are :meth:`Retriever._ranker`'s).
+
+    Raises:
+        InvalidArgument: the first argument out of range (the message says which and why).
+    """
+    history, k = query.history, query.k
+    if isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise InvalidArgument(f"k must be between 1 and {MAX_K}, got {k}")
+    if not history:
+        raise InvalidArgument("history is empty: send at least one item id")
+    if len(history) > MAX_HISTORY:
+        raise InvalidArgument(f"history has {len(history)} ids, at most {MAX_HISTORY} are accepted")
+    for name, values in (("timestamps", query.timestamps), ("actions", query.actions)):
+        if values is not None and len(values) != len(history):
+            raise InvalidArgument(f"{len(values)} {name} for a history of {len(history)} events")
+    lam = query.diversity_lambda
+    if not math.isfinite(lam) or lam < 0:
+        raise InvalidArgument(f"diversity_lambda must be a finite number >= 0, got {lam}")
+    if lam and query.merge is not MergeStrategy.DIVERSITY:
+        raise InvalidArgument(f"diversity_lambda is only used by the DIVERSITY merge, not {query.merge.name}")
+    if query.per_interest_k and not k <= query.per_interest_k <= MAX_PER_INTEREST_K:
+        raise InvalidArgument(
+            f"per_interest_k must be 0 (= k) or between k ({k}) and {MAX_PER_INTEREST_K}, "
+            f"got {query.per_interest_k}"
+        )
+    for name, ids in (("exclude_ids", query.exclude), ("allow_ids", query.allow)):
+        if len(ids) > MAX_FILTER_IDS:
+            raise InvalidArgument(f"{name} has {len(ids)} ids, at most {MAX_FILTER_IDS} are accepted")
+    if len(query.user_id) > MAX_USER_ID:
+        raise InvalidArgument(f"user_id has {len(query.user_id)} characters, at most {MAX_USER_ID}")
 
 
 def item_categories(model: ModelArtifact, item_attributes: Mapping[str, Sequence[str]]) -> np.ndarray:

@@ -28,6 +28,7 @@ setup(
         f"grpcio-reflection=={GRPC}",
         "protobuf==7.36.2",
         "prometheus-client>=0.20",
+        "pyyaml>=6.0",  # config files: tools/train.py --config run.yaml (retrieval.config)
     ],
     extras_require={
         "dev": [

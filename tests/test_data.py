@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from retrieval.data.datasets import DATA_ROOT_ENV, dataset_at, dataset_path
 from retrieval.data.interactions import DataError, SequenceData, build_sequences
 from retrieval.data.loaders import load_interactions
-from retrieval.data.movielens import default_data_path, load_movielens, verify_movielens_100k
+from retrieval.data.movielens import load_movielens, verify_movielens_100k
 from retrieval.data.s3rec import load_s3rec
 from retrieval.data.splits import leave_one_out
 from retrieval.data.tables import load_table
@@ -507,8 +508,19 @@ def test_verify_movielens_100k_real(shared_data: Path, tmp_path: Path) -> None:
         verify_movielens_100k(tmp_path)
 
 
-def test_default_data_path(shared_data: Path) -> None:
-    assert default_data_path() == (shared_data / "ml-100k").resolve()
+def test_the_data_root_finds_ml100k_through_a_symlink(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The data root is taken as given (``$MITT_DATA`` here, a symlink): paths under it are not
+    resolved, and a dataset is recognised by any path to the same folder."""
+    link = tmp_path / "root"
+    link.symlink_to(shared_data, target_is_directory=True)
+    monkeypatch.setenv(DATA_ROOT_ENV, str(link))
+    found = dataset_path("ml100k")
+    assert found == link / "ml-100k"
+    assert found.resolve() == (shared_data / "ml-100k").resolve()
+    assert dataset_at(shared_data / "ml-100k") == dataset_at(found) == "ml100k"
+    verify_movielens_100k(found)
 
 
 def test_vocab_maps_ids_both_ways_and_refuses_indices_outside_it() -> None:

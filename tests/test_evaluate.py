@@ -167,8 +167,8 @@ def test_loo_sampled_protocol_against_brute_force(toy_data: Path, numpy_model: M
     assert result.metrics["sampled_ndcg@10"] == pytest.approx(ndcg / 40)
 
 
-def test_loo_full_protocol_is_the_existing_evaluation(toy_data: Path, numpy_model: ModelArtifact) -> None:
-    result = evaluate_protocol(numpy_model, toy_data, "loo-full")
+def test_loo_protocol_is_the_existing_evaluation(toy_data: Path, numpy_model: ModelArtifact) -> None:
+    result = evaluate_protocol(numpy_model, toy_data, "loo")
     assert result.metrics == evaluate_model_on_data(numpy_model, toy_data)
     assert {"hr@5", "ndcg@5", "recall@5", "hr@50", "ndcg@50", "recall@50"} <= set(result.metrics)
     data = build_sequences(load_interactions(toy_data))
@@ -205,7 +205,7 @@ def test_tool_evaluates_each_protocol_and_compares_runs(
     trained_toy: Path, toy_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     expected = {
-        "loo-full": {f"{m}@{k}" for m in ("hr", "ndcg", "recall") for k in (5, 10, 20, 50)},
+        "loo": {f"{m}@{k}" for m in ("hr", "ndcg", "recall") for k in (5, 10, 20, 50)},
         "loo-sampled": {"sampled_hr@10", "sampled_ndcg@10"},
         "comirec": {f"{m}@{k}" for m in ("recall", "hitrate", "ndcg", "diversity") for k in (20, 50)},
     }
@@ -220,10 +220,10 @@ def test_tool_evaluates_each_protocol_and_compares_runs(
         assert printed == saved and saved["protocol"] == protocol and saved["split"] == "test"
         assert {k for k in saved if "@" in k} == keys
         assert all(0.0 <= saved[k] <= 1.0 for k in keys)
-    # The default protocol is loo-full, printed as JSON as before.
+    # The default protocol is loo, printed as JSON as before.
     assert run_tool("evaluate", *base) == 0
     legacy = json.loads(capsys.readouterr().out)
-    assert legacy["search"] == "exact" and legacy["ndcg@10"] == saved_metric(tmp_path, "loo-full", "ndcg@10")
+    assert legacy["search"] == "exact" and legacy["ndcg@10"] == saved_metric(tmp_path, "loo", "ndcg@10")
 
     assert run_tool("evaluate", *base, "--protocol", "comirec", "--table") == 0
     table = capsys.readouterr().out.splitlines()
@@ -236,7 +236,7 @@ def test_tool_evaluates_each_protocol_and_compares_runs(
     assert [s.splitlines()[0].removeprefix("### ") for s in sections] == list(expected)
     loo_full = sections[0].splitlines()[2:]
     assert len(loo_full) == 2 + 3  # header, rule; the evaluation, the training run, its baseline
-    assert loo_full[-1].startswith(f"| {trained_toy} (most popular) | loo-full | test |")
+    assert loo_full[-1].startswith(f"| {trained_toy} (most popular) | loo | test |")
     assert run_tool("evaluate", "--compare", *runs[:2], "--metrics", "ndcg@10,sampled_ndcg@10") == 0
     rows = capsys.readouterr().out.splitlines()
     assert rows[2] == "| run | protocol | split | ndcg@10 | sampled_ndcg@10 |"
@@ -265,7 +265,8 @@ def test_length_sorted_trimmed_encoding_equals_full_width(
     """encode_histories batches similar lengths in trimmed widths: the interests of an exported
     tower are those of full-width, unsorted encoding (towers ignore padding)."""
     from retrieval.artifacts.model import load_model
-    from retrieval.training.config import Config, apply_overrides
+    from retrieval.config import apply_overrides
+    from retrieval.training.config import Config
     from retrieval.training.run import train
 
     overrides = [f"data.path={synthetic_csv}", f"model.tower={tower}", f"model.fusion={fusion}"]

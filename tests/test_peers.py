@@ -1,4 +1,4 @@
-"""``bench/peers.py``: its pure parts (the shared split, RecBole's atomic file and the check of
+"""``bench.peers``: its pure parts (the shared split, RecBole's atomic file and the check of
 RecBole's split, the evaluation of exported vectors, the comparison), then one ``--smoke`` run
 end to end, which installs the peers' venvs into the cache the first time."""
 
@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from bench import peers
+from bench.peers import runs as peer_runs
 from retrieval.artifacts.model import ModelArtifact, pad_left
+from retrieval.data.datasets import DATA_ROOT_ENV, DATASETS
 from retrieval.data.interactions import build_sequences
 from retrieval.data.loaders import load_interactions
 from retrieval.data.splits import comirec_split, leave_one_out
@@ -330,13 +332,24 @@ def test_ours_worker_trains_on_the_benchmark_split_and_times_each_epoch(
     assert summary["validation_curve"] == [round(e["validation"]["recall@50"], 6) for e in progress["epochs"]]
 
 
-def test_ours_start_from_the_preset_of_a_preset_dataset(tmp_path: Path) -> None:
+def fake_data_root(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``root`` holding an empty file for every named dataset, made the data root (``$MITT_DATA``)."""
+    for rel in DATASETS.values():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).touch()
+    monkeypatch.setenv(DATA_ROOT_ENV, str(root))
+    return root
+
+
+def test_ours_start_from_the_preset_of_a_preset_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On Beauty our sasrec trains with its tuned preset (negatives, dropout) but the shared sizes
     and budget, validated every epoch; elsewhere, or with presets off, from the defaults."""
     from retrieval.training.config import Config
-    from retrieval.training.presets import DATASETS, PRESETS, SHARED_DATA
+    from retrieval.training.presets import PRESETS
 
-    beauty = str(SHARED_DATA / DATASETS["beauty"])
+    beauty = str(fake_data_root(tmp_path / "root", monkeypatch) / DATASETS["beauty"])
     run = peers.ModelRun("ours", "sasrec", "loo")
     settings = peers.Settings(beauty, 0, 3, 128, 16, 20, 5, 2, 10, 0.0, ("train.temperature=0.5",))
     assert peers.ours_preset("sasrec", settings) == "beauty-sasrec"
@@ -361,13 +374,15 @@ def test_ours_start_from_the_preset_of_a_preset_dataset(tmp_path: Path) -> None:
         )
 
 
-def test_a_pair_trains_for_our_towers_epoch_budget_unless_given() -> None:
+def test_a_pair_trains_for_our_towers_epoch_budget_unless_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without --epochs both sides of a pair get our tower's preset budget (beauty-sasrec: 39,
     RecBole's SASRec too); towers without one the default; --epochs wins everywhere."""
     from retrieval.training.config import Config
-    from retrieval.training.presets import DATASETS, SHARED_DATA, apply_preset
+    from retrieval.training.presets import apply_preset
 
-    beauty = str(SHARED_DATA / DATASETS["beauty"])
+    beauty = str(fake_data_root(tmp_path / "root", monkeypatch) / DATASETS["beauty"])
     tuned = apply_preset(Config(), "beauty-sasrec").train.epochs
     settings = peers.Settings(beauty, 0, None, 128, 16, 20, 5, 2, 10, 0.0)
     budget = {
@@ -396,8 +411,8 @@ def test_a_finished_run_is_read_back_only_with_the_same_settings_and_config(
     def run_process(*args, **kwargs):
         raise Trained
 
-    monkeypatch.setattr(peers, "run_process", run_process)
-    monkeypatch.setattr(peers, "peer_command", lambda *args: ["peer"])
+    monkeypatch.setattr(peer_runs, "run_process", run_process)
+    monkeypatch.setattr(peer_runs, "peer_command", lambda *args: ["peer"])
     settings = peers.Settings(str(tmp_path), 0, 3, 128, 16, 20, 5, 2, 10, 0.0)
     ours, peer = peers.ModelRun("ours", "sa", "comirec"), peers.ModelRun("deepmatch", "ComiRec-SA", "comirec")
     for run in (ours, peer):
@@ -415,6 +430,8 @@ def test_a_finished_run_is_read_back_only_with_the_same_settings_and_config(
                 peers.execute(*args)
 
 
+@pytest.mark.network  # installs the peers' venvs from PyPI (once, into the cache)
+@pytest.mark.slow  # trains four models in four processes: about 5 minutes here (shared machine)
 @pytest.mark.timeout(900)  # installs both peers' venvs on a new machine (~100 s here)
 def test_smoke_run_trains_both_peers_and_ours_and_compares_them(shared_data: Path, tmp_path: Path) -> None:
     """``bench.peers --smoke`` end to end on ML-100K's first 100 users, one epoch, one pair per

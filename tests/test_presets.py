@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from retrieval.training.config import Config, apply_overrides
-from retrieval.training.presets import DATASETS, PRESETS, TOWERS, apply_preset, get_preset, preset_names
+from retrieval.config import apply_overrides
+from retrieval.data import DATA_ROOT_ENV, DATASETS, DataError, dataset_at
+from retrieval.training.config import Config
+from retrieval.training.presets import PRESETS, TOWERS, apply_preset, get_preset, preset_names
 from tests.conftest import REPO_ROOT
 from towers import tower_names
 
@@ -22,13 +25,13 @@ def train_tool() -> ModuleType:
     return module
 
 
-def test_one_preset_per_dataset_and_tower() -> None:
+def test_one_preset_per_dataset_and_tower(shared_data: Path) -> None:
     assert sorted(TOWERS) == tower_names()
     assert preset_names() == sorted(f"{d}-{t}" for d in DATASETS for t in TOWERS)
     for name, preset in PRESETS.items():
-        config = apply_preset(Config(), name)  # every override is a valid, typed field
+        config = apply_preset(Config(), name, data_root=shared_data)  # every override is a valid, typed field
         assert config.model.tower == name.split("-", 1)[1]
-        assert config.data.path == str(preset.data_path)
+        assert config.data.path == str(preset.dataset_path(shared_data))
         assert preset.tuned or "not tuned" in preset.note
 
 
@@ -37,7 +40,8 @@ def test_unknown_preset_lists_the_known_ones() -> None:
         get_preset("beauty-gru")
 
 
-def test_preset_then_flags_then_set() -> None:
+def test_preset_then_flags_then_set(shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DATA_ROOT_ENV, str(shared_data))
     tool = train_tool()
     config, _ = tool.parse_args(
         [
@@ -61,7 +65,7 @@ def test_preset_then_flags_then_set() -> None:
     assert (config.data.path, config.model.tower) == ("log.csv", "din")
     # Flags left out keep the preset's (here: the defaults') values.
     assert config == apply_overrides(
-        apply_preset(Config(), "ml100k-sa"), ["data.path=log.csv", "model.tower=din"]
+        apply_preset(Config(), "ml100k-sa", data_root=shared_data), ["data.path=log.csv", "model.tower=din"]
     )
 
 
@@ -76,17 +80,31 @@ def test_cli_errors_are_reported(capsys) -> None:
     assert config.train.loss == "mixed"
 
 
-def test_dataset_at_names_only_the_default_locations(tmp_path) -> None:
-    from retrieval.training.presets import DATASETS, SHARED_DATA, dataset_at
+def test_a_preset_finds_its_dataset_under_the_data_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "amazon-beauty").mkdir()
+    (tmp_path / "amazon-beauty" / "Beauty.txt").touch()
+    assert apply_preset(Config(), "beauty-sasrec", tmp_path).data.path == str(tmp_path / DATASETS["beauty"])
+    monkeypatch.setenv(DATA_ROOT_ENV, str(tmp_path))  # no root given: $MITT_DATA
+    assert apply_preset(Config(), "beauty-sasrec").data.path == str(tmp_path / DATASETS["beauty"])
+    with pytest.raises(DataError, match="dataset 'ml100k' not found"):
+        apply_preset(Config(), "ml100k-sa")
+    monkeypatch.delenv(DATA_ROOT_ENV)
+    with pytest.raises(DataError, match=f"no data root: pass --data-root DIR or set {DATA_ROOT_ENV}"):
+        apply_preset(Config(), "beauty-sasrec")
 
+
+def test_dataset_at_names_only_the_default_locations(tmp_path: Path, shared_data: Path) -> None:
     for name, rel in DATASETS.items():
-        assert dataset_at(SHARED_DATA / rel) == name
-        assert dataset_at(os.path.relpath(SHARED_DATA / rel)) == name
-    assert dataset_at(tmp_path / "Beauty.txt") is None
+        assert dataset_at(shared_data / rel, shared_data) == name
+        assert dataset_at(os.path.relpath(shared_data / rel), shared_data) == name
+    assert dataset_at(tmp_path / "Beauty.txt", shared_data) is None
 
 
-def test_a_borrowed_preset_takes_the_tuned_values_but_its_own_data() -> None:
-    sports, beauty = apply_preset(Config(), "sports-sasrec"), apply_preset(Config(), "beauty-sasrec")
+def test_a_borrowed_preset_takes_the_tuned_values_but_its_own_data(shared_data: Path) -> None:
+    sports = apply_preset(Config(), "sports-sasrec", data_root=shared_data)
+    beauty = apply_preset(Config(), "beauty-sasrec", data_root=shared_data)
     assert (sports.model, sports.train) == (beauty.model, beauty.train)
     assert sports.data.path.endswith("Sports_and_Outdoors.txt")
     assert not get_preset("sports-sasrec").tuned and "beauty-sasrec" in get_preset("sports-sasrec").note

@@ -15,7 +15,7 @@ from bench import quality
 from retrieval.data.loaders import load_interactions
 from retrieval.training import presets
 from retrieval.training.config import Config
-from retrieval.training.presets import SHARED_DATA, Preset
+from retrieval.training.presets import Preset
 
 
 def test_plan_runs_fusions_only_on_towers_with_side_information() -> None:
@@ -67,7 +67,7 @@ def test_run_config_layers_preset_run_epochs_then_set(monkeypatch: pytest.Monkey
 
 def test_preset_dataset_names_resolve_to_shared_data(shared_data: Path, tmp_path: Path) -> None:
     dataset = quality.resolve_dataset("ml100k", 0, tmp_path)
-    assert (dataset.name, dataset.path, dataset.preset) == ("ml100k", str(SHARED_DATA / "ml-100k"), "ml100k")
+    assert (dataset.name, dataset.path, dataset.preset) == ("ml100k", str(shared_data / "ml-100k"), "ml100k")
     with pytest.raises(ValueError, match="does not exist"):
         quality.resolve_dataset(str(tmp_path / "missing.csv"), 0, tmp_path)
 
@@ -114,6 +114,7 @@ def _table_rows(markdown: str, heading: str) -> dict[str, dict[str, str]]:
     return rows
 
 
+@pytest.mark.slow  # trains the quick report's runs: 20 s here
 def test_quick_report(
     synthetic_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,6 +17,7 @@ from retrieval.artifacts.index import build_index_from_model, load_index
 from retrieval.artifacts.model import ModelArtifact, load_model, pad_left
 from retrieval.artifacts.ranker import AttributeTable, load_ranker, save_ranker
 from retrieval.artifacts.ranker_scorer import RankerScorer
+from retrieval.config import apply_overrides
 from retrieval.data.interactions import SequenceData, build_sequences
 from retrieval.data.loaders import load_interactions
 from retrieval.data.splits import leave_one_out
@@ -24,7 +25,7 @@ from retrieval.data.vocab import ItemVocab
 from retrieval.evaluation.evaluate import evaluate_ranking
 from retrieval.evaluation.protocols import evaluate_protocol
 from retrieval.ranking.blend import fit_bias, fit_blend, fit_list_blend, list_loss
-from retrieval.ranking.config import RankerConfig, apply_ranker_overrides, check_config, negative_counts
+from retrieval.ranking.config import RankerConfig, check_config, negative_counts
 from retrieval.ranking.data import build_ranking_data, retrieve
 from retrieval.ranking.metrics import auc, evaluate_reranking, gauc, list_metrics, per_user_auc
 from retrieval.ranking.training import ranker_kwargs, train_ranker
@@ -209,20 +210,20 @@ def test_evaluation_feeds_the_searchs_scores_to_the_rankers(setup) -> None:
 
 
 def test_overrides_and_bad_settings() -> None:
-    config = apply_ranker_overrides(
+    config = apply_overrides(
         RankerConfig(),
         ["epochs=3", "attributes=false", "negatives=retrieved+uniform", "options.units=[4, 2]"],
     )
     assert (config.epochs, config.attributes, config.options) == (3, False, {"units": [4, 2]})
     assert negative_counts(dataclasses.replace(config, num_negatives=5)) == {"retrieved": 3, "uniform": 2}
     with pytest.raises(ValueError, match="unknown ranker setting"):
-        apply_ranker_overrides(RankerConfig(), ["nope=1"])
+        apply_overrides(RankerConfig(), ["nope=1"])
     with pytest.raises(ValueError, match="negatives"):
         negative_counts(RankerConfig(negatives="retrieved+bogus"))
-    config = apply_ranker_overrides(RankerConfig(), ["options.retrieval_score=false", "context_size=5"])
+    config = apply_overrides(RankerConfig(), ["options.retrieval_score=false", "context_size=5"])
     assert config.options == {"retrieval_score": False} and config.context_size == 5
     with pytest.raises(ValueError, match="context_size=N, not options"):
-        check_config(apply_ranker_overrides(RankerConfig(), ["options.context_size=5"]))
+        check_config(apply_overrides(RankerConfig(), ["options.context_size=5"]))
 
 
 # --- AUC and GAUC -----------------------------------------------------------------------------
@@ -624,7 +625,7 @@ def test_cli_trains_evaluates_and_writes_a_loadable_artifact(
     # Retrieval only = the project's evaluation through the index (same users, same lists).
     model = load_model(model_dir)
     index, _ = load_index(index_dir)
-    expected = evaluate_protocol(model, synthetic_csv, "loo-full", index=index).metrics
+    expected = evaluate_protocol(model, synthetic_csv, "loo", index=index).metrics
     assert metrics["retrieval"]["ndcg@10"] == pytest.approx(expected["ndcg@10"])
     assert metrics["retrieval"]["hr@10"] == pytest.approx(expected["hr@10"])
 
@@ -637,5 +638,8 @@ def test_cli_trains_evaluates_and_writes_a_loadable_artifact(
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["uses_unclicked"] and manifest["ranker_kwargs"]["num_items"] == len(model.vocab)
     assert manifest["ranker_kwargs"]["retrieval_score"] and manifest["ranker_kwargs"]["context_size"] == 20
+    # The artifact's config.json given back as --config: the configuration it was trained with.
+    assert run_tool("train_ranker", "--print-config", "--config", str(out / "config.json")) == 0
+    assert capsys.readouterr().out.strip() == (out / "config.json").read_text().strip()
     assert run_tool("train_ranker", "--model", str(model_dir), "--index", str(index_dir), "--data",
                     str(synthetic_csv), "--ranker", "din", "--out", str(out)) == 2  # fmt: skip

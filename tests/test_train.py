@@ -15,6 +15,7 @@ import tensorflow as tf
 import retrieval.training.inputs
 import retrieval.training.run
 import retrieval.training.validation
+from retrieval.config import apply_overrides
 from retrieval.training.batches import bucketed_order, epoch_batches
 from retrieval.training.callbacks import (
     EarlyStopping,
@@ -24,7 +25,7 @@ from retrieval.training.callbacks import (
     run_folder,
     save_checkpoint,
 )
-from retrieval.training.config import Config, ModelConfig, TrainConfig, apply_overrides
+from retrieval.training.config import Config, ModelConfig, TrainConfig
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
 from retrieval.training.model import build_model

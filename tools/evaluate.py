@@ -1,13 +1,14 @@
 """Evaluate a trained model under one protocol, or compare the metrics of several runs.
 
-    python tools/evaluate.py --model runs/ml100k-sa --data ../shared/data/ml-100k \\
-        [--protocol loo-full|loo-sampled|comirec] [--index runs/ml100k-sa-index] \\
+    python tools/evaluate.py --model runs/ml100k-sa --data data/ml-100k \\
+        [--protocol loo|loo-sampled|comirec] [--index runs/ml100k-sa-index] \\
         [--split test] [--seed 42] [--negatives 100] [--out runs/ml100k-sa-comirec] [--table]
     python tools/evaluate.py --model runs/big-sa --data runs/big-prepared [--split test]
     python tools/evaluate.py --compare runs/a runs/b runs/c/metrics.json [--metrics hr@10,ndcg@10]
 
-Protocols (retrieval/protocols.py):
-  loo-full     leave-one-out, ranked against every item, history excluded:
+Protocols (retrieval/data/splits.py; tools/train.py --protocol loo and comirec are scored as
+the ones of the same name, loo-refit as loo):
+  loo          leave-one-out, ranked against every item, history excluded:
                hr, ndcg, recall @ 5, 10, 20, 50 (exact search, or through --index)
   loo-sampled  leave-one-out, the target against --negatives items the user never touched,
                drawn with --seed (SASRec's protocol): sampled_hr@10, sampled_ndcg@10
@@ -16,7 +17,7 @@ Protocols (retrieval/protocols.py):
                (ComiRec's definitions; diversity needs item attributes, first = category)
 
 --data may also be a prepared folder (tools/prepare_data.py, detected, or --format prepared):
-its users are read a batch at a time; it holds the leave-one-out split, so loo-full only.
+its users are read a batch at a time; it holds the leave-one-out split, so loo only.
 
 Prints the result as JSON (default) or a Markdown table (--table). --out DIR also writes it
 to DIR/metrics.json; the model folder itself is never written to (its files are checksummed).
@@ -55,7 +56,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=["movielens", "s3rec", "table", "prepared"],
         help="override format detection (prepared: a tools/prepare_data.py folder)",
     )
-    p.add_argument("--protocol", choices=PROTOCOLS, default="loo-full", help="default %(default)s")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="loo", help="default %(default)s")
     p.add_argument("--index", help="index folder (tools/build_index.py --out); default exact search")
     p.add_argument("--split", choices=["test", "valid"], default="test", help="default %(default)s")
     p.add_argument(
@@ -79,8 +80,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--negatives must be at least 1")
     if args.data is not None and args.format is None and is_prepared(args.data):
         args.format = "prepared"
-    if args.format == "prepared" and args.protocol != "loo-full":
-        p.error(f"a prepared folder holds the leave-one-out split only: use --protocol loo-full, or give "
+    if args.format == "prepared" and args.protocol != "loo":
+        p.error(f"a prepared folder holds the leave-one-out split only: use --protocol loo, or give "
                 f"--protocol {args.protocol} the raw interactions")  # fmt: skip
     return args
 

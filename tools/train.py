@@ -1,13 +1,19 @@
 """Train a two-tower retriever and write its model artifact.
 
-python tools/train.py --data ../shared/data/ml-100k --model sa --epochs 20 --out runs/ml100k-sa
-python tools/train.py --preset beauty-sasrec --out runs/beauty-sasrec --loss gbce
+python tools/train.py --data data/ml-100k --model sa --epochs 20 --out runs/ml100k-sa
+python tools/train.py --preset beauty-sasrec --data-root /data --out runs/beauty-sasrec --loss gbce
+python tools/train.py --config runs/beauty-sasrec/config.json --out runs/beauty-sasrec-again
+python tools/train.py --preset ml100k-sa --set train.epochs=5 --print-config > ml100k-sa.json
 python tools/train.py --data runs/big-prepared --out runs/big-sa     # a tools/prepare_data.py folder
 TF_CONFIG='{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}' \
     python tools/train.py --data runs/big-prepared --out /shared/runs/big-sa --strategy multi-worker
 
-Settings are applied in order: the defaults (retrieval/config.py), --preset, the flags below,
-then every --set. An interrupted run continues with the same command plus --resume.
+Settings are applied in order: the defaults (retrieval/training/config.py), --preset, --config
+FILE (JSON or YAML, whole or partial; a model folder's config.json repeats its run exactly), the
+flags below, then every --set. A preset's dataset is looked up under --data-root (default
+$MITT_DATA) unless a later layer sets data.path. Every setting is checked before TensorFlow is
+loaded or any data read; --print-config prints the resolved configuration as JSON and exits
+(docs/configuration.md). An interrupted run continues with the same command plus --resume.
 
 --strategy multi-worker runs one process per host, each with its own TF_CONFIG (the cluster's
 workers and this one's index) and otherwise the same command; worker 0 (or the "chief" task)
@@ -23,23 +29,27 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+# Configuration only (no TensorFlow): the training itself is imported in main, once the
+# configuration is known to be valid.
+from retrieval.data import DATA_ROOT_ENV
 from retrieval.storage import ArtifactError
 from retrieval.training import (
+    DATA_FORMATS,
+    LOSSES,
     LR_SCALINGS,
     STRATEGIES,
+    TOWERS,
     TRAINING_PROTOCOLS,
     Config,
     ModelConfig,
     TrainConfig,
     apply_overrides,
-    apply_preset,
-    is_chief,
-    make_strategy,
+    config_to_json,
+    get_preset,
+    load_config_file,
     preset_names,
-    train,
+    update_config,
 )
-from retrieval.training.losses import LOSSES
-from towers import tower_names
 
 # flag dest -> config field; a flag overrides its field only when given.
 FLAG_FIELDS = {
@@ -61,17 +71,18 @@ FLAG_FIELDS = {
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
-    """The resolved configuration and the parsed arguments.
+    """The resolved configuration and the parsed arguments; loads no TensorFlow and reads no data.
 
     Raises:
-        ValueError: an unknown preset, a bad ``--set``, or no data given.
+        ValueError: an unknown preset, a bad config file or ``--set``, an option value outside
+            its choices, no data given, or (a preset's dataset) no data root.
     """
     m, t = ModelConfig(), TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="interactions: ML-100K/1M folder, S3-Rec .txt, CSV or Parquet")
     p.add_argument(
         "--format",
-        choices=["movielens", "s3rec", "table", "prepared"],
+        choices=DATA_FORMATS,
         help="override format detection (prepared: a tools/prepare_data.py folder, streamed)",
     )
     p.add_argument(
@@ -80,13 +91,28 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
         help="split: leave-one-out (default), leave-one-out trained on the validation events too "
         "(loo-refit: fixed epochs, no validation) or ComiRec's 8:1:1 users with 80/20 history/targets",
     )
-    p.add_argument("--out", required=True, help="model artifact folder to create")
+    p.add_argument("--out", help="model artifact folder to create (required unless --print-config)")
     p.add_argument(
         "--overwrite", action="store_true", help="replace --out (and an interrupted run) if it exists"
     )
     p.add_argument("--resume", action="store_true", help="continue the interrupted run in OUT.partial")
     p.add_argument("--preset", help=f"named hyper-parameters (and dataset): {', '.join(preset_names())}")
-    p.add_argument("--model", choices=tower_names(), help=f"user tower (default {m.tower})")
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="settings from a JSON or YAML file (after --preset, before the flags and --set)",
+    )
+    p.add_argument(
+        "--data-root",
+        type=Path,
+        metavar="DIR",
+        help=f"where a preset's dataset is (default: ${DATA_ROOT_ENV})",
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved configuration as JSON and exit"
+    )
+    p.add_argument("--model", choices=TOWERS, help=f"user tower (default {m.tower})")
     p.add_argument("--dim", type=int, help=f"embedding size (default {m.dim})")
     p.add_argument(
         "--num-interests", type=int, help="K (default: the tower's; 1 for sasrec, bert4rec, youtubednn)"
@@ -122,19 +148,25 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    config = Config()
-    if args.preset:
-        config = apply_preset(config, args.preset)
+    preset = get_preset(args.preset) if args.preset else None
+    config = apply_overrides(Config(), preset.overrides) if preset else Config()
+    if args.config is not None:
+        config = update_config(config, load_config_file(args.config))
     flags = [
         f"{field}={getattr(args, dest)}"
         for dest, field in FLAG_FIELDS.items()
         if getattr(args, dest) is not None
     ]
     config = apply_overrides(config, [*flags, *args.set])
-    if not config.data.path:
-        raise ValueError("no data: give --data (or a --preset, which names its dataset)")
+    if preset is not None and not config.data.path:  # the preset's dataset, unless a later layer named data
+        config = apply_overrides(config, [f"data.path={preset.dataset_path(args.data_root)}"])
     if args.replicas is not None and args.strategy != "mirrored":
         raise ValueError("--replicas is for --strategy mirrored")
+    if not args.print_config:
+        if not config.data.path:
+            raise ValueError("no data: give --data (or a --preset, which names its dataset, or a --config)")
+        if not args.out:
+            raise ValueError("no --out: give the model artifact folder to create")
     return config, args
 
 
@@ -142,6 +174,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         config, args = parse_args(argv)
+    except ValueError as e:  # a DataError (no data root, no dataset) is one too
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config_to_json(config))
+        return 0
+    from retrieval.training import is_chief, make_strategy, train  # TensorFlow, from here on
+
+    try:
         # The process's first TensorFlow op: a multi-worker strategy must precede all others.
         strategy = make_strategy(args.strategy, args.replicas)
         metrics = train(

@@ -1,9 +1,9 @@
 """Train a pre-ranking model on a retriever's candidates and measure the reranking.
 
 python tools/train_ranker.py --model runs/beauty-sasrec --index runs/beauty-sasrec-index \\
-    --data ../shared/data/amazon-beauty/Beauty.txt --ranker din --out runs/beauty-din
+    --data data/amazon-beauty/Beauty.txt --ranker din --out runs/beauty-din
 python tools/train_ranker.py --model runs/ml100k-sa --index runs/ml100k-sa-index \\
-    --data ../shared/data/ml-100k --ranker dstn --negatives retrieved+uniform --out runs/ml100k-dstn \\
+    --data data/ml-100k --ranker dstn --negatives retrieved+uniform --out runs/ml100k-dstn \\
     --set options.hidden_units=[64,32] --set positions_per_user=20
 
 Click examples come from the same leave-one-out split the retriever was trained on; negatives are
@@ -13,6 +13,11 @@ are then reranked: retrieval-only vs reranked NDCG@10 / HR@10, AUC and GAUC are 
 written with the ranker artifact to OUT/metrics.json. Every setting is a field of
 retrieval.ranking.config.RankerConfig, settable with --set field=value (ranker arguments:
 --set options.NAME=JSON).
+
+Settings are applied in order: the defaults, --config FILE (JSON or YAML, whole or partial; a
+ranker folder's config.json repeats its run), the flags below, then every --set. Option values
+are checked before TensorFlow is loaded, the ranker's name and the ranges before any data is
+read; --print-config prints the resolved configuration as JSON and exits (docs/configuration.md).
 
 Every ranker reads the retriever's score of each candidate by default: its own part is trained
 on the training clicks, then blended with the retrieval score (g * own + w * score + b) on the
@@ -31,9 +36,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rankers import ranker_names
-from retrieval.data import DataError
-from retrieval.ranking import RankerConfig, apply_ranker_overrides, train_ranker_from_dirs
+# Configuration only (no TensorFlow): training is imported in main, once the configuration is valid.
+from retrieval.ranking import (
+    ITEM_INITS,
+    RankerConfig,
+    apply_overrides,
+    config_to_json,
+    load_config_file,
+    update_config,
+)
 from retrieval.storage import ArtifactError
 
 # flag dest -> RankerConfig field; a flag overrides its field only when given.
@@ -51,22 +62,35 @@ FLAG_FIELDS = {
     "seed": "seed",
 }
 
+REQUIRED = ("model", "index", "data", "out")
+"""Arguments a training needs (not --print-config)."""
+
 
 def parse_args(argv: Sequence[str] | None) -> tuple[RankerConfig, argparse.Namespace]:
-    """The resolved configuration and the parsed arguments.
+    """The resolved configuration and the parsed arguments; loads no TensorFlow.
 
     Raises:
-        ValueError: a bad ``--set``.
+        ValueError: a bad config file or ``--set``, or an option value outside its choices.
     """
     c = RankerConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, type=Path, help="retrieval model folder (tools/train.py --out)")
-    p.add_argument("--index", required=True, type=Path, help="its index folder (tools/build_index.py --out)")
-    p.add_argument("--data", required=True, help="the interactions the retriever was trained on")
+    p.add_argument("--model", type=Path, help="retrieval model folder (tools/train.py --out)")
+    p.add_argument("--index", type=Path, help="its index folder (tools/build_index.py --out)")
+    p.add_argument("--data", help="the interactions the retriever was trained on")
     p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
-    p.add_argument("--ranker", required=True, choices=ranker_names())
-    p.add_argument("--out", required=True, type=Path, help="ranker artifact folder to create")
+    p.add_argument("--ranker", help="a ranker of the rankers registry: din, dien, afm, dstn... (required "
+                   "unless --config names one)")  # fmt: skip
+    p.add_argument("--out", type=Path, help="ranker artifact folder to create")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="settings from a JSON or YAML file (before the flags and --set)",
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved configuration as JSON and exit"
+    )
     p.add_argument("--epochs", type=int, help=f"default {c.epochs} (early stopping: patience {c.patience})")
     p.add_argument(
         "--negatives",
@@ -86,7 +110,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[RankerConfig, argparse.Names
     p.add_argument("--dim", type=int, help="embedding size (default: the retrieval model's)")
     p.add_argument(
         "--item-init",
-        choices=["retriever", "random"],
+        choices=ITEM_INITS,
         help=f"start the item table from the retriever's item embeddings or not (default {c.item_init})",
     )
     p.add_argument("--batch-size", type=int, help=f"default {c.batch_size}")
@@ -101,18 +125,35 @@ def parse_args(argv: Sequence[str] | None) -> tuple[RankerConfig, argparse.Names
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
+    if not args.print_config:
+        missing = [f"--{name}" for name in REQUIRED if getattr(args, name) is None]
+        if args.ranker is None and args.config is None:
+            missing.append("--ranker (or --config)")
+        if missing:
+            p.error(f"the following arguments are required: {', '.join(missing)}")
+    config = c if args.config is None else update_config(c, load_config_file(args.config))
     flags = [
         f"{field}={getattr(args, dest)}"
         for dest, field in FLAG_FIELDS.items()
         if getattr(args, dest) is not None
     ]
-    return apply_ranker_overrides(c, [*flags, *args.set]), args
+    return apply_overrides(config, [*flags, *args.set]), args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         config, args = parse_args(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config_to_json(config))
+        return 0
+    from retrieval.ranking import check_config, train_ranker_from_dirs  # TensorFlow, from here on
+
+    try:
+        check_config(config)  # the ranker's name and the ranges, before any data is read
         metrics = train_ranker_from_dirs(
             config,
             args.model,
@@ -123,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             overwrite=args.overwrite,
             verbose=0 if args.quiet else 2,
         )
-    except (ValueError, FileExistsError, ArtifactError, DataError) as e:
+    except (ValueError, FileExistsError, ArtifactError) as e:  # a DataError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     keys = ("ranker", "users", "candidates", "candidate_recall", "retrieval", "reranked", "validation")

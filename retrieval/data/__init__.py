@@ -28,7 +28,6 @@ from retrieval.data.features import (
 from retrieval.data.interactions import DataError, Interactions, SequenceData, build_sequences
 from retrieval.data.loaders import load_interactions
 from retrieval.data.movielens import (
-    default_data_path,
     download_movielens_100k,
     load_movielens,
     verify_movielens_100k,
@@ -54,6 +53,7 @@ from retrieval.data.splits import (
     DEFAULT_SEED,
     PROTOCOLS,
     ComirecSplit,
+    EvaluationProtocol,
     LeaveOneOut,
     comirec_split,
     history_length,
@@ -78,6 +78,7 @@ __all__ = [
     "ComirecSplit",
     "DataError",
     "EvalBatch",
+    "EvaluationProtocol",
     "Interactions",
     "ItemVocab",
     "LeaveOneOut",
@@ -91,7 +92,6 @@ __all__ = [
     "data_root",
     "dataset_at",
     "dataset_path",
-    "default_data_path",
     "download_movielens_100k",
     "encode_events",
     "gap_buckets",

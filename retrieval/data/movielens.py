@@ -69,12 +69,6 @@ def load_movielens(path: Path | str) -> Interactions:
     return Interactions(frame, items, str(path))
 
 
-def default_data_path() -> Path | None:
-    """``<repo root>/../shared/data/ml-100k`` when that folder exists, else ``None``."""
-    path = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k"
-    return path if path.is_dir() else None
-
-
 def download_movielens_100k(dest: Path) -> Path:
     """Downloads and extracts MovieLens-100K into ``dest``, verified against the official release.
 

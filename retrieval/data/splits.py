@@ -1,6 +1,6 @@
 """Splits and evaluation protocols: which users and items are held out, and what a target is ranked against.
 
-* ``loo-full``: leave-one-out (:func:`leave_one_out`): the last item of every
+* ``loo``: leave-one-out (:func:`leave_one_out`): the last item of every
   sequence is the test target, the second-to-last the validation target; ranked against the
   whole catalogue with the user's history excluded.
 * ``loo-sampled``: the same split, the target ranked against ``num_negatives`` (100) items the
@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
 from retrieval.data.interactions import SequenceData
 
-PROTOCOLS = ("loo-full", "loo-sampled", "comirec")
+EvaluationProtocol = Literal["loo", "loo-sampled", "comirec"]
+"""The evaluation protocols (``tools/evaluate.py --protocol``); a training run's ``loo`` and
+``comirec`` (``DataConfig.protocol``) are scored as the ones of the same name."""
+PROTOCOLS: tuple[EvaluationProtocol, ...] = get_args(EvaluationProtocol)
 DEFAULT_SEED = 42
 """Seed of the ComiRec user split and of the sampled negatives when none is given."""
 MIN_EVAL_LENGTH = 2

@@ -83,7 +83,7 @@ def _model_histories(
 def evaluate_protocol(
     model: ModelArtifact,
     data_path: str | Path,
-    protocol: str = "loo-full",
+    protocol: str = "loo",
     data_format: str | None = None,
     split: str = "test",
     index: VectorIndex | None = None,
@@ -97,7 +97,7 @@ def evaluate_protocol(
     vocabulary: history items the model does not know are dropped, unknown targets count
     as misses.
 
-    * ``loo-full``: leave-one-out, full ranking, history excluded: ``hr``, ``ndcg``, ``recall``
+    * ``loo``: leave-one-out, full ranking, history excluded: ``hr``, ``ndcg``, ``recall``
       at 5, 10, 20, 50 (exact, or through ``index``).
     * ``loo-sampled``: leave-one-out, the target against ``num_negatives`` items the user
       never interacted with (drawn with ``seed``): ``sampled_hr@10``, ``sampled_ndcg@10``.
@@ -145,7 +145,7 @@ def evaluate_protocol(
         to_model, per_user, users, loo.test_histories if test else loo.valid_histories
     )
     targets = to_model[loo.test_targets if test else loo.valid_targets]
-    if protocol == "loo-full":
+    if protocol == "loo":
         metrics = evaluate_ranking(model, histories, targets, features=features, index=index)
         return ProtocolResult(protocol, split, metrics, len(users))
     # Everything the user ever touched (the validation and test items too) stays out of the negatives.
@@ -163,5 +163,5 @@ def evaluate_model_on_data(
     index: VectorIndex | None = None,
 ) -> dict[str, float]:
     """Leave-one-out full-ranking metrics of a trained model on a dataset (exact, or through
-    ``index``): :func:`evaluate_protocol` with ``loo-full``."""
-    return evaluate_protocol(model, data_path, "loo-full", data_format, split, index).metrics
+    ``index``): :func:`evaluate_protocol` with ``loo``."""
+    return evaluate_protocol(model, data_path, "loo", data_format, split, index).metrics

@@ -79,30 +79,75 @@ for them in every row, so all rows are over the same users and comparable. AUC p
 (candidate, label) pair of all test users; GAUC is the mean of the per-user AUC weighted by the
 user's number of candidates (impressions), over the users whose list holds the target and at
 least one other item (``gauc_users``).
+
+Names are loaded on first use (PEP 562): ``from retrieval.ranking import RankerConfig,
+apply_overrides`` loads no TensorFlow, so ``tools/train_ranker.py`` checks its configuration
+before it loads anything heavy.
 """
 
-from retrieval.ranking.blend import fit_bias, fit_blend, fit_list_blend, list_loss
-from retrieval.ranking.config import RankerConfig, apply_ranker_overrides, check_config, negative_counts
-from retrieval.ranking.data import CandidateLists, ClickExamples, RankingData, build_ranking_data
-from retrieval.ranking.metrics import auc, evaluate_reranking, gauc, list_metrics, per_user_auc
-from retrieval.ranking.training import (
-    TrainedRanker,
-    load_retrieval,
-    ranker_kwargs,
-    train_ranker,
-    train_ranker_from_dirs,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from retrieval.config import apply_overrides, config_to_json, load_config_file, update_config
+    from retrieval.ranking.blend import fit_bias, fit_blend, fit_list_blend, list_loss
+    from retrieval.ranking.config import ITEM_INITS, RankerConfig, check_config, negative_counts
+    from retrieval.ranking.data import CandidateLists, ClickExamples, RankingData, build_ranking_data
+    from retrieval.ranking.metrics import auc, evaluate_reranking, gauc, list_metrics, per_user_auc
+    from retrieval.ranking.training import (
+        TrainedRanker,
+        load_retrieval,
+        ranker_kwargs,
+        train_ranker,
+        train_ranker_from_dirs,
+    )
+
+_MODULES: dict[str, tuple[str, ...]] = {
+    "retrieval.config": ("apply_overrides", "config_to_json", "load_config_file", "update_config"),
+    "retrieval.ranking.blend": ("fit_bias", "fit_blend", "fit_list_blend", "list_loss"),
+    "retrieval.ranking.config": ("ITEM_INITS", "RankerConfig", "check_config", "negative_counts"),
+    "retrieval.ranking.data": ("CandidateLists", "ClickExamples", "RankingData", "build_ranking_data"),
+    "retrieval.ranking.metrics": ("auc", "evaluate_reranking", "gauc", "list_metrics", "per_user_auc"),
+    "retrieval.ranking.training": (
+        "TrainedRanker",
+        "load_retrieval",
+        "ranker_kwargs",
+        "train_ranker",
+        "train_ranker_from_dirs",
+    ),
+}
+"""Module -> the public names it defines (the ``TYPE_CHECKING`` imports above, for type checkers)."""
+
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """Loads a public name's module on first use (and keeps the name here)."""
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
+
 
 __all__ = [
+    "ITEM_INITS",
     "CandidateLists",
     "ClickExamples",
     "RankerConfig",
     "RankingData",
     "TrainedRanker",
-    "apply_ranker_overrides",
+    "apply_overrides",
     "auc",
     "build_ranking_data",
     "check_config",
+    "config_to_json",
     "evaluate_reranking",
     "fit_bias",
     "fit_blend",
@@ -110,10 +155,12 @@ __all__ = [
     "gauc",
     "list_loss",
     "list_metrics",
+    "load_config_file",
     "load_retrieval",
     "negative_counts",
     "per_user_auc",
     "ranker_kwargs",
     "train_ranker",
     "train_ranker_from_dirs",
+    "update_config",
 ]

@@ -1,7 +1,7 @@
 """Interpretability: a trained tower's attention maps over one user's history, drawn as heatmaps.
 
 Example:
-    >>> maps = plot_user_attention(Path("runs/ml100k-sa"), "../shared/data/ml-100k", "1", Path("u1.png"))
+    >>> maps = plot_user_attention(Path("runs/ml100k-sa"), "data/ml-100k", "1", Path("u1.png"))
     >>> maps["interests"].shape  # [K, history length]
 """
 

@@ -21,10 +21,10 @@ import tensorflow as tf
 
 from retrieval.storage.folders import write_artifact
 from retrieval.storage.manifest import read_manifest
+from retrieval.training.config import LR_SCHEDULES
 
 log = logging.getLogger(__name__)
 
-LR_SCHEDULES = ("constant", "cosine", "linear")
 CHECKPOINT_KIND = "checkpoint"
 _VARIABLES, _BEST, _STATE = "variables.npz", "best_weights.npz", "state.json"
 

@@ -1,15 +1,53 @@
-"""Configuration: one frozen dataclass per component, ``a.b=c`` overrides, saved beside artifacts."""
+"""The training configuration: one frozen dataclass per section (data, model, train), the
+option values each section accepts (``Literal`` aliases, the one source of those names), and
+the ``config.json`` saved beside every artifact.
+
+Overrides, config files and the checks are :mod:`retrieval.config`'s, as for every config;
+``docs/configuration.md`` describes the fields, presets and command-line layers. No TensorFlow
+here: a tool checks its whole configuration before loading it.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import types
 import typing
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from retrieval.config import apply_overrides as apply_overrides  # one parser; importable from here too
+from retrieval.config import check_fields, config_from_dict, config_to_dict, config_to_json
+
+TrainingProtocol = Literal["loo", "loo-refit", "comirec"]
+"""``DataConfig.protocol``: how a run splits its data (:mod:`retrieval.training.validation`)."""
+DataFormat = Literal["movielens", "s3rec", "table", "prepared"]
+"""``DataConfig.format``: the loaders' formats (:data:`retrieval.data.loaders.FORMATS`) and ``prepared``."""
+Fusion = Literal["none", "sum", "concat", "gated", "nova"]
+"""``ModelConfig.fusion``: how sasrec and bert4rec fuse side information (``towers.side.FUSIONS``)."""
+Objective = Literal["last", "all_positions", "cloze"]
+"""``TrainConfig.objective``: the training examples (:mod:`retrieval.training.examples`)."""
+Loss = Literal["sampled_softmax", "full_softmax", "in_batch", "mixed", "bce", "gbce"]
+"""``TrainConfig.loss``: the task :func:`retrieval.training.losses.build_task` builds."""
+Sampler = Literal["popularity", "uniform", "log_uniform"]
+"""``TrainConfig.sampler``: where sampled negatives come from (:mod:`retrieval.training.losses.samplers`)."""
+InterestSelection = Literal["hard", "label_aware", "max"]
+"""``TrainConfig.interest_selection``: how K interests meet a target (:mod:`retrieval.training.losses`)."""
+LrSchedule = Literal["constant", "cosine", "linear"]
+"""``TrainConfig.lr_schedule`` (:mod:`retrieval.training.callbacks`)."""
+LrScaling = Literal["none", "linear", "sqrt"]
+"""``TrainConfig.lr_scaling``: the learning rate times 1, the replicas, or their square root."""
+Strategy = Literal["default", "mirrored", "multi-worker"]
+"""``tools/train.py --strategy``: the ``tf.distribute`` strategy (:mod:`retrieval.training.distribute`)."""
+
+TRAINING_PROTOCOLS: tuple[TrainingProtocol, ...] = typing.get_args(TrainingProtocol)
+DATA_FORMATS: tuple[DataFormat, ...] = typing.get_args(DataFormat)
+FUSIONS: tuple[Fusion, ...] = typing.get_args(Fusion)
+OBJECTIVES: tuple[Objective, ...] = typing.get_args(Objective)
+LOSSES: tuple[Loss, ...] = typing.get_args(Loss)
+SAMPLERS: tuple[Sampler, ...] = typing.get_args(Sampler)
+INTEREST_SELECTIONS: tuple[InterestSelection, ...] = typing.get_args(InterestSelection)
+LR_SCHEDULES: tuple[LrSchedule, ...] = typing.get_args(LrSchedule)
+LR_SCALINGS: tuple[LrScaling, ...] = typing.get_args(LrScaling)
+STRATEGIES: tuple[Strategy, ...] = typing.get_args(Strategy)
 
 
 @dataclass(frozen=True)
@@ -30,10 +68,13 @@ class DataConfig:
     """
 
     path: str = ""
-    format: str | None = None
-    protocol: str = "loo"
+    format: DataFormat | None = None
+    protocol: TrainingProtocol = "loo"
     split_seed: int = 42
     shuffle_buffer: int = 100_000
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -50,22 +91,25 @@ class ModelConfig:
     routing_iterations: int = 3  # dr, mind
     dynamic_interests: bool | None = None  # dr, mind: MIND's K'_u per user (None = tower default)
     attention_penalty: float = 0.0  # sa: weight of Lin et al.'s ‖A Aᵀ − I‖²_F (0 = off)
-    fusion: str = "none"  # sasrec, bert4rec: none | sum | concat | gated | nova (towers.side)
+    fusion: Fusion = "none"  # sasrec, bert4rec: side information fusion (towers.side)
     side_features: str = ""  # comma list of attributes, action, gap_prev (retrieval.data.features)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation, the loss and its negatives, and the training loop.
 
-    ``loss`` is one of ``retrieval.training.losses.task.LOSSES``: ``sampled_softmax``, ``full_softmax``,
+    ``loss`` is one of :data:`LOSSES`: ``sampled_softmax``, ``full_softmax``,
     ``in_batch``, ``mixed`` (in-batch + sampled), ``bce`` or ``gbce`` (gSASRec, calibration
     ``gbce_t``). Sampled negatives come from ``sampler``: ``"popularity"`` (q ∝
     (count + 1)^``sampler_alpha`` over training events), ``"uniform"`` or ``"log_uniform"``
     (Zipf over the popularity rank); ``num_negatives`` are shared by a batch, or
     ``negatives_per_positive`` (> 0) are drawn for each target. Softmax logits are log-Q
     corrected unless ``logq_correction`` is false (BCE losses never are). ``objective`` is one
-    of ``retrieval.training.examples.OBJECTIVES`` (None = the tower's default: ``all_positions`` for
+    of :data:`OBJECTIVES` (None = the tower's default: ``all_positions`` for
     sasrec, ``cloze`` for bert4rec, ``last`` otherwise); ``mask_ratio`` is the cloze task's.
 
     The loop: Adam, AdamW when ``weight_decay`` > 0; ``lr_schedule`` ``constant``, ``cosine``
@@ -83,89 +127,56 @@ class TrainConfig:
     (one device and several replicas then diverge); off by default until re-benchmarked.
     """
 
-    objective: str | None = None
+    objective: Objective | None = None
     mask_ratio: float = 0.2
     epochs: int = 20
     batch_size: int = 256
     learning_rate: float = 1e-3
-    loss: str = "sampled_softmax"
+    loss: Loss = "sampled_softmax"
     num_negatives: int = 1000
     negatives_per_positive: int = 0  # > 0: per-target negatives instead of num_negatives shared
-    sampler: str = "popularity"
+    sampler: Sampler = "popularity"
     sampler_alpha: float = 0.75
     logq_correction: bool = True
     gbce_t: float = 0.75  # gSASRec's calibration t in [0, 1] (loss = gbce)
     temperature: float = 1.0
     remove_accidental_hits: bool = True
-    interest_selection: str = "hard"  # how K interests meet the target: hard | label_aware | max
+    interest_selection: InterestSelection = "hard"  # how K interests meet the target
     label_aware_power: float = 1.0  # MIND's p, for interest_selection="label_aware"
     weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
-    lr_schedule: str = "constant"  # constant | cosine | linear (decay to 0 by the last step)
+    lr_schedule: LrSchedule = "constant"  # cosine, linear: decay to 0 by the last step
     warmup_steps: int = 0
     patience: int = 0  # early stopping on validation NDCG@10 (0 = off)
     seed: int = 42
     eval_every: int = 1
-    lr_scaling: str = "none"  # none | linear | sqrt: learning rate × replicas (or √replicas)
+    lr_scaling: LrScaling = "none"  # learning rate × replicas (linear) or √replicas (sqrt)
     dense_gradients: bool = False  # sum embedding gradients per item before Adam (retrieval.training.run)
     length_buckets: bool = False  # batches of similar history lengths, padding trimmed (in memory)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
 class Config:
+    """A training run's whole configuration, saved as the artifact's ``config.json``."""
+
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return config_to_dict(self)
 
     def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        """Writes ``config.json`` as ``tools/train.py --print-config`` prints it (``--config`` reads it)."""
+        Path(path).write_text(config_to_json(self))
 
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> Config:
-        return cls(
-            DataConfig(**payload.get("data", {})),
-            ModelConfig(**payload.get("model", {})),
-            TrainConfig(**payload.get("train", {})),
-        )
+        """The config a mapping describes (sections and fields left out keep the defaults).
 
-
-def _coerce(raw: str, annotation: Any, key: str) -> Any:
-    hint = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
-    if raw.lower() in ("none", "null") and type(None) in hint:
-        return None
-    target = next(t for t in hint if t is not type(None))
-    if target is bool:
-        if raw.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"{key}: expected true/false, got {raw!r}")
-        return raw.lower() in ("true", "1")
-    try:
-        return target(raw)
-    except ValueError:
-        raise ValueError(f"{key}: expected {target.__name__}, got {raw!r}") from None
-
-
-def apply_overrides(config: Config, overrides: Iterable[str]) -> Config:
-    """Returns ``config`` with ``section.field=value`` overrides applied (values typed by the field).
-
-    Example:
-        >>> apply_overrides(Config(), ["train.epochs=3", "model.tower=sasrec"]).train.epochs
-        3
-    """
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        section_name, _, field_name = key.strip().partition(".")
-        if not sep or not field_name:
-            raise ValueError(f"override {item!r} is not of the form section.field=value")
-        if section_name not in {f.name for f in dataclasses.fields(config)}:
-            raise ValueError(f"unknown config section {section_name!r} in {item!r}")
-        section = getattr(config, section_name)
-        hints = typing.get_type_hints(type(section))
-        if field_name not in hints:
-            raise ValueError(f"unknown field {key!r}; {section_name} has {sorted(hints)}")
-        value = _coerce(raw.strip(), hints[field_name], key)
-        config = dataclasses.replace(
-            config, **{section_name: dataclasses.replace(section, **{field_name: value})}
-        )
-    return config
+        Raises:
+            ValueError: an unknown key or a value of the wrong type (:func:`retrieval.config.update_config`).
+        """
+        return config_from_dict(cls, payload)

@@ -19,14 +19,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from retrieval.training.config import TrainConfig
+from retrieval.training.config import LR_SCALINGS, STRATEGIES, TrainConfig
 from retrieval.training.losses.task import RetrievalTask
 from retrieval.training.model import TwoTowerModel
-
-STRATEGIES = ("default", "mirrored", "multi-worker")
-"""Names accepted by :func:`make_strategy` (``tools/train.py --strategy``)."""
-LR_SCALINGS = ("none", "linear", "sqrt")
-"""``TrainConfig.lr_scaling``: the learning rate times 1, the replicas, or their square root."""
 
 
 def make_strategy(name: str = "default", replicas: int | None = None) -> tf.distribute.Strategy:

@@ -22,8 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from retrieval.data.features import gap_buckets
+from retrieval.training.config import OBJECTIVES
 
-OBJECTIVES = ("last", "all_positions", "cloze")
 Events = Mapping[str, Sequence[np.ndarray]]
 
 

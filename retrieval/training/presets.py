@@ -1,12 +1,15 @@
 """Named training presets, one per dataset × user tower: ``tools/train.py --preset beauty-sasrec``.
 
-A preset is a list of ``section.field=value`` overrides (the same strings as ``--set``) plus
-the dataset it is meant for; ``tools/train.py`` applies it to the defaults before its own flags
-and ``--set`` overrides, so anything in a preset can still be changed on the command line.
+A preset is a list of ``section.field=value`` overrides (the same strings as ``--set``) plus the
+dataset it is meant for, a name of :data:`retrieval.data.datasets.DATASETS` found under the data
+root (``--data-root`` or ``$MITT_DATA``, :func:`retrieval.data.datasets.data_root`).
+``tools/train.py`` applies it to the defaults before a ``--config`` file, its own flags and
+``--set``, so anything in a preset can still be changed on the command line.
 
 Tuned presets (``Preset.tuned``) hold what a search on their dataset's validation split found;
-the others hold the defaults (``retrieval.training.config``), plus what a tower needs on any data (DIN's
-early stopping). ``note`` says where a preset's values and numbers come from.
+the others hold the defaults (``retrieval.training.config``), plus what a tower needs on any data
+(DIN's early stopping). ``note`` says in one line what a preset was tuned on; the searches and
+their numbers are in ``docs/configuration.md``.
 """
 
 from __future__ import annotations
@@ -14,17 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrieval.training.config import Config, apply_overrides
-
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-"""``../shared/data`` beside the checkout, where the benchmark datasets live."""
-
-DATASETS = {
-    "ml100k": "ml-100k",
-    "beauty": "amazon-beauty/Beauty.txt",
-    "sports": "amazon-sports/Sports_and_Outdoors.txt",
-}
-"""Preset dataset name -> path under :data:`SHARED_DATA`."""
+from retrieval.config import apply_overrides
+from retrieval.data.datasets import DATASETS, dataset_path
+from retrieval.training.config import Config
 
 TOWERS = ("youtubednn", "sa", "dr", "mind", "din", "sasrec", "bert4rec")
 """Towers with a preset for every dataset (a test checks this is every registered tower)."""
@@ -34,24 +29,15 @@ _NOT_TUNED = "not tuned: the defaults of retrieval.training.config"
 _EVERY_DATASET: dict[str, tuple[tuple[str, ...], str]] = {
     "din": (
         ("train.patience=2",),
-        "not tuned: the defaults of retrieval.training.config, with early stopping (train.patience=2): the "
-        "un-normalised activation unit overfits within a few epochs, as the DIN paper reports "
-        "(on Beauty validation NDCG@10 peaked at epoch 4, 0.039, then fell while the training "
-        "loss kept falling)",
+        "not tuned: the defaults, with early stopping (train.patience=2) against DIN's overfitting",
     ),
 }
 """Per tower, what its presets hold on every dataset that has no tuned preset."""
 
 _MAX = "train.interest_selection=max"
 _BUCKETS = "train.length_buckets=true"
-_ML100K_COMIREC = (
-    "tuned on ML-100K under the ComiRec protocol (validation Recall@50, 2026-12-01): "
-    "interest_selection=max instead of hard lifts test Recall@50 "
-)
-_BEAUTY_COMIREC = (
-    "tuned on Beauty under the ComiRec protocol, 20 epochs (validation Recall@50 of "
-    "`bench.peers --protocols comirec --sides ours` runs, 2026-12-02): "
-)
+_ML100K_COMIREC = "tuned on ML-100K: validation Recall@50 under the comirec protocol"
+_BEAUTY_COMIREC = "tuned on Beauty: validation Recall@50 under the comirec protocol, 20 epochs"
 _TUNED: dict[str, tuple[tuple[str, ...], str]] = {
     "beauty-sasrec": (
         (
@@ -65,43 +51,20 @@ _TUNED: dict[str, tuple[tuple[str, ...], str]] = {
             "train.warmup_steps=200",
             "train.lr_schedule=cosine",
         ),
-        "tuned on Beauty validation NDCG@10 (2026-12-01): 4,096 uniformly sampled negatives "
-        "with log-Q correction (0.0690, 12 s/epoch; full softmax over the catalogue reached 0.0711 "
-        "at 21.5 s/epoch, over the 10-minute budget at 39 epochs; 1,000 popularity-sampled: "
-        "0.0625 at dropout 0.2), dropout 0.5 (full softmax: 0.0711 vs 0.0658 at 0.2), length "
-        "buckets (same validation per epoch, 4x cheaper epochs); 39 epochs = the best epoch of a "
-        "run with patience 4; lr 3e-3 with 200 warm-up steps and cosine decay (2026-12-02, "
-        "bench.peers loo runs): validation 0.0702 (test 0.0579), 0.0465 after epoch 9 where a "
-        "constant 1e-3 had 0.024 (lr 2e-3: 0.0709, test 0.0582, 0.0383 after epoch 9)",
+        "tuned on Beauty: validation NDCG@10 under the loo protocol",
     ),
-    "beauty-sa": (
-        (_BUCKETS,),
-        _BEAUTY_COMIREC + "length buckets: 2.1x cheaper epochs (7.2 vs 15.1 s) at about the same "
-        "Recall@50 (0.178 vs 0.183); interest_selection=max (0.175) and lr 3e-3 (0.176) did not help",
-    ),
-    "beauty-dr": (
-        (_BUCKETS, _MAX, "train.learning_rate=0.003"),
-        _BEAUTY_COMIREC + "hard selection 0.112; + length buckets and interest_selection=max "
-        "0.131; + lr 3e-3 0.173 (still rising at epoch 20)",
-    ),
-    "beauty-mind": (
-        (_BUCKETS, _MAX, "train.learning_rate=0.003"),
-        _BEAUTY_COMIREC + "hard selection 0.141; + length buckets and interest_selection=max "
-        "0.150; + lr 3e-3 0.155 (best at epoch 7)",
-    ),
-    "ml100k-sa": ((_MAX,), _ML100K_COMIREC + "0.268 -> 0.373"),
-    "ml100k-dr": ((_MAX,), _ML100K_COMIREC + "0.290 -> 0.343"),
-    "ml100k-mind": ((_MAX,), _ML100K_COMIREC + "0.268 -> 0.349"),
-    "ml100k-din": ((_MAX, "train.patience=3"), _ML100K_COMIREC + "0.365 -> 0.376 (both with early stopping)"),
+    "beauty-sa": ((_BUCKETS,), _BEAUTY_COMIREC),
+    "beauty-dr": ((_BUCKETS, _MAX, "train.learning_rate=0.003"), _BEAUTY_COMIREC),
+    "beauty-mind": ((_BUCKETS, _MAX, "train.learning_rate=0.003"), _BEAUTY_COMIREC),
+    "ml100k-sa": ((_MAX,), _ML100K_COMIREC),
+    "ml100k-dr": ((_MAX,), _ML100K_COMIREC),
+    "ml100k-mind": ((_MAX,), _ML100K_COMIREC),
+    "ml100k-din": ((_MAX, "train.patience=3"), _ML100K_COMIREC),
 }
-"""Presets searched on their dataset: overrides and what the search measured."""
+"""Presets searched on their dataset: overrides and what they were tuned on."""
 
 _BORROWED: dict[str, tuple[str, str]] = {
-    "sports-sasrec": (
-        "beauty-sasrec",
-        "not tuned on Sports: beauty-sasrec's values (Sports has the same S3-Rec preprocessing "
-        "and about as short histories, 8.3 vs 8.9 events per user)",
-    ),
+    "sports-sasrec": ("beauty-sasrec", "not tuned on Sports: beauty-sasrec's values (same preprocessing)"),
 }
 """Presets that take another dataset's tuned values: preset -> (the tuned preset, note)."""
 
@@ -112,9 +75,9 @@ class Preset:
 
     Attributes:
         name: ``<dataset>-<tower>``.
-        dataset: a key of :data:`DATASETS`.
+        dataset: a key of :data:`retrieval.data.datasets.DATASETS`.
         overrides: ``section.field=value`` strings, applied in order.
-        note: where the values come from (tuned, measured, or defaults).
+        note: one line on what the values were tuned on (or that they are defaults).
         tuned: whether the values come from a search on this dataset.
     """
 
@@ -124,10 +87,13 @@ class Preset:
     note: str = _NOT_TUNED
     tuned: bool = False
 
-    @property
-    def data_path(self) -> Path:
-        """The dataset's default location."""
-        return SHARED_DATA / DATASETS[self.dataset]
+    def dataset_path(self, data_root: str | Path | None = None) -> Path:
+        """Where the preset's dataset is under ``data_root`` (default ``$MITT_DATA``).
+
+        Raises:
+            retrieval.data.DataError: no data root, or the dataset is not there.
+        """
+        return dataset_path(self.dataset, data_root)
 
 
 def _default_presets() -> dict[str, Preset]:
@@ -172,24 +138,17 @@ def preset_for(dataset: str | None, tower: str) -> str | None:
     return name if dataset and name in PRESETS else None
 
 
-def dataset_at(path: str | Path) -> str | None:
-    """The preset dataset (a key of :data:`DATASETS`) whose default location is ``path``, or
-    None for any other path.
+def apply_preset(config: Config, name: str, data_root: str | Path | None = None) -> Config:
+    """``config`` with the preset's dataset (found under ``data_root``, default ``$MITT_DATA``)
+    as ``data.path`` and its overrides applied.
 
     Example:
-        >>> dataset_at(SHARED_DATA / "ml-100k")
-        'ml100k'
-    """
-    resolved = Path(path).resolve()
-    return next((name for name, rel in DATASETS.items() if (SHARED_DATA / rel).resolve() == resolved), None)
+        >>> apply_preset(Config(), "beauty-sasrec", "/data").data.path  # /data/amazon-beauty/ holds it
+        '/data/amazon-beauty/Beauty.txt'
 
-
-def apply_preset(config: Config, name: str) -> Config:
-    """``config`` with the preset's dataset path and overrides applied.
-
-    Example:
-        >>> apply_preset(Config(), "beauty-sasrec").model.tower
-        'sasrec'
+    Raises:
+        ValueError: an unknown preset.
+        retrieval.data.DataError: no data root, or the dataset is not there.
     """
     preset = get_preset(name)
-    return apply_overrides(config, [f"data.path={preset.data_path}", *preset.overrides])
+    return apply_overrides(config, [f"data.path={preset.dataset_path(data_root)}", *preset.overrides])

@@ -238,7 +238,7 @@ def _train(
     with strategy.scope():
         task = build_training_task(t, data.train_counts(), data.target_counts(model.objective, max_len))
         model.task = task if replicas == 1 else GlobalBatchTask(task)
-        # XLA has no kernel for the sampler and was slower on CPU (MEASURED.md): keep it off.
+        # XLA off: it has no kernel for the candidate sampler, and compiled steps ran slower on CPU.
         model.compile(optimizer=make_optimizer(t, t.epochs * steps, replicas), jit_compile=False)
 
     validation = FullRankingValidation(data, max_len, t.eval_every)

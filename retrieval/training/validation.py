@@ -25,7 +25,7 @@ from retrieval.evaluation.metrics import (
     user_comirec_metrics,
     user_ranking_metrics,
 )
-from retrieval.training.config import DataConfig
+from retrieval.training.config import TRAINING_PROTOCOLS, DataConfig
 from retrieval.training.model import TwoTowerModel
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ class Protocol:
     """How an in-memory run splits its data and scores itself (``DataConfig.protocol``).
 
     Attributes:
-        name: ``"loo-full"`` or ``"comirec"`` (as in ``tools/evaluate.py --protocol``).
+        name: the evaluation protocol, ``"loo"`` or ``"comirec"`` (as in ``tools/evaluate.py
+            --protocol``; ``loo-refit`` is evaluated as ``loo``).
         split: the split (training sequences, validation and test histories and targets).
         train_users: the users whose ``split.train`` sequences train the model.
         evaluate: ``(model, histories, targets, features) -> metrics``.
@@ -63,10 +64,6 @@ class Protocol:
 LOO_SHOWN = ("ndcg@10", "hr@10", "recall@50")
 
 
-TRAINING_PROTOCOLS = ("loo", "loo-refit", "comirec")
-"""``DataConfig.protocol`` values."""
-
-
 def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
     """The split and scoring of ``config.protocol``.
 
@@ -75,7 +72,7 @@ def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
     """
     if config.protocol in ("loo", "loo-refit"):
         return Protocol(
-            "loo-full",
+            "loo",
             leave_one_out(data, refit=config.protocol == "loo-refit"),
             range(len(data.users)),
             lambda model, histories, targets, features: evaluate_ranking(

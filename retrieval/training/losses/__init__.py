@@ -14,8 +14,8 @@ equal to the row's own target) are removed. :data:`LOSSES` names the combination
 :func:`build_task` builds one by name.
 """
 
+from retrieval.training.config import INTEREST_SELECTIONS, LOSSES, SAMPLERS
 from retrieval.training.losses.interests import (
-    INTEREST_SELECTIONS,
     interest_scores,
     label_aware_attention,
     select_interest,
@@ -28,8 +28,8 @@ from retrieval.training.losses.logits import (
     sampled_softmax_loss,
 )
 from retrieval.training.losses.negatives import AllItems, InBatchNegatives, Negatives, SampledNegatives
-from retrieval.training.losses.samplers import SAMPLERS, CandidateSampler, SeedStream
-from retrieval.training.losses.task import LOSSES, RetrievalTask, SampledSoftmaxTask, build_task
+from retrieval.training.losses.samplers import CandidateSampler, SeedStream
+from retrieval.training.losses.task import RetrievalTask, SampledSoftmaxTask, build_task
 
 __all__ = [
     "INTEREST_SELECTIONS",

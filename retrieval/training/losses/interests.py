@@ -7,8 +7,6 @@ from typing import Any
 
 import tensorflow as tf
 
-INTEREST_SELECTIONS = ("hard", "label_aware", "max")
-
 
 def _active_scores(interests: Any, target: Any) -> tuple[Any, Any]:
     """``<v_k, e_t>`` ``[B, K]`` and which interests are real (not all-zero, i.e. not masked) ``[B, K]``."""

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-SAMPLERS = ("popularity", "uniform", "log_uniform")
+from retrieval.training.config import SAMPLERS
 
 
 class SeedStream:

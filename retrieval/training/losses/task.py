@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from retrieval.training.config import INTEREST_SELECTIONS, LOSSES
 from retrieval.training.losses.interests import (
-    INTEREST_SELECTIONS,
     interest_scores,
     label_aware_attention,
     select_interest,
@@ -17,9 +17,6 @@ from retrieval.training.losses.interests import (
 from retrieval.training.losses.logits import GeneralisedBCE, LogitLoss, SoftmaxCrossEntropy, candidate_logits
 from retrieval.training.losses.negatives import AllItems, InBatchNegatives, Negatives, SampledNegatives
 from retrieval.training.losses.samplers import CandidateSampler
-
-LOSSES = ("sampled_softmax", "full_softmax", "in_batch", "mixed", "bce", "gbce")
-"""Names accepted by :func:`build_task` (``train.loss``)."""
 
 
 class RetrievalTask:

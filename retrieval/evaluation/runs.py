@@ -46,7 +46,7 @@ def load_run_rows(path: str | Path) -> list[dict[str, Any]]:
             {"run": name, "protocol": payload["protocol"], "split": payload["split"], **metrics_of(payload)}
         ]
     if isinstance(payload, dict) and isinstance(payload.get("test"), dict):  # tools/train.py
-        protocol = str(payload.get("protocol", "loo-full"))
+        protocol = str(payload.get("protocol", "loo"))
         rows = [{"run": name, "protocol": protocol, "split": "test", **metrics_of(payload["test"])}]
         if isinstance(payload.get("baseline_popularity_test"), dict):
             baseline = metrics_of(payload["baseline_popularity_test"])

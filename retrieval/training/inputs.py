@@ -48,7 +48,7 @@ class TrainingData(abc.ABC):
         side: the side features the model reads and their vocabularies.
         dense_attributes: dense item id -> attribute values (empty when the data has none).
         item_attributes: external item id -> attribute values, saved with the artifact (or None).
-        protocol: the evaluation protocol's name (``loo-full`` or ``comirec``).
+        protocol: the evaluation protocol's name (``loo`` or ``comirec``).
         shown: validation metrics shown per epoch; the first is the early-stopping monitor.
         users: users in the data.
     """
@@ -213,7 +213,7 @@ class PreparedData(TrainingData):
             dense = {int(i): tuple(a) for i, a in zip(ids, external.values(), strict=True) if i}
         side = pdata.side_vocab(self.prepared, features)
         users = int(self.prepared.meta["users"])
-        super().__init__(vocab, side, dense, external, "loo-full", LOO_SHOWN, users)
+        super().__init__(vocab, side, dense, external, "loo", LOO_SHOWN, users)
 
     def train_counts(self) -> np.ndarray:
         return pdata.item_counts(self.prepared, "train")

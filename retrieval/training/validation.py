@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from retrieval.artifacts.model import Features, ModelArtifact
+from retrieval.artifacts.model import Features, ModelArtifact, UserVectorsFn
 from retrieval.data.features import SideVocab
 from retrieval.data.interactions import SequenceData
 from retrieval.data.splits import ComirecSplit, LeaveOneOut, comirec_split, leave_one_out
@@ -102,16 +102,39 @@ def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
     raise ValueError(f"unknown protocol {config.protocol!r}; choose one of {TRAINING_PROTOCOLS}")
 
 
-def live_artifact(model: TwoTowerModel, vocab: ItemVocab, max_len: int, side: SideVocab) -> ModelArtifact:
-    """A :class:`ModelArtifact` view of a model in memory, for evaluation during training."""
-    predict = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
-    table = np.array(model.item_tower.all_items())
-    manifest = {"version": "training", "max_len": max_len, "num_interests": model.user_tower.num_interests}
+def live_tower(model: TwoTowerModel, side: SideVocab) -> UserVectorsFn:
+    """The user tower of a model in memory on numpy inputs, ``{name: int32 [B, L]} -> [B, K, d]``
+    (the inputs ``items`` and ``side``'s per-event features, as the exported tower's).
+
+    Traced once, on its first call: every input is ``[None, None]`` in the signature, so no batch
+    size or history width traces it again (evaluation encodes histories at several widths). The
+    graph reads the model's variables, so it follows the weights as training changes them.
+    """
+    names = ("items", *side.event_features)
+    signature = [{name: tf.TensorSpec([None, None], tf.int32, name=name) for name in names}]
+    predict = tf.function(lambda inputs: model(inputs, training=False), input_signature=signature)
 
     def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
         return predict({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
 
-    return ModelArtifact(None, manifest, vocab, table, user_vectors, side)
+    return user_vectors
+
+
+def live_artifact(
+    model: TwoTowerModel,
+    vocab: ItemVocab,
+    max_len: int,
+    side: SideVocab,
+    tower: UserVectorsFn | None = None,
+) -> ModelArtifact:
+    """A :class:`ModelArtifact` view of a model in memory, for evaluation during training.
+
+    ``tower``: the model's :func:`live_tower`, when the caller keeps one across evaluations
+    (each new one is traced again); by default a new one.
+    """
+    table = np.array(model.item_tower.all_items())
+    manifest = {"version": "training", "max_len": max_len, "num_interests": model.user_tower.num_interests}
+    return ModelArtifact(None, manifest, vocab, table, tower or live_tower(model, side), side)
 
 
 class FullRankingValidation(keras.callbacks.Callback):
@@ -125,12 +148,20 @@ class FullRankingValidation(keras.callbacks.Callback):
         super().__init__()
         self.data, self.max_len, self.every = data, max_len, every
         self.history: list[dict[str, float]] = []
+        self.tower: UserVectorsFn | None = None
+        """The model's :func:`live_tower`, made at the first validation: one trace per run."""
+
+    def set_model(self, model: keras.Model) -> None:
+        super().set_model(model)
+        self.tower = None  # a tower belongs to one model
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if (epoch + 1) % self.every:
             return
         assert isinstance(self.model, TwoTowerModel)
-        artifact = live_artifact(self.model, self.data.vocab, self.max_len, self.data.side)
+        if self.tower is None:
+            self.tower = live_tower(self.model, self.data.side)
+        artifact = live_artifact(self.model, self.data.vocab, self.max_len, self.data.side, self.tower)
         metrics = self.data.evaluate(artifact, "valid")
         if not metrics:  # no validation users
             return

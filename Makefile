@@ -14,9 +14,10 @@ $(STAMP): setup.py pyproject.toml
 
 install: $(STAMP)
 
-## Train on MovieLens-100K, build the index, start the server, query it, stop it.
+## Train on MovieLens-100K, build the index, start the server, query it, stop it. Data: ml-100k
+## under ../shared/data when that folder exists (a MITT_DATA of your own wins), else a download.
 demo: $(STAMP)
-	$(BIN)/python tools/demo.py $(DEMO_ARGS)
+	$(if $(wildcard ../shared/data),MITT_DATA="$${MITT_DATA:-$(abspath ../shared/data)}" )$(BIN)/python tools/demo.py $(DEMO_ARGS)
 
 ## Lint, type-check and run the whole test suite.
 test: $(STAMP) lint

@@ -1,7 +1,5 @@
-"""Training, evaluation, artifacts and serving for the multi-interest two-tower retriever."""
+"""Training, evaluation, artifacts and serving for the multi-interest two-tower retriever.
 
-import os
-
-# TensorFlow's C++ INFO/WARNING lines (oneDNN, CPU features) drown our own output; an explicit
-# setting by the user wins. Must happen before TensorFlow is first imported.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+Importing it changes nothing in the process: the tools choose how much TensorFlow logs
+(:func:`retrieval.environment.quiet_tensorflow`).
+"""

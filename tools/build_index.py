@@ -6,7 +6,7 @@
     # the cheapest index (type and search parameters) reaching recall@50 >= 0.99 against exact
     # search, measured on real users' interest vectors:
     python tools/build_index.py --model runs/big --out runs/big-index --factory auto \\
-        --target-recall 0.99 --k 50 --data ../shared/data/ml-100k
+        --target-recall 0.99 --k 50 --data data/ml-100k
     # re-index without downtime: ROOT/current is swapped atomically to the new version
     python tools/build_index.py --model runs/big --out runs/big-index-root --publish --factory auto
 
@@ -24,24 +24,15 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from index import candidate_factories, estimate_memory
-from retrieval.artifacts import (
-    ModelArtifact,
-    build_index_from_model,
-    item_queries,
-    load_model,
-    measure_index,
-    publish_index,
-    save_index,
-    tune_index_for_model,
-    user_interest_queries,
-)
-from retrieval.data import DataError
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.storage import ArtifactError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from retrieval.artifacts import ModelArtifact
 
 log = logging.getLogger("build_index")
 
@@ -75,11 +66,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--publish", action="store_true", help="write a new version under --out and swap to it")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return p.parse_args(argv)
 
 
 def tuning_queries(model: ModelArtifact, args: argparse.Namespace) -> np.ndarray:
     """Real users' interests ``[U, K, d]`` from ``--data``, or sampled item vectors ``[q, d]``."""
+    from retrieval.artifacts import item_queries, user_interest_queries
+
     if args.data:
         queries = user_interest_queries(model, args.data, args.format, args.num_users, args.seed)
         log.info("tuning on %d users' interest vectors from %s", len(queries), args.data)
@@ -95,6 +89,8 @@ def tuning_queries(model: ModelArtifact, args: argparse.Namespace) -> np.ndarray
 
 
 def print_memory(factories: Sequence[str], n: int, d: int) -> None:
+    from index import estimate_memory
+
     for factory in factories:
         try:
             estimate: Any = estimate_memory(factory, n, d)
@@ -104,10 +100,25 @@ def print_memory(factories: Sequence[str], n: int, d: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     if args.factory == "auto" and args.target_recall is None:
         args.target_recall = 0.99
+    quiet_tensorflow(args.verbose)
+    # Imported here, once TensorFlow's logging is set and never for --help: they load FAISS and
+    # pandas, and TensorFlow with the model.
+    from index import candidate_factories
+    from retrieval.artifacts import (
+        build_index_from_model,
+        load_model,
+        measure_index,
+        publish_index,
+        save_index,
+        tune_index_for_model,
+    )
+    from retrieval.data import DataError
+
+    # Configured after the imports: FAISS's loader logs at INFO every build of it that it tries.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.publish and args.overwrite:
             raise ValueError("--publish keeps versions side by side: --overwrite does not apply")

@@ -1,15 +1,17 @@
 """The whole path on MovieLens-100K: train -> build index -> start server -> query -> stop.
 
-    python tools/demo.py [--data PATH] [--workdir runs/demo] [--epochs 8]
+    python tools/demo.py [--data PATH | --data-root DIR] [--workdir runs/demo] [--epochs 8]
+    MITT_DATA=data python tools/demo.py     # reads data/ml-100k
 
 Each step runs the project's own command-line tool, exactly as a user would.
-Data: --data, else ../shared/data/ml-100k beside the checkout, else a verified download
-from GroupLens into ~/.cache/mitt-retrieval.
+Data: --data (an ML-100K folder), else ml-100k under --data-root or $MITT_DATA, else a
+verified download from GroupLens into ~/.cache/mitt-retrieval.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import subprocess
@@ -18,15 +20,26 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from retrieval.api import RetrievalClient
-from retrieval.data import (
-    ItemVocab,
-    build_sequences,
-    default_data_path,
-    download_movielens_100k,
-    load_interactions,
-)
+from retrieval.environment import VERBOSE_HELP
 
 TOOLS = Path(__file__).resolve().parent
+DOWNLOADS = Path.home() / ".cache/mitt-retrieval"
+
+
+def demo_data(data: Path | None, data_root: str | None) -> Path:
+    """The ML-100K folder: ``data``, else ``ml100k`` under ``data_root`` or ``$MITT_DATA``, else the
+    verified download into :data:`DOWNLOADS`.
+
+    Raises:
+        retrieval.data.DataError: a data root without ML-100K, or a download that does not verify.
+    """
+    from retrieval.data import DATA_ROOT_ENV, dataset_path, download_movielens_100k
+
+    if data is not None:
+        return data
+    if data_root or os.environ.get(DATA_ROOT_ENV):
+        return dataset_path("ml100k", data_root)
+    return download_movielens_100k(DOWNLOADS)
 
 
 def run_tool(name: str, *args: str) -> None:
@@ -42,27 +55,38 @@ def free_port() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, help="ML-100K folder (default: shared copy, else download)")
+    p.add_argument("--data", type=Path, help="ML-100K folder (default: under the data root, else download)")
+    p.add_argument("--data-root", help="folder holding ml-100k (default $MITT_DATA)")
     p.add_argument("--workdir", type=Path, default=Path("runs/demo"), help="default %(default)s")
     p.add_argument("--model", default="sa", help="user tower (default %(default)s)")
     p.add_argument("--epochs", type=int, default=8, help="default %(default)s")
     p.add_argument("--users", type=int, nargs="+", default=[1, 2, 3], help="users to query (ML-100K ids)")
+    p.add_argument("--verbose", action="store_true", help=f"for build_index and serve: {VERBOSE_HELP}")
     args = p.parse_args(argv)
+    # Imported here, never for --help: the data layer loads pandas.
+    from retrieval.data import DataError, ItemVocab, build_sequences, load_interactions
 
-    data = args.data or default_data_path() or download_movielens_100k(Path.home() / ".cache/mitt-retrieval")
+    try:
+        data = demo_data(args.data, args.data_root)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    verbose = ["--verbose"] if args.verbose else []
     model_dir, index_dir = args.workdir / "model", args.workdir / "index"
     run_tool(
         "train.py", "--data", str(data), "--model", args.model, "--epochs", str(args.epochs),
         "--out", str(model_dir), "--overwrite",
     )  # fmt: skip
-    run_tool("build_index.py", "--model", str(model_dir), "--out", str(index_dir), "--overwrite")
+    # With the interactions, the index's recall is measured on the users' own interest vectors.
+    run_tool(
+        "build_index.py", "--model", str(model_dir), "--out", str(index_dir), "--data", str(data),
+        "--overwrite", *verbose,
+    )  # fmt: skip
 
     port = free_port()
-    print(f"\n$ python tools/serve.py --model {model_dir} --index {index_dir} --port {port} &", flush=True)
-    server = subprocess.Popen(
-        [sys.executable, str(TOOLS / "serve.py"), "--model", str(model_dir), "--index", str(index_dir),
-         "--port", str(port)]
-    )  # fmt: skip
+    serve = ["--model", str(model_dir), "--index", str(index_dir), "--port", str(port), *verbose]
+    print(f"\n$ python tools/serve.py {' '.join(serve)} &", flush=True)
+    server = subprocess.Popen([sys.executable, str(TOOLS / "serve.py"), *serve])
     try:
         sequences = build_sequences(load_interactions(data))
         vocab = ItemVocab.load(model_dir / "vocab.json")

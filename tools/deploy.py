@@ -1,4 +1,4 @@
-"""Publish a model and its index as the new current version of a deployment root.
+r"""Publish a model and its index as the new current version of a deployment root.
 
     python tools/deploy.py --model runs/ml100k-sa --index runs/ml100k-sa-index --root runs/live \
         [--ranker runs/ml100k-din]
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.artifacts import publish_deployment
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.storage import ArtifactError
 
 
@@ -32,9 +32,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a ranker artifact trained against that model (tools/train_ranker.py); repeatable",
     )
     p.add_argument("--keep", type=int, default=3, help="versions kept on disk (default %(default)s)")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
     if args.keep < 1:
         p.error("--keep must be >= 1")
+    quiet_tensorflow(args.verbose)
+    # Imported here, never for --help: the artifacts layer loads FAISS and pandas (and a ranker
+    # TensorFlow, once its logging is set).
+    from retrieval.artifacts import publish_deployment
+
     try:
         folder = publish_deployment(args.model, args.index, args.root, args.keep, ranker_dirs=args.ranker)
     except ArtifactError as e:

@@ -1,6 +1,6 @@
 """Draw a trained tower's attention maps over one user's history as a PNG heatmap.
 
-python tools/plot_attention.py --model runs/ml100k-sa --data ../shared/data/ml-100k --user 1 --out u1.png
+python tools/plot_attention.py --model runs/ml100k-sa --data data/ml-100k --user 1 --out u1.png
 
 Rows are interests (sa, dr, mind, din) or heads, columns the user's history (titles when the
 data has them), oldest first.
@@ -15,8 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.data import DataError
-from retrieval.training import plot_user_attention
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -26,12 +25,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
     p.add_argument("--user", required=True, help="external user id")
     p.add_argument("--out", required=True, type=Path, help="PNG file to write")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    quiet_tensorflow(args.verbose)
+    # Imported here, once TensorFlow's logging is set and never for --help: the training layer
+    # loads TensorFlow, the data layer pandas.
+    from retrieval.data import DataError
+    from retrieval.training import plot_user_attention
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         maps = plot_user_attention(args.model, args.data, args.user, args.out, args.format)
     except (ValueError, DataError, FileNotFoundError) as e:

@@ -1,6 +1,6 @@
 """Convert interactions into the partitioned Parquet layout that training streams from.
 
-python tools/prepare_data.py --data ../shared/data/ml-100k --out runs/ml100k-prepared
+python tools/prepare_data.py --data data/ml-100k --out runs/ml100k-prepared
 python tools/prepare_data.py --data logs/interactions/ --out runs/big-prepared     # a Parquet folder
 python tools/prepare_data.py --data s3://bucket/logs/ --format dataset --out runs/big-prepared
 
@@ -9,7 +9,7 @@ loaded in memory; or (``--format dataset``, the default for a folder that is not
 one and for a URI) a ``user,item,timestamp`` table of any size as a folder of Parquet or CSV
 files, read in record batches without loading it whole. The layout (vocabulary, per-user
 sequences partitioned by a hash of the user, the leave-one-out split) is described in
-retrieval/parquet_data.py. Prints the prepared folder's metadata as JSON.
+retrieval/data/prepared/. Prints the prepared folder's metadata as JSON.
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.data import (
-    BATCH_ROWS,
-    EVENTS_PER_PARTITION,
-    FORMATS,
-    MAX_PARTITIONS,
-    USERS_PER_ROW_GROUP,
-    prepare,
-)
 from retrieval.storage import ArtifactError
+
+# retrieval.data's values, spelt out so that --help loads no pandas (a test checks that they agree).
+FORMATS = ("movielens", "s3rec", "table", "dataset")
+MAX_PARTITIONS = 4096
+EVENTS_PER_PARTITION = 2_000_000
+USERS_PER_ROW_GROUP = 1024
+BATCH_ROWS = 1 << 18
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -63,8 +62,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    from retrieval.data import prepare  # here, never for --help: the data layer loads pandas
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         meta = prepare(
             args.data,

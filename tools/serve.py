@@ -1,4 +1,4 @@
-"""Serve a model and its index over gRPC until SIGTERM or SIGINT.
+r"""Serve a model and its index over gRPC until SIGTERM or SIGINT.
 
 python tools/serve.py --model runs/ml100k-sa --index runs/ml100k-sa-index --port 50051
 python tools/serve.py ... --ranker runs/ml100k-din        # requests may ask for a rerank
@@ -17,18 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from retrieval.api import DEFAULT_MAX_MESSAGE_BYTES
-from retrieval.serving import (
-    LOG_FORMATS,
-    DeploymentWatcher,
-    Retriever,
-    RetrieverSlot,
-    TlsFiles,
-    configure_logging,
-    load_deployment,
-    serve_forever,
-    warm_up,
-)
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.storage import ArtifactError
+
+LOG_FORMATS = ("text", "json")
+"""``retrieval.serving.LOG_FORMATS``, spelt out so that ``--help`` loads no FAISS or pandas (a test
+checks that they agree)."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -99,6 +93,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--tls-ca", type=Path, help="CA of client certificates (PEM): require mutual TLS")
     p.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="default %(default)s")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
     direct = (args.model is not None, args.index is not None)
     if direct != ((False, False) if args.watch else (True, True)):
@@ -118,6 +113,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    quiet_tensorflow(args.verbose)
+    # Imported here, once TensorFlow's logging is set and never for --help: the serving layer
+    # loads FAISS and pandas, and TensorFlow with the model.
+    from retrieval.serving import (
+        DeploymentWatcher,
+        Retriever,
+        RetrieverSlot,
+        TlsFiles,
+        configure_logging,
+        load_deployment,
+        serve_forever,
+        warm_up,
+    )
+
     configure_logging(args.log_format)
     try:
         if args.watch:

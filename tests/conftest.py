@@ -1,12 +1,18 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures. Shared plain helpers live in ``tests/helpers.py``: import them from
+there (``from tests.helpers import run_tool``), never from this file."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from retrieval.api.client import RetrievalClient
+from retrieval.artifacts.index import build_index_from_model
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.serving.retriever import Retriever
+from tests.helpers import REPO_ROOT, connected, make_model, run_tool, serving
 
 
 @pytest.fixture(scope="session")
@@ -16,17 +22,6 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared data folder ../shared/data not found: {path}")
     return path
-
-
-def run_tool(name: str, *args: str) -> int:
-    """Runs ``tools/<name>.py``'s ``main(argv)`` in this process (tools are scripts, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"tools_{name}", REPO_ROOT / "tools" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return int(module.main(list(args)))
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +70,32 @@ def model_versions(
         built.append((model_dir, index_dir, str(read_manifest(model_dir, "model")["version"])))
     assert built[0][2] != built[1][2]
     return built
+
+
+# --- a real server on port 0, per test module -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model() -> ModelArtifact:
+    """The in-memory 40-item model of :func:`tests.helpers.make_model` (version "model-v1")."""
+    return make_model()
+
+
+@pytest.fixture(scope="module")
+def retriever(model: ModelArtifact) -> Retriever:
+    """``model`` over an exact (Flat) index; a module overrides it to serve something else."""
+    return Retriever(model, build_index_from_model(model, "Flat"))
+
+
+@pytest.fixture(scope="module")
+def address(retriever: Retriever) -> Iterator[str]:
+    """The address of a server of the module's ``retriever``, bound to port 0."""
+    with serving(retriever) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def client(address: str) -> Iterator[RetrievalClient]:
+    """A client of ``address`` that has seen it SERVING."""
+    with connected(address) as client:
+        yield client

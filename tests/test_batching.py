@@ -18,8 +18,7 @@ from retrieval.api.types import MergeStrategy, Query, Retrieved
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving.batching import MicroBatcher
 from retrieval.serving.server import create_server
-from tests.test_server import ITEMS, assert_same, brute_force, make_model
-from tests.test_serving_ops import GatedRetriever
+from tests.helpers import ITEMS, GatedRetriever, assert_same, brute_force, make_model
 
 
 @pytest.fixture

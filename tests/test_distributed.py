@@ -41,7 +41,7 @@ from retrieval.training.config import Config, TrainConfig, apply_overrides
 from retrieval.training.distribute import GlobalBatchTask, is_chief, make_strategy, peak_learning_rate
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 FLAGS = ["--model", "youtubednn", "--dim", "8", "--max-len", "6", "--epochs", "2"]
 FLAGS += ["--batch-size", "64", "--negatives", "5", "--quiet"]

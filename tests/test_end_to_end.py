@@ -20,7 +20,7 @@ from retrieval.data.loaders import load_interactions
 from retrieval.evaluation.evaluate import exact_top_k
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 
 TOWERS = ["sa", "sasrec", "youtubednn", "dr", "mind", "din"]
 # Extra training options per tower: mind trains with its own interest selection (the

@@ -16,7 +16,7 @@ from retrieval.data.splits import comirec_split, sample_negatives
 from retrieval.data.vocab import ItemVocab
 from retrieval.evaluation.evaluate import candidate_scores, category_codes, exact_top_k, popularity_top_k
 from retrieval.evaluation.protocols import evaluate_model_on_data, evaluate_protocol
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 
 
 def test_exact_top_k_matches_a_naive_loop() -> None:

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,7 +46,7 @@ from retrieval.storage.manifest import (
     sha256_file,
 )
 from retrieval.storage.versions import publish, resolve_current
-from tests.conftest import REPO_ROOT, run_tool
+from tests.helpers import REPO_ROOT, FakeModel, ReloadUnderLoad, run_tool
 
 FILE_KINDS = {
     "config.json", "vocab.json", "item_attributes.json", "side_vocab.json", "item_embeddings.npy",
@@ -564,32 +563,13 @@ def test_a_real_write_error_in_faiss_leaves_the_old_index(tmp_path: Path) -> Non
 # --- kill -9 ------------------------------------------------------------------------------------
 
 
-class FakeModel:
-    """A model artifact without TensorFlow: n random items of dimension 32, K = 1."""
-
-    @staticmethod
-    def make(n: int, version: str) -> Any:
-        from retrieval.artifacts.model import ModelArtifact
-
-        table = np.random.default_rng(0).normal(size=(n + 1, 32)).astype(np.float32)
-        table[0] = 0
-
-        def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
-            return np.asarray(table[inputs["items"]].mean(axis=1, keepdims=True))
-
-        vocab = ItemVocab.from_ids([f"i{j}" for j in range(n)])
-        return ModelArtifact(
-            None, {"version": version, "max_len": 8, "num_interests": 1}, vocab, table, user_vectors
-        )
-
-
 BUILD_INDEX_CHILD = """
 import sys
 sys.path.insert(0, {repo!r})
 import retrieval.artifacts
-from tests.test_faults import FakeModel
+from tests.helpers import FakeModel
 retrieval.artifacts.load_model = lambda path, verify=True: FakeModel.make({n}, {version!r})
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 sys.exit(run_tool("build_index", *sys.argv[1:]))
 """
 
@@ -750,7 +730,7 @@ TRAIN_CHILD = """
 import json, os, signal, sys, threading
 sys.path.insert(0, {repo!r})
 import retrieval.training.callbacks as callbacks, retrieval.training.run as training
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 phase_to_kill, call_to_kill, kill_at, report = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 calls = {{"checkpoint": [], "artifact": []}}  # per call of the phase: its file-system events
 active = None
@@ -1013,30 +993,22 @@ def run_deploy(version: tuple[Path, Path, str], root: Path, kill_at: int) -> sub
     return subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture
-def two_versions(model_versions: list[tuple[Path, Path, str]]) -> list[tuple[Path, Path, str]]:
-    return model_versions
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_during_a_hot_reload_keeps_serving(
-    two_versions: list[tuple[Path, Path, str]], tmp_path: Path, seed: int
+    model_versions: list[tuple[Path, Path, str]], tmp_path: Path, seed: int
 ) -> None:
     """A server watches a root under load while ``tools/deploy.py`` is killed at random steps of
     publishing the other version: no call fails, the server serves the version ``current`` names
     (the old one unless the kill came after the switch, then the new one whole), no version is
     refused (none half-written was ever current), and a later whole publication is picked up."""
-    from retrieval.api.client import RetrievalClient
     from retrieval.artifacts.deployment import deployment_dirs, publish_deployment
-    from retrieval.serving.reload import DeploymentWatcher, RetrieverSlot, load_deployment
-    from retrieval.serving.server import create_server
 
-    by_version = {v[2]: v for v in two_versions}
+    by_version = {v[2]: v for v in model_versions}
     root = tmp_path / "live"
-    publish_deployment(two_versions[0][0], two_versions[0][1], root)
+    publish_deployment(model_versions[0][0], model_versions[0][1], root)
     calibration = tmp_path / "calibration"
-    publish_deployment(two_versions[0][0], two_versions[0][1], calibration)
-    dry = run_deploy(two_versions[1], calibration, 0)
+    publish_deployment(model_versions[0][0], model_versions[0][1], calibration)
+    dry = run_deploy(model_versions[1], calibration, 0)
     assert dry.returncode == 0, dry.stderr[-2000:]
     events = json.loads(dry.stdout.splitlines()[-1])
     steps = len(events)
@@ -1046,41 +1018,11 @@ def test_kill_9_during_a_hot_reload_keeps_serving(
         i for i, (event, arg) in enumerate(events, 1) if event == "os.rename" and ".current.tmp-" in arg
     )
     assert switch < steps
-    slot = RetrieverSlot(load_deployment(root))
-    server, port = create_server(slot, port=0)
-    watcher = DeploymentWatcher(root, slot, interval=0.05)
-    watcher.start()
-    history = list(slot.current.model.vocab.ids[:5])
-    seen: list[str] = []
-    errors: list[Exception] = []
-    stop = threading.Event()
-
-    def load() -> None:
-        with RetrievalClient(f"127.0.0.1:{port}", retries=0) as client:  # every failure shows
-            while not stop.is_set():
-                try:
-                    seen.append(client.retrieve(history, k=5).model_version)
-                except Exception as e:  # any failure fails the test
-                    errors.append(e)
-
-    def serving_settles_on(version: str) -> None:
-        deadline = time.monotonic() + 30
-        while slot.current.model_version != version and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert slot.current.model_version == version
-        count = len(seen)
-        while len(seen) < count + 20 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert seen[-1] == version
-
     rng = np.random.default_rng(seed)
     # Three kills anywhere up to the switch, one in the clean-up after it, in a random order.
     kills = [*rng.integers(1, switch + 1, size=3), rng.integers(switch + 1, steps + 1)]
-    threads = [threading.Thread(target=load) for _ in range(3)]
     outcomes = []
-    try:
-        for t in threads:
-            t.start()
+    with ReloadUnderLoad(root, callers=3, retries=0) as live:  # no retries: every failure shows
         for kill_at in map(int, rng.permutation(kills)):
             old = read_manifest(deployment_dirs(root)[0], "model")["version"]
             new = next(v for v in by_version if v != old)
@@ -1091,28 +1033,22 @@ def test_kill_9_during_a_hot_reload_keeps_serving(
             assert read_manifest(index_dir, "index")["model_version"] == current
             assert current in (old, new)
             time.sleep(0.3)  # several polls of the watcher
-            serving_settles_on(current)
+            live.settles_on(current)
             assert (current == new) == (kill_at > switch)
             step = f"{events[kill_at - 1][0]} {Path(events[kill_at - 1][1]).name}"
             outcomes.append(
                 f"step {kill_at}/{steps} ({step}): {'old kept' if current == old else 'new, whole'}"
             )
-        assert watcher.refused == 0
+        assert live.watcher.refused == 0
         # A whole publication, by the unmodified tool, is picked up.
-        old = slot.current.model_version
+        old = live.slot.current.model_version
         new = next(v for v in by_version if v != old)
         model_dir, index_dir, _ = by_version[new]
         assert (
             run_tool("deploy", "--model", str(model_dir), "--index", str(index_dir), "--root", str(root)) == 0
         )
-        serving_settles_on(new)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-        watcher.stop()
-        server.stop(None)
-    print(f"seed {seed}: {'; '.join(outcomes)}; then {old} -> {new}; {len(seen)} calls answered")
-    assert not errors, errors[:3]
-    assert set(seen) == set(by_version)
-    assert watcher.refused == 0
+        live.settles_on(new)
+    print(f"seed {seed}: {'; '.join(outcomes)}; then {old} -> {new}; {len(live.seen)} calls answered")
+    assert not live.errors, live.errors[:3]
+    assert set(live.seen) == set(by_version)
+    assert live.watcher.refused == 0

@@ -24,7 +24,7 @@ from retrieval.artifacts.index import (
 from retrieval.artifacts.model import ModelArtifact
 from retrieval.data.vocab import ItemVocab
 from retrieval.storage.manifest import ArtifactError, sha256_file
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 
 DIM, NUM_ITEMS, K = 16, 600, 2
 

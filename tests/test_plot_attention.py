@@ -15,7 +15,7 @@ from retrieval.data.vocab import ItemVocab
 from retrieval.training.attention import attention_for_history, user_history
 from retrieval.training.config import ModelConfig
 from retrieval.training.model import build_model
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from retrieval.data.prepared.reader import KIND, item_counts, read_item_attribut
 from retrieval.data.prepared.writer import prepare
 from retrieval.data.splits import leave_one_out
 from retrieval.storage.manifest import read_manifest
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 
 # Hand-made log: ties in time (u1: i2 and i3 at t=20, file order wins; i5 and i4 at t=5 across
 # users decide the vocabulary order), an unsorted user (u2), users with 1, 2 and 4 events,

@@ -13,7 +13,7 @@ from retrieval.config import apply_overrides
 from retrieval.data import DATA_ROOT_ENV, DATASETS, DataError, dataset_at
 from retrieval.training.config import Config
 from retrieval.training.presets import PRESETS, TOWERS, apply_preset, get_preset, preset_names
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from towers import tower_names
 
 

@@ -15,9 +15,8 @@ from retrieval.artifacts.ranker import AttributeTable, load_ranker
 from retrieval.artifacts.ranker_scorer import MAX_CELLS, XLA_ROWS, RankerScorer
 from retrieval.artifacts.xla import COMPILED_BATCHES, COMPILED_WIDTHS, pad_to, padded_size
 from retrieval.serving.retriever import Retriever
-from tests.test_rankers import NUM_ITEMS, make_ranker
-from tests.test_rerank import HISTORY, save_din
-from tests.test_server import make_model
+from tests.helpers import HISTORY, make_model, make_ranker, save_din
+from tests.helpers import RANKER_ITEMS as NUM_ITEMS
 
 
 def attribute_table(seed: int = 0) -> AttributeTable:

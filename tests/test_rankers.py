@@ -12,30 +12,19 @@ import pytest
 
 from rankers import AFM, DIEN, DIN, DSTN, build_ranker, click_loss, ranker_names
 from rankers.layers import AUGRUCell, Dice
+from tests.helpers import (
+    RANKER_ATTRIBUTES,
+    RANKER_CONTEXT,
+    RANKER_DIM,
+    RANKER_ITEMS,
+    RANKER_MAX_LEN,
+    make_ranker,
+)
 
-NUM_ITEMS, DIM, MAX_LEN, NUM_ATTRIBUTES = 24, 8, 8, 6
+# The shared ranker fixture's sizes (tests/helpers.py, also used by tests/test_ranker_xla.py).
+NUM_ITEMS, DIM, MAX_LEN, NUM_ATTRIBUTES = RANKER_ITEMS, RANKER_DIM, RANKER_MAX_LEN, RANKER_ATTRIBUTES
 CLUSTER_SIZE = 6  # items 1..24 in 4 clusters of 6: cluster(i) = (i - 1) // 6
-CONTEXT = 3  # DSTN's context size in these tests (the requests carry CONTEXT + 1 context items)
-# Tiny widths so that the whole file stays fast; no dropout, so training-mode calls are deterministic.
-KWARGS = {
-    "din": {"attention_units": (8,), "hidden_units": (8,), "activation": "dice"},
-    "dien": {"hidden_units": (8,), "activation": "prelu", "aux_weight": 0.5},
-    "afm": {"attention_units": 4},
-    "dstn": {"attention_units": 8, "hidden_units": (8,), "context_size": CONTEXT},
-}
-# The contract tests below need the ranker's own part in the logits: g = 0.5, not the initial 0
-# (which makes every ranker's logit the retrieval score, tested on its own).
-SHARED = {"retrieval_score": True, "ranker_scale_init": 0.5}
-
-
-def make_ranker(name: str, num_attributes: int = NUM_ATTRIBUTES, **overrides):
-    keras.utils.set_random_seed(0)
-    kwargs = {**SHARED, **KWARGS.get(name, {}), **overrides}
-    ranker = build_ranker(
-        name, num_items=NUM_ITEMS, dim=DIM, max_len=MAX_LEN, num_attributes=num_attributes, **kwargs
-    )
-    ranker.build()
-    return ranker
+CONTEXT = RANKER_CONTEXT  # DSTN's context size in these tests (the requests carry CONTEXT + 1 context items)
 
 
 def attributes_of(ids: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from retrieval.ranking.data import build_ranking_data, retrieve
 from retrieval.ranking.metrics import auc, evaluate_reranking, gauc, list_metrics, per_user_auc
 from retrieval.ranking.training import ranker_kwargs, train_ranker
 from retrieval.storage.manifest import ArtifactError
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 
 TINY = {"din": {"attention_units": [8], "hidden_units": [16], "activation": "prelu"}}
 

@@ -4,33 +4,22 @@ broken one is refused and the old one keeps serving."""
 from __future__ import annotations
 
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from retrieval.api.client import RetrievalClient
 from retrieval.artifacts.deployment import INDEX_DIR, MODEL_DIR, deployment_dirs, publish_deployment
 from retrieval.serving.metrics import Metrics
-from retrieval.serving.reload import DeploymentWatcher, RetrieverSlot, load_deployment
-from retrieval.serving.server import create_server
 from retrieval.storage.manifest import ArtifactError, read_manifest
 from retrieval.storage.versions import publish
-from tests.conftest import run_tool
-from tests.test_serving_ops import scrape
+from tests.helpers import ReloadUnderLoad, connected, run_tool, scrape
 from tools import serve as serve_tool
 
 
-@pytest.fixture
-def versions(model_versions: list[tuple[Path, Path, str]]) -> list[tuple[Path, Path, str]]:
-    return model_versions
-
-
 def test_deploy_refuses_an_index_of_another_model(
-    versions: list[tuple[Path, Path, str]], tmp_path: Path
+    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
 ) -> None:
-    (model_1, index_1, _), (model_2, _, _) = versions
+    (model_1, index_1, _), (model_2, _, _) = model_versions
     with pytest.raises(ArtifactError, match="was built from model"):
         publish_deployment(model_2, index_1, tmp_path / "live")
     assert (
@@ -42,88 +31,59 @@ def test_deploy_refuses_an_index_of_another_model(
         == 0
     )
     model_dir, index_dir = deployment_dirs(tmp_path / "live")
-    assert read_manifest(model_dir, "model")["version"] == versions[0][2]  # checksums hold in the copy
-    assert read_manifest(index_dir, "index")["model_version"] == versions[0][2]
+    assert read_manifest(model_dir, "model")["version"] == model_versions[0][2]  # checksums hold in the copy
+    assert read_manifest(index_dir, "index")["model_version"] == model_versions[0][2]
     with pytest.raises(ArtifactError, match="not a deployment"):
         deployment_dirs(tmp_path / "nothing")
 
 
-def test_swap_under_load_fails_no_request(versions: list[tuple[Path, Path, str]], tmp_path: Path) -> None:
-    (model_1, index_1, v1), (model_2, index_2, v2) = versions
+def test_swap_under_load_fails_no_request(
+    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
+) -> None:
+    (model_1, index_1, v1), (model_2, index_2, v2) = model_versions
     root = tmp_path / "live"
     publish_deployment(model_1, index_1, root)
-    slot = RetrieverSlot(load_deployment(root))
     metrics = Metrics()
     metrics_port = metrics.serve(0)
-    server, port = create_server(slot, port=0, metrics=metrics)
-    watcher = DeploymentWatcher(root, slot, interval=0.05)
-    watcher.start()
-    history = list(slot.current.model.vocab.ids[:5])
-    seen: list[str] = []
-    errors: list[Exception] = []
-    stop = threading.Event()
-
-    def load() -> None:
-        with RetrievalClient(f"127.0.0.1:{port}") as client:
-            while not stop.is_set():
-                try:
-                    seen.append(client.retrieve(history, k=5).model_version)
-                except Exception as e:  # any failure fails the test
-                    errors.append(e)
-
-    threads = [threading.Thread(target=load) for _ in range(4)]
     try:
-        for t in threads:
-            t.start()
-        time.sleep(0.3)
-        publish_deployment(model_2, index_2, root)
-        deadline = time.monotonic() + 30
-        while slot.current.model_version != v2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        count = len(seen)
-        while len(seen) < count + 20 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stop.set()
-        for t in threads:
-            t.join()
-        assert not errors
-        assert slot.current.model_version == v2
-        assert seen[0] == v1 and seen[-1] == v2
-        first_new = seen.index(v2)
-        assert set(seen[first_new + 4 :]) == {v2}  # at most the 4 in flight answered by the old one
-        samples = scrape(metrics_port)
-        assert samples[("retrieval_model_info", (("model_version", v2),))] == 1
-        assert ("retrieval_model_info", (("model_version", v1),)) not in samples
+        with ReloadUnderLoad(root, callers=4, metrics=metrics) as live:
+            live.wait_for_calls(4)  # under load before the swap
+            publish_deployment(model_2, index_2, root)
+            live.settles_on(v2)
+            live.stop_calls()
+            assert not live.errors
+            assert live.slot.current.model_version == v2
+            seen = live.seen
+            assert seen[0] == v1 and seen[-1] == v2
+            first_new = seen.index(v2)
+            assert set(seen[first_new + 4 :]) == {v2}  # at most the 4 in flight answered by the old one
+            samples = scrape(metrics_port)
+            assert samples[("retrieval_model_info", (("model_version", v2),))] == 1
+            assert ("retrieval_model_info", (("model_version", v1),)) not in samples
 
-        # A version whose index belongs to another model, and one with a corrupted file: each
-        # refused once, and the current one keeps serving.
-        def mismatched(folder: Path) -> None:
-            folder.mkdir()
-            shutil.copytree(model_1, folder / MODEL_DIR)
-            shutil.copytree(index_2, folder / INDEX_DIR)
+            # A version whose index belongs to another model, and one with a corrupted file: each
+            # refused once, and the current one keeps serving.
+            def mismatched(folder: Path) -> None:
+                folder.mkdir()
+                shutil.copytree(model_1, folder / MODEL_DIR)
+                shutil.copytree(index_2, folder / INDEX_DIR)
 
-        def corrupted(folder: Path) -> None:
-            folder.mkdir()
-            shutil.copytree(model_1, folder / MODEL_DIR)
-            shutil.copytree(index_1, folder / INDEX_DIR)
-            table = folder / MODEL_DIR / "item_embeddings.npy"
-            data = bytearray(table.read_bytes())
-            data[-1] ^= 0xFF
-            table.write_bytes(bytes(data))
+            def corrupted(folder: Path) -> None:
+                folder.mkdir()
+                shutil.copytree(model_1, folder / MODEL_DIR)
+                shutil.copytree(index_1, folder / INDEX_DIR)
+                table = folder / MODEL_DIR / "item_embeddings.npy"
+                data = bytearray(table.read_bytes())
+                data[-1] ^= 0xFF
+                table.write_bytes(bytes(data))
 
-        for broken in (mismatched, corrupted):
-            refused = watcher.refused
-            publish(root, broken)
-            deadline = time.monotonic() + 30
-            while watcher.refused == refused and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert watcher.refused == refused + 1
-            with RetrievalClient(f"127.0.0.1:{port}") as client:
-                assert client.retrieve(history, k=5).model_version == v2
+            for broken in (mismatched, corrupted):
+                refused = live.watcher.refused
+                publish(root, broken)
+                live.wait_refused(refused + 1)
+                with connected(live.address) as client:
+                    assert client.retrieve(live.history, k=5).model_version == v2
     finally:
-        stop.set()
-        watcher.stop()
-        server.stop(None)
         metrics.close()
 
 

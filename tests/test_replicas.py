@@ -14,7 +14,7 @@ from retrieval.api.client import RetrievalClient, channel_target, service_config
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
-from tests.test_server import ITEMS, make_model
+from tests.helpers import ITEMS, make_model
 
 
 def test_channel_targets_and_service_config() -> None:

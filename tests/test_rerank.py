@@ -6,59 +6,24 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 
-from rankers import build_ranker
 from retrieval.api.client import RetrievalClient
 from retrieval.api.errors import InvalidArgument
 from retrieval.api.types import Query, Rerank
 from retrieval.artifacts.deployment import deployment_rankers, publish_deployment
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.artifacts.model import ModelArtifact
-from retrieval.artifacts.ranker import LoadedRanker, load_ranker, save_ranker
+from retrieval.artifacts.ranker import LoadedRanker, load_ranker
 from retrieval.data.vocab import ItemVocab
 from retrieval.serving.reload import load_deployment
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
 from retrieval.storage.manifest import ArtifactError
-from tests.test_server import MAX_LEN, NUM_ITEMS, REPO, make_model
-
-HISTORY = ["item03", "item11", "item07"]
-
-
-def save_din(
-    out: Path, vocab: ItemVocab, model_version: str, seed: int, retrieval_weight: float = 0.01, **options
-) -> Path:
-    """An untrained DIN (seeded weights): enough to check where and how its scores are used. Its
-    logit is ``g · DIN + w · retrieval score`` with ``g = 1`` (not the untrained 0, which would
-    return the retrieval order) and a small ``w``, so both parts decide the order, unless
-    ``options`` say otherwise."""
-    kwargs = {
-        "num_items": len(vocab),
-        "dim": 8,
-        "max_len": MAX_LEN,
-        "attention_units": [8],
-        "hidden_units": [8],
-        "ranker_scale_init": 1.0,
-        **options,
-    }
-    keras.utils.set_random_seed(seed)
-    ranker = build_ranker("din", **kwargs)
-    ranker.build()
-    if ranker.retrieval_score:
-        ranker.retrieval_weight.assign(retrieval_weight)
-    save_ranker(out, ranker, "din", kwargs, vocab, model_version)
-    return out
-
-
-@pytest.fixture(scope="module")
-def model() -> ModelArtifact:
-    return make_model()
+from tests.helpers import HISTORY, NUM_ITEMS, REPO_ROOT, make_model, save_din
 
 
 @pytest.fixture(scope="module")
@@ -155,20 +120,6 @@ def test_a_rerank_needs_a_ranker_and_a_name_when_there_are_several(
         Retriever(model, index, rankers=[foreign])
 
 
-@pytest.fixture(scope="module")
-def address(retriever: Retriever) -> Iterator[str]:
-    server, port = create_server(retriever, port=0)
-    yield f"127.0.0.1:{port}"
-    server.stop(None)
-
-
-@pytest.fixture(scope="module")
-def client(address: str) -> Iterator[RetrievalClient]:
-    with RetrievalClient(address) as client:
-        client.wait_until_serving(timeout=10)
-        yield client
-
-
 def test_rerank_over_grpc_equals_the_retriever(client: RetrievalClient, retriever: Retriever) -> None:
     for rerank in (Rerank(), Rerank("din", 15)):
         over_grpc = client.retrieve(HISTORY, 5, rerank=rerank)
@@ -203,7 +154,7 @@ def test_a_served_rerank_reads_the_retrieval_scores(model: ModelArtifact, tmp_pa
 
 
 def test_the_query_tool_asks_for_a_rerank(address: str, client: RetrievalClient) -> None:
-    command = [sys.executable, str(REPO / "tools" / "query.py"), "--address", address, "--json"]
+    command = [sys.executable, str(REPO_ROOT / "tools" / "query.py"), "--address", address, "--json"]
     args = ["--history", *HISTORY, "--k", "4", "--rerank", "--rerank-candidates", "12"]
     out = json.loads(subprocess.run([*command, *args], capture_output=True, text=True, check=True).stdout)
     expected = client.retrieve(HISTORY, 4, rerank=Rerank(candidates=12))
@@ -241,5 +192,7 @@ def test_clients_and_deploys_start_without_tensorflow(module: str) -> None:
     # Rankers need TensorFlow; a client, the query tool and a deploy must not pay for it (a
     # deploy that took seconds to start delayed every hot reload).
     code = f"import sys; import {module}; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True
+    )
     assert out.stdout.split() == ["False", "False"]

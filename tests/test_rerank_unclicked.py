@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,7 @@ from retrieval.data.vocab import ItemVocab
 from retrieval.ranking.config import RankerConfig
 from retrieval.ranking.data import build_ranking_data
 from retrieval.serving.retriever import Retriever
-from retrieval.serving.server import create_server
-from tests.test_rerank import HISTORY, save_din
-from tests.test_server import MAX_LEN, REPO, make_model
+from tests.helpers import HISTORY, MAX_LEN, REPO_ROOT, save_din
 
 NUM_UNCLICKED = 4
 
@@ -150,11 +148,6 @@ def test_a_history_of_one_known_event_has_no_unclicked_items(
 
 
 # --------------------------------------------------------------------------- explicit impressions
-
-
-@pytest.fixture(scope="module")
-def model() -> ModelArtifact:
-    return make_model()
 
 
 @pytest.fixture(scope="module")
@@ -286,13 +279,6 @@ def test_the_message_conversion_carries_unclicked_ids() -> None:
     assert back is not None and list(back.unclicked) == ["item20", "item21"]
 
 
-@pytest.fixture(scope="module")
-def address(retriever: Retriever) -> Iterator[str]:
-    server, port = create_server(retriever, port=0)
-    yield f"127.0.0.1:{port}"
-    server.stop(None)
-
-
 def test_unclicked_ids_reach_dstn_over_grpc(address: str, retriever: Retriever) -> None:
     rerank = Rerank("dstn", 20, unclicked=["item20", "item21", "item22"])
     with RetrievalClient(address) as client:
@@ -306,7 +292,7 @@ def test_unclicked_ids_reach_dstn_over_grpc(address: str, retriever: Retriever) 
 
 
 def test_the_query_tool_sends_unclicked_ids(address: str, retriever: Retriever) -> None:
-    command = [sys.executable, str(REPO / "tools" / "query.py"), "--address", address, "--json"]
+    command = [sys.executable, str(REPO_ROOT / "tools" / "query.py"), "--address", address, "--json"]
     args = ["--history", *HISTORY, "--k", "4", "--rerank", "dstn", "--rerank-candidates", "12"]
     out = subprocess.run(
         [*command, *args, "--unclicked", "item20", "item21"], capture_output=True, text=True, check=True

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -35,78 +35,11 @@ from retrieval.api.errors import (
 from retrieval.api.types import MAX_HISTORY, MAX_K, Query, Retrieved
 from retrieval.artifacts.index import build_index_from_model, load_index, save_index
 from retrieval.artifacts.model import ModelArtifact
-from retrieval.data.vocab import ItemVocab
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server, serve_forever, status_for
 from retrieval.storage.folders import write_artifact
 from retrieval.storage.manifest import ArtifactError
-
-REPO = Path(__file__).resolve().parents[1]
-DIM, NUM_ITEMS, K, MAX_LEN = 16, 40, 3, 8
-ITEMS = [f"item{i:02d}" for i in range(NUM_ITEMS)]  # dense id of ITEMS[i] is i + 1
-
-
-def make_model(version: str = "model-v1") -> ModelArtifact:
-    """In-memory model: K fixed random projections of the mean embedding of the last MAX_LEN items."""
-    rng = np.random.default_rng(0)
-    embeddings = rng.normal(size=(NUM_ITEMS + 1, DIM)).astype(np.float32)
-    embeddings[0] = 0
-    projections = (rng.normal(size=(K, DIM, DIM)) / np.sqrt(DIM)).astype(np.float32)
-
-    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:  # int32 [B, L] -> float32 [B, K, d]
-        items = inputs["items"]
-        real = (items > 0)[..., None]
-        mean = (embeddings[items] * real).sum(axis=1) / np.maximum(real.sum(axis=1), 1)
-        return np.einsum("bd,kde->bke", mean, projections).astype(np.float32)
-
-    vocab = ItemVocab.from_ids(ITEMS, titles={item: f"Title of {item}" for item in ITEMS})
-    manifest = {"kind": "model", "version": version, "max_len": MAX_LEN, "num_interests": K, "dim": DIM}
-    return ModelArtifact(None, manifest, vocab, embeddings, user_vectors)
-
-
-def brute_force(model: ModelArtifact, history: list[str], k: int) -> list[tuple[str, float, int]]:
-    """Oracle: interests from the last MAX_LEN known items, max over interests, history excluded."""
-    known = [ITEMS.index(h) + 1 for h in history if h in ITEMS]
-    interests = model.user_vectors({"items": np.array([known[-MAX_LEN:]], np.int32)})[0]  # [K, d]
-    scores = interests @ model.item_embeddings.T  # [K, n + 1]
-    ranked = sorted(
-        (
-            (ITEMS[j - 1], float(scores[:, j].max()), int(scores[:, j].argmax()))
-            for j in range(1, NUM_ITEMS + 1)
-            if j not in known
-        ),
-        key=lambda t: -t[1],
-    )
-    return ranked[:k]
-
-
-def assert_same(got: list[tuple[str, float, int]], expected: list[tuple[str, float, int]]) -> None:
-    assert [(i, n) for i, _, n in got] == [(i, n) for i, _, n in expected]
-    np.testing.assert_allclose([s for _, s, _ in got], [s for _, s, _ in expected], rtol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def model() -> ModelArtifact:
-    return make_model()
-
-
-@pytest.fixture(scope="module")
-def retriever(model: ModelArtifact) -> Retriever:
-    return Retriever(model, build_index_from_model(model, "Flat"))
-
-
-@pytest.fixture(scope="module")
-def address(retriever: Retriever) -> Iterator[str]:
-    server, port = create_server(retriever, port=0)
-    yield f"127.0.0.1:{port}"
-    server.stop(None)
-
-
-@pytest.fixture(scope="module")
-def client(address: str) -> Iterator[RetrievalClient]:
-    with RetrievalClient(address) as client:
-        client.wait_until_serving(timeout=10)
-        yield client
+from tests.helpers import DIM, ITEMS, NUM_ITEMS, REPO_ROOT, assert_same, brute_force
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +212,7 @@ def test_query_tool_prints_json_with_titles(
 ) -> None:
     with write_artifact(tmp_path / "model", "model", {"version": "model-v1"}) as tmp:
         model.vocab.save(tmp / "vocab.json")
-    command = [sys.executable, str(REPO / "tools" / "query.py"), "--address", address]
+    command = [sys.executable, str(REPO_ROOT / "tools" / "query.py"), "--address", address]
     command += ["--history", "item04", "nope", "--k", "3", "--json", "--titles", str(tmp_path / "model")]
     out = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     expected = client.retrieve(["item04", "nope"], 3)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,7 @@ from retrieval.api.types import MAX_BATCH, MAX_FILTER_IDS, MAX_PER_INTEREST_K, M
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.artifacts.model import ModelArtifact
 from retrieval.serving.retriever import Retriever
-from retrieval.serving.server import create_server
-from tests.test_server import ITEMS, NUM_ITEMS, assert_same, brute_force, make_model
+from tests.helpers import ITEMS, NUM_ITEMS, assert_same, brute_force
 from tools import query as query_tool
 
 # Items 0..29 carry a category (10 each of three), the last 10 none: each is its own category.
@@ -84,25 +82,11 @@ class CountingIndex:
 
 
 @pytest.fixture(scope="module")
-def model() -> ModelArtifact:
-    return make_model()
-
-
-@pytest.fixture(scope="module")
 def retriever(model: ModelArtifact) -> Retriever:
     manifest = {"measured": {"k": 50, "recall": 0.987}}
     return Retriever(
         model, build_index_from_model(model, "Flat"), index_manifest=manifest, item_attributes=ATTRIBUTES
     )
-
-
-@pytest.fixture(scope="module")
-def client(retriever: Retriever) -> Iterator[RetrievalClient]:
-    server, port = create_server(retriever, port=0)
-    with RetrievalClient(f"127.0.0.1:{port}") as client:
-        client.wait_until_serving(timeout=10)
-        yield client
-    server.stop(None)
 
 
 @pytest.mark.parametrize("history", HISTORIES)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import threading
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,38 +14,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from prometheus_client.parser import text_string_to_metric_families
 
 from proto import retrieval_pb2
 from retrieval.api.client import RetrievalClient
-from retrieval.api.types import Query, Retrieved
+from retrieval.api.types import Query
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving.metrics import Metrics
-from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import RetrievalServicer, TlsFiles, create_server
-from tests.test_server import assert_same, brute_force, make_model
+from tests.helpers import GatedRetriever, assert_same, brute_force, make_model, scrape
 from tools import serve as serve_tool
-
-
-class GatedRetriever(Retriever):
-    """Records each call's batch size; each call waits for ``gate`` once ``entered`` is set, so
-    tests can hold a call (and let queries pile up behind it)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sizes: list[int] = []
-        self.entered, self.gate = threading.Event(), threading.Event()
-        self.gate.set()
-
-    @property
-    def calls(self) -> int:
-        return len(self.sizes)
-
-    def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
-        self.sizes.append(len(queries))
-        self.entered.set()
-        assert self.gate.wait(10)
-        return super().retrieve_many(queries)
 
 
 @pytest.fixture
@@ -117,17 +92,6 @@ def test_message_size_is_bounded(serving: tuple[RetrievalClient, Metrics, int]) 
         client.retrieve([f"item{i % 40:02d}" for i in range(1000)], 3)  # ~9 KB > 4096 bytes
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert len(client.retrieve(["item01"], 3).items) == 3
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """``(sample name, sorted labels) -> value`` from the /metrics endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def test_metrics_count_requests_batches_and_searches(serving: tuple[RetrievalClient, Metrics, int]) -> None:

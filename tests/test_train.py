@@ -30,7 +30,7 @@ from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
 from retrieval.training.model import build_model
 from retrieval.training.optimizer import make_optimizer
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5"]
 TINY += ["train.batch_size=32", "train.epochs=2"]

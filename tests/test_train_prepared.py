@@ -26,7 +26,7 @@ from retrieval.evaluation.protocols import evaluate_protocol
 from retrieval.storage.manifest import ArtifactError
 from retrieval.training.callbacks import EpochCheckpoint, run_folder
 from retrieval.training.config import Config, apply_overrides
-from tests.conftest import run_tool
+from tests.helpers import run_tool
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5", "train.epochs=2"]
 

@@ -1,0 +1,316 @@
+"""Helpers shared by several test files: the tools runner, the in-memory served model and its
+brute-force oracle, a server on port 0, the hot-reload-under-load harness, a DIN saved for
+reranking, the rankers' contract fixture and a model artifact without TensorFlow.
+
+A plain module (fixtures live in ``tests/conftest.py``, which imports from here): test files and
+the child processes some tests start import it as ``tests.helpers``. Heavy libraries (Keras,
+the rankers) are imported inside the functions that need them, so a child that only runs a tool
+does not pay for them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from retrieval.api.client import RetrievalClient
+from retrieval.api.types import Query, Retrieved
+from retrieval.artifacts.model import ModelArtifact
+from retrieval.data.vocab import ItemVocab
+from retrieval.serving.reload import DeploymentWatcher, RetrieverSlot, load_deployment
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import create_server
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_tool(name: str, *args: str) -> int:
+    """Runs ``tools/<name>.py``'s ``main(argv)`` in this process (tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", REPO_ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return int(module.main(list(args)))
+
+
+# --- the in-memory served model and its oracle ----------------------------------------------------
+
+DIM, NUM_ITEMS, K, MAX_LEN = 16, 40, 3, 8
+ITEMS = [f"item{i:02d}" for i in range(NUM_ITEMS)]  # dense id of ITEMS[i] is i + 1
+HISTORY = ["item03", "item11", "item07"]
+"""The history the rerank tests ask with."""
+
+
+def make_model(version: str = "model-v1") -> ModelArtifact:
+    """In-memory model: K fixed random projections of the mean embedding of the last MAX_LEN items."""
+    rng = np.random.default_rng(0)
+    embeddings = rng.normal(size=(NUM_ITEMS + 1, DIM)).astype(np.float32)
+    embeddings[0] = 0
+    projections = (rng.normal(size=(K, DIM, DIM)) / np.sqrt(DIM)).astype(np.float32)
+
+    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:  # int32 [B, L] -> float32 [B, K, d]
+        items = inputs["items"]
+        real = (items > 0)[..., None]
+        mean = (embeddings[items] * real).sum(axis=1) / np.maximum(real.sum(axis=1), 1)
+        return np.einsum("bd,kde->bke", mean, projections).astype(np.float32)
+
+    vocab = ItemVocab.from_ids(ITEMS, titles={item: f"Title of {item}" for item in ITEMS})
+    manifest = {"kind": "model", "version": version, "max_len": MAX_LEN, "num_interests": K, "dim": DIM}
+    return ModelArtifact(None, manifest, vocab, embeddings, user_vectors)
+
+
+def brute_force(model: ModelArtifact, history: list[str], k: int) -> list[tuple[str, float, int]]:
+    """Oracle: interests from the last MAX_LEN known items, max over interests, history excluded."""
+    known = [ITEMS.index(h) + 1 for h in history if h in ITEMS]
+    interests = model.user_vectors({"items": np.array([known[-MAX_LEN:]], np.int32)})[0]  # [K, d]
+    scores = interests @ model.item_embeddings.T  # [K, n + 1]
+    ranked = sorted(
+        (
+            (ITEMS[j - 1], float(scores[:, j].max()), int(scores[:, j].argmax()))
+            for j in range(1, NUM_ITEMS + 1)
+            if j not in known
+        ),
+        key=lambda t: -t[1],
+    )
+    return ranked[:k]
+
+
+def assert_same(got: list[tuple[str, float, int]], expected: list[tuple[str, float, int]]) -> None:
+    assert [(i, n) for i, _, n in got] == [(i, n) for i, _, n in expected]
+    np.testing.assert_allclose([s for _, s, _ in got], [s for _, s, _ in expected], rtol=1e-5)
+
+
+class GatedRetriever(Retriever):
+    """Records each call's batch size; each call waits for ``gate`` once ``entered`` is set, so
+    tests can hold a call (and let queries pile up behind it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sizes: list[int] = []
+        self.entered, self.gate = threading.Event(), threading.Event()
+        self.gate.set()
+
+    @property
+    def calls(self) -> int:
+        return len(self.sizes)
+
+    def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
+        self.sizes.append(len(queries))
+        self.entered.set()
+        assert self.gate.wait(10)
+        return super().retrieve_many(queries)
+
+
+# --- a real server on port 0 ----------------------------------------------------------------------
+
+
+@contextmanager
+def serving(retriever: Retriever | RetrieverSlot, **options: Any) -> Iterator[str]:
+    """``create_server(retriever, port=0, **options)``; yields its address, stops it on exit."""
+    server, port = create_server(retriever, port=0, **options)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
+@contextmanager
+def connected(address: str | list[str], **options: Any) -> Iterator[RetrievalClient]:
+    """A client of ``address`` that has seen it SERVING (waits up to 10 s)."""
+    with RetrievalClient(address, **options) as client:
+        client.wait_until_serving(timeout=10)
+        yield client
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``(sample name, sorted labels) -> value`` from the /metrics endpoint at ``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+# --- hot reload under load ------------------------------------------------------------------------
+
+SETTLE_SECONDS = 60.0
+"""How long a swap (or a refusal) may take to show: wide, for a loaded 2-core machine. Only a
+failing test waits that long; the checks are on what was answered, never on how fast."""
+
+
+class ReloadUnderLoad:
+    """A server over a :class:`RetrieverSlot` loaded from the deployment root ``root``, a
+    :class:`DeploymentWatcher` polling ``root`` every 50 ms, and ``callers`` threads calling
+    ``Retrieve`` in a loop, each answer's model version appended to :attr:`seen` and each
+    failure to :attr:`errors`.
+
+    Example:
+        >>> with ReloadUnderLoad(root, callers=4) as live:
+        ...     publish_deployment(model_2, index_2, root)
+        ...     live.settles_on(version_2)
+        >>> assert not live.errors
+    """
+
+    def __init__(self, root: Path, callers: int, retries: int | None = None, **server_options: Any) -> None:
+        """``retries``: the callers' client retries (``None``: the client's default; 0 makes every
+        failure show); ``server_options`` go to ``create_server``."""
+        self.root, self.callers, self.server_options = root, callers, server_options
+        self.client_options = {} if retries is None else {"retries": retries}
+        self.seen: list[str] = []
+        self.errors: list[Exception] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> ReloadUnderLoad:
+        self.slot = RetrieverSlot(load_deployment(self.root))
+        self.server, port = create_server(self.slot, port=0, **self.server_options)
+        self.address = f"127.0.0.1:{port}"
+        self.watcher = DeploymentWatcher(self.root, self.slot, interval=0.05)
+        self.watcher.start()
+        self.history = list(self.slot.current.model.vocab.ids[:5])
+        self._threads = [threading.Thread(target=self._call) for _ in range(self.callers)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def _call(self) -> None:
+        with RetrievalClient(self.address, **self.client_options) as client:
+            while not self._stop.is_set():
+                try:
+                    self.seen.append(client.retrieve(self.history, k=5).model_version)
+                except Exception as e:  # any failure fails the test
+                    self.errors.append(e)
+
+    def wait_for_calls(self, count: int, timeout: float = SETTLE_SECONDS) -> None:
+        """Waits until ``count`` more calls are answered (at most ``timeout`` s)."""
+        target, deadline = len(self.seen) + count, time.monotonic() + timeout
+        while len(self.seen) < target and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(self.seen) >= target, f"{len(self.seen)} calls answered, expected {target}"
+
+    def settles_on(self, version: str, calls: int = 20) -> None:
+        """Waits until the slot serves ``version``, then for ``calls`` more answers; the last of
+        them must come from ``version``."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while self.slot.current.model_version != version and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.slot.current.model_version == version
+        self.wait_for_calls(calls)
+        assert self.seen[-1] == version
+
+    def wait_refused(self, refused: int) -> None:
+        """Waits until the watcher has refused ``refused`` versions in all (exactly that many)."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while self.watcher.refused < refused and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.watcher.refused == refused
+
+    def stop_calls(self) -> None:
+        """Stops the callers (the server and the watcher keep running)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_calls()
+        self.watcher.stop()
+        self.server.stop(None)
+
+
+# --- rankers ----------------------------------------------------------------------------------------
+
+
+def save_din(
+    out: Path, vocab: ItemVocab, model_version: str, seed: int, retrieval_weight: float = 0.01, **options: Any
+) -> Path:
+    """An untrained DIN (seeded weights): enough to check where and how its scores are used. Its
+    logit is ``g · DIN + w · retrieval score`` with ``g = 1`` (not the untrained 0, which would
+    return the retrieval order) and a small ``w``, so both parts decide the order, unless
+    ``options`` say otherwise."""
+    import keras
+
+    from rankers import build_ranker
+    from retrieval.artifacts.ranker import save_ranker
+
+    kwargs = {
+        "num_items": len(vocab),
+        "dim": 8,
+        "max_len": MAX_LEN,
+        "attention_units": [8],
+        "hidden_units": [8],
+        "ranker_scale_init": 1.0,
+        **options,
+    }
+    keras.utils.set_random_seed(seed)
+    ranker = build_ranker("din", **kwargs)
+    ranker.build()
+    if ranker.retrieval_score:
+        ranker.retrieval_weight.assign(retrieval_weight)
+    save_ranker(out, ranker, "din", kwargs, vocab, model_version)
+    return out
+
+
+RANKER_ITEMS, RANKER_DIM, RANKER_MAX_LEN, RANKER_ATTRIBUTES = 24, 8, 8, 6
+"""The sizes of :func:`make_ranker`'s rankers (their own catalogue, not :data:`ITEMS`)."""
+RANKER_CONTEXT = 3  # DSTN's context size (the requests carry RANKER_CONTEXT + 1 context items)
+# Tiny widths so that the ranker tests stay fast; no dropout, so training-mode calls are deterministic.
+RANKER_KWARGS: dict[str, dict[str, Any]] = {
+    "din": {"attention_units": (8,), "hidden_units": (8,), "activation": "dice"},
+    "dien": {"hidden_units": (8,), "activation": "prelu", "aux_weight": 0.5},
+    "afm": {"attention_units": 4},
+    "dstn": {"attention_units": 8, "hidden_units": (8,), "context_size": RANKER_CONTEXT},
+}
+# The contract tests need the ranker's own part in the logits: g = 0.5, not the initial 0
+# (which makes every ranker's logit the retrieval score, tested on its own).
+RANKER_SHARED = {"retrieval_score": True, "ranker_scale_init": 0.5}
+
+
+def make_ranker(name: str, num_attributes: int = RANKER_ATTRIBUTES, **overrides: Any) -> Any:
+    """The ranker ``name`` over :data:`RANKER_ITEMS` items, seeded (0) and built."""
+    import keras
+
+    from rankers import build_ranker
+
+    keras.utils.set_random_seed(0)
+    kwargs = {**RANKER_SHARED, **RANKER_KWARGS.get(name, {}), **overrides}
+    ranker = build_ranker(
+        name,
+        num_items=RANKER_ITEMS,
+        dim=RANKER_DIM,
+        max_len=RANKER_MAX_LEN,
+        num_attributes=num_attributes,
+        **kwargs,
+    )
+    ranker.build()
+    return ranker
+
+
+# --- a model artifact without TensorFlow -------------------------------------------------------------
+
+
+class FakeModel:
+    """A model artifact without TensorFlow: n random items of dimension 32, K = 1."""
+
+    @staticmethod
+    def make(n: int, version: str) -> ModelArtifact:
+        table = np.random.default_rng(0).normal(size=(n + 1, 32)).astype(np.float32)
+        table[0] = 0
+
+        def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
+            return np.asarray(table[inputs["items"]].mean(axis=1, keepdims=True))
+
+        vocab = ItemVocab.from_ids([f"i{j}" for j in range(n)])
+        return ModelArtifact(
+            None, {"version": version, "max_len": 8, "num_interests": 1}, vocab, table, user_vectors
+        )

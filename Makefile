@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint proto clean
+.PHONY: install demo test test-fast lint proto clean
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(STAMP)
 ## Lint, type-check and run the whole test suite.
 test: $(STAMP) lint
 	$(BIN)/pytest -q
+
+## The edit loop: every test not marked slow or network, no lint (`make test` runs them all).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow and not network"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

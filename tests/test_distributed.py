@@ -122,6 +122,7 @@ def single(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     return single_run(synthetic_csv, tmp_path_factory.mktemp("single") / "m")
 
 
+@pytest.mark.slow  # two TensorFlow worker processes and a reference run: 18 s here, 32 s loaded
 def test_two_workers_train_like_one_device(
     synthetic_csv: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -163,6 +164,7 @@ class Interrupted(Exception):
     """Stands for a crash in the middle of a run."""
 
 
+@pytest.mark.slow  # two TensorFlow worker processes: 13 s here, 20 s loaded
 def test_two_workers_resume_a_single_device_run(
     synthetic_csv: Path, tmp_path: Path, single: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -791,6 +791,10 @@ def start_training(
     )
 
 
+# The kill -9 series during training below is marked slow: 10 to 17 s a test here (a child trains
+# five epochs, is killed, and resumes), about two minutes with the reference run.
+
+
 @pytest.fixture(scope="module")
 def training_reference(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """An uninterrupted run: its losses, and the file-system events of every checkpoint and of
@@ -851,6 +855,7 @@ def resume_and_check(data: Path, out: Path, epoch: int, reference: dict[str, Any
     print(f"resumed after epoch {epoch} in {time.monotonic() - started:.1f} s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_mid_epoch_then_resume(
     synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any], seed: int
@@ -881,6 +886,7 @@ def test_kill_9_mid_epoch_then_resume(
     resume_and_check(synthetic_csv, out, epoch, training_reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_mid_checkpoint_write_then_resume(
     synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any], seed: int
@@ -914,6 +920,7 @@ def artifact_steps(reference: dict[str, Any]) -> tuple[list[list[str]], int, int
     return steps, rename, cleanup
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_kill_9_mid_artifact_write_then_resume(
     synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any], seed: int
@@ -931,6 +938,7 @@ def test_kill_9_mid_artifact_write_then_resume(
     resume_and_check(synthetic_csv, out, TRAIN_EPOCHS, training_reference)
 
 
+@pytest.mark.slow
 def test_kill_9_after_the_artifact_is_in_place_then_resume(
     synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any]
 ) -> None:
@@ -993,6 +1001,7 @@ def run_deploy(version: tuple[Path, Path, str], root: Path, kill_at: int) -> sub
     return subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a server under load while deploys are killed: 5 to 8 s each, 20 s with the calibration
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_during_a_hot_reload_keeps_serving(
     model_versions: list[tuple[Path, Path, str]], tmp_path: Path, seed: int

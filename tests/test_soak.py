@@ -30,6 +30,7 @@ def versions(model_versions: list[tuple[Path, Path, str]]) -> list[Version]:
     return [Version(*v) for v in model_versions]
 
 
+@pytest.mark.slow  # a server in its own process under load for 10 s, plus the probe: ~25 s here
 def test_a_short_soak_with_a_hot_reload(versions: list[Version], synthetic_csv: Path, tmp_path: Path) -> None:
     old, new = versions
     result = run_soak(
@@ -69,6 +70,7 @@ def serving(address: str) -> str | None:
         return None
 
 
+@pytest.mark.slow  # twelve reloads of a server in its own process: ~20 s here
 def test_repeated_hot_reloads_do_not_grow_the_server(versions: list[Version], tmp_path: Path) -> None:
     """Twelve reloads, no load: the server's RSS after the 12th is that after the 2nd (the first
     two allocate what every later version reuses)."""

@@ -305,11 +305,41 @@ def test_length_buckets_group_similar_lengths_and_stay_seeded() -> None:
     assert sorted(bucketed) != bucketed  # batch order shuffled, not short to long
 
 
+@pytest.fixture(scope="module")
+def planted_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A planted order: 60 items on one cycle (a seeded permutation), 300 users each walking 5 to
+    10 consecutive steps of it from a random start. The next item is the last one's successor,
+    never in the history (the cycle is longer than any walk), and every item is about as
+    popular as any other: a model that learns the order ranks the target first, popularity
+    ranks it about at random (about 10 of the 50-odd items outside the history)."""
+    rng = np.random.default_rng(0)
+    cycle = rng.permutation(60)
+    rows = ["user,item,timestamp"]
+    for user in range(300):
+        start = int(rng.integers(60))
+        for step in range(int(rng.integers(5, 11))):
+            rows.append(f"u{user},i{cycle[(start + step) % 60]},{1_000_000 + 1000 * user + step}")
+    path = tmp_path_factory.mktemp("planted") / "log.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
 @pytest.mark.parametrize("tower", ["sasrec", "bert4rec", "youtubednn"])
-def test_every_objective_trains_with_length_buckets(synthetic_csv, tmp_path, tower: str) -> None:
-    config = tiny_config(synthetic_csv, f"model.tower={tower}", "train.length_buckets=true", "train.epochs=1")
+def test_every_objective_learns_a_planted_order_with_length_buckets(
+    planted_csv, tmp_path, tower: str
+) -> None:
+    """Eight epochs with length buckets beat popularity on the held-out (leave-one-out test)
+    targets by a wide margin (here: HR@10 0.81 to 1.0 against 0.24, NDCG@10 0.49 to 0.90
+    against 0.11); a tower, objective or bucketing that learned nothing would not."""
+    config = tiny_config(
+        planted_csv, f"model.tower={tower}", "model.num_blocks=1", "model.dropout=0",
+        "train.learning_rate=0.01", "train.length_buckets=true", "train.epochs=8",
+    )  # fmt: skip
     metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
-    assert np.isfinite(metrics["train_loss_per_epoch"]).all() and metrics["test"]
+    test, popularity = metrics["test"], metrics["baseline_popularity_test"]
+    assert popularity["hr@10"] < 0.35, popularity  # the planted data gives popularity no hold
+    assert test["hr@10"] > popularity["hr@10"] + 0.4, (test, popularity)
+    assert test["ndcg@10"] > 3 * popularity["ndcg@10"], (test, popularity)
 
 
 def test_length_buckets_balance_targets_per_batch() -> None:

@@ -166,7 +166,7 @@ class ReloadUnderLoad:
         """``retries``: the callers' client retries (``None``: the client's default; 0 makes every
         failure show); ``server_options`` go to ``create_server``."""
         self.root, self.callers, self.server_options = root, callers, server_options
-        self.client_options = {} if retries is None else {"retries": retries}
+        self.client_options: dict[str, Any] = {} if retries is None else {"retries": retries}
         self.seen: list[str] = []
         self.errors: list[Exception] = []
         self._stop = threading.Event()

@@ -29,19 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if not __package__:  # run as ``python bench/index.py``: this file must not shadow the index package
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
 import faiss
 import numpy as np
 
+from bench.data import REPO, add_data_root_argument, dataset_file
 from index import FaissIndex, estimate_memory, exact_neighbours, recall_of, tune
 from index.tuning import measure_latency
 
 log = logging.getLogger("bench.index")
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "ml-100k"
 TARGET_RECALL, TARGET_P99_MS, TARGET_BUILD_S = 0.99, 2.0, 60.0
 
 
@@ -351,8 +347,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="model artifact; default: train a small one on --data")
     p.add_argument(
-        "--data", type=Path, default=DEFAULT_DATA, help="interactions for the model and the queries"
+        "--data", type=Path, help="interactions of the model and the queries (default: ml100k in --data-root)"
     )
+    add_data_root_argument(p)
     p.add_argument("--items", type=int, default=1_000_000, help="catalogue size after scaling")
     p.add_argument("--quick", action="store_true", help="smoke run: 50k items, fewer requests")
     p.add_argument("--requests", type=int, default=1000, help="requests (users) searched")
@@ -366,6 +363,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-index")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.data = args.data or dataset_file("ml100k", args.data_root)
     if args.quick:
         args.items, args.requests, args.latency_requests = min(args.items, 50_000), 300, 200
     return args

@@ -5,12 +5,13 @@
     python -m bench.quality --datasets beauty --towers sasrec --fusions none nova sum gated concat
     python -m bench.quality --quick                      # smoke run: ML-100K's first 200 users
 
-Datasets are preset names (``ml100k``, ``beauty``, ``sports``: ``retrieval/presets.py``'s files in
-``../shared/data``) or paths; ``--max-users N`` trains on a slice of each (:func:`slice_dataset`).
-Every (dataset, protocol, tower, fusion, seed) is one training run and one model artifact folder,
-``OUT/<dataset>/<protocol>/<tower>-<fusion>/seed<N>`` (or under ``--runs``, so that the reports of
-several commands, each in its own ``--out``, share their common runs). A run starts from the preset
-``<dataset>-<tower>`` (``retrieval/presets.py``) when there is one, then takes the protocol,
+Datasets are names (``ml100k``, ``beauty``, ``sports``: ``retrieval.data.DATASETS``, under
+``--data-root``, default ``$MITT_DATA`` or ``../shared/data``) or paths; ``--max-users N`` trains
+on a slice of each (:func:`slice_dataset`). Every (dataset, protocol, tower, fusion, seed) is one
+training run and one model artifact folder, ``OUT/<dataset>/<protocol>/<tower>-<fusion>/seed<N>``
+(or under ``--runs``, so that the reports of several commands, each in its own ``--out``, share
+their common runs). A run starts from the preset ``<dataset>-<tower>``
+(``retrieval/training/presets.py``) when there is one, then takes the protocol,
 tower, fusion, seed, ``--epochs`` and every ``--set``. A finished run is read back (its saved
 configuration must be the one asked for), an interrupted one resumes from its last epoch's
 checkpoint, so the benchmark continues where it stopped.
@@ -39,7 +40,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -51,17 +51,16 @@ from typing import Any
 import keras
 import numpy as np
 
-from bench.peers import commit, machine
+from bench.context import commit, load_average, machine
+from bench.data import add_data_root_argument, dataset_file
 from retrieval.artifacts import load_model
-from retrieval.data import load_interactions
+from retrieval.config import apply_overrides
+from retrieval.data import DATASETS, load_interactions
 from retrieval.evaluation import paired_difference
 from retrieval.training import (
-    DATASETS,
-    SHARED_DATA,
     Config,
     InMemoryData,
-    apply_overrides,
-    apply_preset,
+    get_preset,
     preset_for,
     run_folder,
     takes_side_information,
@@ -111,7 +110,7 @@ class Dataset:
     Attributes:
         name: its folder under ``--out`` and its name in the report.
         path: the interactions the runs read.
-        preset: the key of :data:`retrieval.training.presets.DATASETS` it was named by, or None (a path).
+        preset: the key of :data:`retrieval.data.DATASETS` it was named by, or None (a path).
     """
 
     name: str
@@ -169,12 +168,13 @@ def slice_dataset(source: str, max_users: int, folder: Path) -> str:
     return str(path)
 
 
-def resolve_dataset(spec: str, max_users: int, out: Path) -> Dataset:
-    """A preset dataset name (``ml100k``, ``beauty``, ``sports``, read from ``../shared/data``) or a
-    path. With ``max_users``, the dataset is the slice :func:`slice_dataset` writes into
-    ``OUT/<name>/``, where ``<name>`` ends with ``-<max_users>users``."""
+def resolve_dataset(spec: str, max_users: int, out: Path, root: Path | None = None) -> Dataset:
+    """A dataset name (``ml100k``, ``beauty``, ``sports``, read from the data ``root``, default
+    :func:`bench.data.default_data_root`) or a path. With ``max_users``, the dataset is the slice
+    :func:`slice_dataset` writes into ``OUT/<name>/``, where ``<name>`` ends with
+    ``-<max_users>users``."""
     preset = spec if spec in DATASETS else None
-    path = SHARED_DATA / DATASETS[spec] if preset else Path(spec).resolve()
+    path = dataset_file(spec, root) if preset else Path(spec).resolve()
     if not path.exists():
         raise ValueError(f"dataset {spec!r}: {path} does not exist")
     name = preset or (path.stem if path.suffix else path.name)
@@ -220,8 +220,9 @@ def plan(
 
 
 def run_config(run: Run, epochs: int | None, overrides: Sequence[str]) -> Config:
-    """The run's configuration: defaults, its preset, the run's own fields, ``--epochs``, ``--set``."""
-    config = apply_preset(Config(), run.preset) if run.preset else Config()
+    """The run's configuration: defaults, its preset's overrides (not its data path: the run has its
+    own), the run's own fields, ``--epochs``, ``--set``."""
+    config = apply_overrides(Config(), get_preset(run.preset).overrides) if run.preset else Config()
     own = [
         f"data.path={run.dataset.path}",
         f"data.protocol={run.protocol}",
@@ -480,7 +481,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         "many; they vary training only, the split is fixed). `train s`: training wall seconds, the "
         "per-epoch validation included. Each run's `metrics.json` is in "
         f"`{meta['runs']}/<dataset>/<protocol>/<tower>-<fusion>/seed<N>/`, with its resolved "
-        "`config.json`: its preset `<dataset>-<tower>` (`retrieval/presets.py`; none for a dataset "
+        "`config.json`: its preset `<dataset>-<tower>` (`retrieval/training/presets.py`; none for a dataset "
         "given as a path), then the protocol, tower, fusion, seed, `--epochs` and every `--set`.",
     ]
     comparisons = {(p["dataset"], p["protocol"]): p for p in report.get("paired", [])}
@@ -628,7 +629,7 @@ def write_report(
     """Writes ``results.json`` and ``results.md`` (and, with ``plots``, the two PNGs); returns the
     report. With ``per_user`` (each run's :func:`user_test_metrics`) it has the :func:`paired`
     comparisons against ``reference``."""
-    meta["load_end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    meta["load_end"] = load_average(2)
     report = {
         "meta": meta,
         "runs": list(records),
@@ -651,8 +652,9 @@ def write_report(
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--datasets", nargs="+", help=f"preset names ({', '.join(DATASETS)}) or paths (default: all three)"
+        "--datasets", nargs="+", help=f"names ({', '.join(DATASETS)}) or paths (default: the three names)"
     )
+    add_data_root_argument(p)
     p.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=["loo"], help="default: loo")
     p.add_argument("--towers", nargs="+", choices=tower_names(), help="default: every tower")
     p.add_argument(
@@ -732,24 +734,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commit": commit(),
         "command": "python -m bench.quality " + shlex.join(args.argv),
         "machine": machine(),
-        "load_start": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "load_start": load_average(2),
         "seeds": args.seeds,
         "epochs": args.epochs,
         "set": args.set,
         "runs": str(args.runs),
     }
     try:
-        datasets = [resolve_dataset(d, args.max_users, args.runs) for d in args.datasets]
-        runs = plan(
-            datasets,
-            args.protocols,
-            args.towers,
-            args.fusions,
-            args.side_features,
-            args.seeds,
-            args.fusion_towers,
-        )
-        configs = [run_config(r, args.epochs, args.set) for r in runs]  # every override checked first
+        runs, configs = planned_runs(args)
         done = sum(finished(c, r.folder(args.runs)) for r, c in zip(runs, configs, strict=True))
         interrupted = sum(run_folder(r.folder(args.runs)).is_dir() for r in runs)
     except ValueError as e:
@@ -757,17 +749,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"{len(runs)} runs: {done} finished, {interrupted} interrupted, in {args.runs}", flush=True)
     if args.dry_run:
-        for run, config in zip(runs, configs, strict=True):
-            folder = run.folder(args.runs)
-            state = (
-                "finished"
-                if finished(config, folder)
-                else "interrupted"
-                if run_folder(folder).is_dir()
-                else "new"
-            )
-            print(f"{state:<11} {folder}  (preset {run.preset or '-'}, {config.train.epochs} epochs)")
+        list_runs(runs, configs, args.runs)
         return 0
+    report = train_and_report(args, meta, runs, configs)
+    print("\n" + markdown(report))
+    print(f"written to {args.out}")
+    return 0
+
+
+def planned_runs(args: argparse.Namespace) -> tuple[list[Run], list[Config]]:
+    """The command's runs and their configurations (every override checked before anything trains).
+
+    Raises:
+        ValueError: an unknown dataset, a fusion without side features, a bad override.
+    """
+    datasets = [resolve_dataset(d, args.max_users, args.runs, args.data_root) for d in args.datasets]
+    runs = plan(
+        datasets,
+        args.protocols,
+        args.towers,
+        args.fusions,
+        args.side_features,
+        args.seeds,
+        args.fusion_towers,
+    )
+    return runs, [run_config(r, args.epochs, args.set) for r in runs]
+
+
+def list_runs(runs: Sequence[Run], configs: Sequence[Config], root: Path) -> None:
+    """``--dry-run``: each run's state (new, interrupted, finished), folder, preset and epochs."""
+    for run, config in zip(runs, configs, strict=True):
+        folder = run.folder(root)
+        state = (
+            "finished"
+            if finished(config, folder)
+            else "interrupted"
+            if run_folder(folder).is_dir()
+            else "new"
+        )
+        print(f"{state:<11} {folder}  (preset {run.preset or '-'}, {config.train.epochs} epochs)")
+
+
+def train_and_report(
+    args: argparse.Namespace, meta: dict[str, Any], runs: Sequence[Run], configs: Sequence[Config]
+) -> dict[str, Any]:
+    """Trains (or reads back) every run in order, rewriting the report after each; then the plots."""
     records, per_user = [], []
     loaded: dict[tuple[Any, ...], InMemoryData] = {}
     for i, (run, config) in enumerate(zip(runs, configs, strict=True)):
@@ -787,10 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         per_user.append(user_test_metrics(config, folder, loaded))
         write_report(args.out, meta, records, plots=False, per_user=per_user, reference=args.reference)
-    report = write_report(args.out, meta, records, not args.no_plots, per_user, args.reference)
-    print("\n" + markdown(report))
-    print(f"written to {args.out}")
-    return 0
+    return write_report(args.out, meta, records, not args.no_plots, per_user, args.reference)
 
 
 if __name__ == "__main__":

@@ -39,12 +39,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.data import add_data_root_argument, dataset_file
 from rankers import ranker_names
 from retrieval.artifacts import build_index_from_model, load_model, save_index
+from retrieval.config import apply_overrides
 from retrieval.data import build_sequences, load_interactions
 from retrieval.ranking import (
     RankerConfig,
-    apply_ranker_overrides,
     build_ranking_data,
     evaluate_reranking,
     load_retrieval,
@@ -52,8 +53,6 @@ from retrieval.ranking import (
 )
 from retrieval.storage import MANIFEST
 from retrieval.training import (
-    DATASETS,
-    SHARED_DATA,
     Config,
     DataConfig,
     ModelConfig,
@@ -105,13 +104,11 @@ def markdown(rows: Sequence[dict[str, Any]], header: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    base = RankerConfig()
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--data", type=Path, default=SHARED_DATA / DATASETS["beauty"], help="default: Amazon Beauty"
-    )
+    base = RankerConfig()
+    p.add_argument("--data", type=Path, help="interactions (default: beauty, Amazon Beauty, in --data-root)")
+    add_data_root_argument(p)
     p.add_argument("--model", type=Path, help="retrieval model folder (default: train --tower into OUT)")
     p.add_argument("--index", type=Path, help="its index folder (default: a Flat index built into OUT)")
     p.add_argument(
@@ -126,14 +123,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--set", action="append", default=[], help="RankerConfig override for every ranker")
     args = p.parse_args(argv)
+    args.data = args.data or dataset_file("beauty", args.data_root)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
     if not Path(args.data).exists():
-        print(f"error: {args.data}: no such data (see ../shared/data/README.md)", file=sys.stderr)
+        print(f"error: {args.data}: no such data (see --data-root)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    config = apply_ranker_overrides(
-        base, [f"epochs={args.epochs}", f"candidates={args.candidates}", *args.set]
+    config = apply_overrides(
+        RankerConfig(), [f"epochs={args.epochs}", f"candidates={args.candidates}", *args.set]
     )
-
     model_dir, index_dir = retriever_folders(args)
     retriever = load_retrieval(model_dir, index_dir)
     started = time.perf_counter()
@@ -143,6 +146,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("ranking data built in %.0f s: %s", time.perf_counter() - started, data.settings)
     found = {k: v for k, v in evaluate_reranking(data.test, {}).items() if k != "rerankers"}
     tower = retriever.model.manifest.get("tower", "?")
+    rows = rerank_rows(args, config, data, found, tower)
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    header = (
+        f"Data: `{args.data}`, retriever `{model_dir}` ({tower}), {found['users']} test users, "
+        f"{found['candidates']} candidates each (target retrieved for {found['candidate_recall']:.1%}), "
+        f"{data.settings['train_examples']} training clicks, negatives {config.negatives} "
+        f"({config.num_negatives} per click), ranker options {config.options or 'default'}, "
+        f"retrieval_fit {config.retrieval_fit}, DSTN context {config.context_size}, "
+        f"{datetime.now(UTC):%Y-%m-%d}; "
+        f"command: `python -m bench.ranking {command}`"
+    )
+    table = markdown(rows, header)
+    (args.out / "results.json").write_text(
+        json.dumps({"config": config.to_dict(), "settings": data.settings, **found, "rows": rows}, indent=2)
+    )
+    (args.out / "table.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+def rerank_rows(
+    args: argparse.Namespace, config: RankerConfig, data: Any, found: dict[str, Any], tower: str
+) -> list[dict[str, Any]]:
+    """The retriever's own row, then each ranker's (trained into ``OUT/<ranker>``, or read back);
+    ``results.json`` is rewritten after every ranker."""
     rows: list[dict[str, Any]] = [
         {"run": f"retrieval only ({tower}, top {found['candidates']})", **found["retrieval"]}
     ]
@@ -165,23 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         payload = {"config": config.to_dict(), "settings": data.settings, **found, "rows": rows}
         (args.out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
-    command = " ".join(argv if argv is not None else sys.argv[1:])
-    header = (
-        f"Data: `{args.data}`, retriever `{model_dir}` ({tower}), {found['users']} test users, "
-        f"{found['candidates']} candidates each (target retrieved for {found['candidate_recall']:.1%}), "
-        f"{data.settings['train_examples']} training clicks, negatives {config.negatives} "
-        f"({config.num_negatives} per click), ranker options {config.options or 'default'}, "
-        f"retrieval_fit {config.retrieval_fit}, DSTN context {config.context_size}, "
-        f"{datetime.now(UTC):%Y-%m-%d}; "
-        f"command: `python -m bench.ranking {command}`"
-    )
-    table = markdown(rows, header)
-    (args.out / "results.json").write_text(
-        json.dumps({"config": config.to_dict(), "settings": data.settings, **found, "rows": rows}, indent=2)
-    )
-    (args.out / "table.md").write_text(table + "\n")
-    print(table)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -49,12 +49,11 @@ from typing import Any
 import grpc
 import numpy as np
 
+from bench.data import REPO, add_data_root_argument, dataset_file
 from proto import retrieval_pb2, retrieval_pb2_grpc
 
 log = logging.getLogger("bench.serving")
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "ml-100k"
 FACTORY, SEARCH_PARAMS = "L2MIPS,IVF4096,Flat", "nprobe=8"
 TARGET_P99_MS, TARGET_ECHO_SHARE, TARGET_RERANK_P99_MS = 5.0, 0.5, 5.0
 RERANK_CANDIDATES = 200
@@ -202,9 +201,9 @@ class Started:
 
 
 def start(name: str, args: Sequence[str]) -> Started:
-    """Starts ``python ARGS --port P`` and waits until it answers a Retrieve."""
+    """Starts ``python ARGS --port P`` from the repository root and waits until it answers a Retrieve."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     process = subprocess.Popen(
         [sys.executable, *args, "--port", str(port)], cwd=REPO, env=env, stderr=subprocess.DEVNULL
     )
@@ -514,7 +513,8 @@ def table(results: dict[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--items", type=int, default=1_000_000, help="catalogue size (default %(default)s)")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="ML-100K folder (default %(default)s)")
+    p.add_argument("--data", type=Path, help="ML-100K folder (default: ml100k in --data-root)")
+    add_data_root_argument(p)
     p.add_argument("--epochs", type=int, default=3, help="training epochs of the base model")
     p.add_argument("--k", type=int, default=50, help="items per request (default %(default)s)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="default %(default)s")
@@ -526,6 +526,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)  # run the echo server
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.data = args.data or dataset_file("ml100k", args.data_root)
     if args.items < 200_000 or args.seconds <= 0 or args.max_requests < 1 or min(args.concurrency) < 1:
         p.error(
             "need --items >= 200000 (the index has 4096 lists), --seconds > 0, --max-requests >= 1 "

@@ -39,9 +39,6 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-if not __package__:  # run as ``python bench/streaming.py``: make the repository importable
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq

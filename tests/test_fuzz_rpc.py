@@ -1,6 +1,6 @@
 """Property-based fuzzing of every RPC against a real server bound to port 0.
 
-The generator and the checks live in ``bench/robustness.py`` (which sends 10,000 of the same
+The generator and the checks live in ``bench.robustness`` (which sends 10,000 of the same
 requests to a server in its own process); here a few hundred, derandomized, so the suite is
 deterministic and bounded.
 """
@@ -24,8 +24,8 @@ from bench.robustness import (
     FuzzClient,
     RequestStrategies,
     Served,
-    _call,
     check_call,
+    make_call,
     served_by,
     synthetic_retriever,
 )
@@ -75,14 +75,14 @@ def test_a_batch_answers_each_request_as_if_sent_alone(
 ) -> None:
     client, served = target
     batch = retrieval_pb2.BatchRetrieveRequest(requests=requests)
-    call = _call("BatchRetrieve", batch.SerializeToString(), "typed")
+    call = make_call("BatchRetrieve", batch.SerializeToString(), "typed")
     code, details, payload = client.send(call)
     assert not check_call(call, code, details, payload, served)
     assert payload is not None
     for request, in_batch in zip(
         requests, retrieval_pb2.BatchRetrieveResponse.FromString(payload).responses, strict=True
     ):
-        alone_call = _call("Retrieve", request.SerializeToString(), "typed")
+        alone_call = make_call("Retrieve", request.SerializeToString(), "typed")
         code, _, alone = client.send(alone_call)
         assert code is grpc.StatusCode.OK and alone is not None
         expected = retrieval_pb2.RetrieveResponse.FromString(alone)
@@ -128,7 +128,7 @@ UNDECODABLE = [
 def test_undecodable_requests_never_take_the_server_down(target: tuple[FuzzClient, Served]) -> None:
     client, served = target
     for method, payload in UNDECODABLE:
-        call = _call(method, payload, "undecodable")
+        call = make_call(method, payload, "undecodable")
         assert call.request is None  # the payloads really are invalid
         code, _, _ = client.send(call)
         assert code not in (grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE)
@@ -138,7 +138,7 @@ def test_undecodable_requests_never_take_the_server_down(target: tuple[FuzzClien
 def test_undecodable_requests_are_invalid_argument(target: tuple[FuzzClient, Served]) -> None:
     client, _ = target
     for method, payload in UNDECODABLE:
-        code, details, _ = client.send(_call(method, payload, "undecodable"))
+        code, details, _ = client.send(make_call(method, payload, "undecodable"))
         assert code is grpc.StatusCode.INVALID_ARGUMENT and details, (method, payload, code, details)
 
 
@@ -148,7 +148,7 @@ def test_undecodable_requests_are_invalid_argument(target: tuple[FuzzClient, Ser
 def test_the_checks_catch_wrong_answers(target: tuple[FuzzClient, Served]) -> None:
     client, served = target
     request = retrieval_pb2.RetrieveRequest(history=["item01", "item02"], k=5, exclude_ids=["item03"])
-    call = _call("Retrieve", request.SerializeToString(), "typed")
+    call = make_call("Retrieve", request.SerializeToString(), "typed")
     code, details, payload = client.send(call)
     assert code is grpc.StatusCode.OK and not check_call(call, code, details, payload, served)
     assert payload is not None
@@ -191,7 +191,7 @@ def test_the_checks_catch_wrong_answers(target: tuple[FuzzClient, Served]) -> No
         assert wrong(change), change
     # Statuses: INTERNAL is never allowed, an error needs a message, a bad request must be refused.
     assert check_call(call, grpc.StatusCode.INTERNAL, "internal error", None, served)
-    bad = _call(
+    bad = make_call(
         "Retrieve", retrieval_pb2.RetrieveRequest(history=["item01"], k=0).SerializeToString(), "typed"
     )
     assert check_call(bad, grpc.StatusCode.INVALID_ARGUMENT, "", None, served)  # no message

@@ -1,4 +1,4 @@
-"""Trains one DeepMatch model on a split written by ``bench/peers.py`` and exports its vectors.
+"""Trains one DeepMatch model on a split written by ``bench.peers`` and exports its vectors.
 
 Runs in DeepMatch's own virtual environment (tensorflow-cpu + tf-keras + deepmatch), never in
 the project's: it imports nothing of the project. Standalone::
@@ -112,7 +112,7 @@ def build_model(name: str, num_ids: int, args: argparse.Namespace, item_count: l
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, choices=MODELS)
-    p.add_argument("--split", type=Path, required=True, help="split.json written by bench/peers.py")
+    p.add_argument("--split", type=Path, required=True, help="split.json written by python -m bench.peers")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=256)

@@ -1,4 +1,4 @@
-"""Trains one RecBole sequential model on a split written by ``bench/peers.py`` and exports its vectors.
+"""Trains one RecBole sequential model on a split written by ``bench.peers`` and exports its vectors.
 
 Runs in RecBole's own virtual environment (torch CPU + recbole), never in the project's: it
 imports nothing of the project. Standalone::
@@ -125,7 +125,7 @@ def split_report(dataset, parts: dict, max_len: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, choices=MODELS)
-    p.add_argument("--split", type=Path, required=True, help="split.json written by bench/peers.py")
+    p.add_argument("--split", type=Path, required=True, help="split.json written by python -m bench.peers")
     p.add_argument("--atomic", type=Path, required=True, help="folder holding bench/bench.inter")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--epochs", type=int, default=20)

@@ -1,4 +1,4 @@
-"""The soak of ``bench/robustness.py --soak``, short: a server in its own process under 80% of its
+"""The soak of ``python -m bench.robustness --soak``, short: a server in its own process under 80% of its
 measured max QPS, a new version published at 2 s, no failed call and bounded memory growth."""
 
 from __future__ import annotations

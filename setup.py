@@ -29,6 +29,7 @@ setup(
         "protobuf==7.36.2",
         "prometheus-client>=0.20",
         "pyyaml>=6.0",  # config files: tools/train.py --config run.yaml (retrieval.config)
+        "lazy_loader>=0.6,<1",  # the layers load their names on first use (SPEC 1, __init__.pyi)
     ],
     extras_require={
         "dev": [

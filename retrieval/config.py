@@ -41,6 +41,17 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+__all__ = [
+    "CONFIG_SUFFIXES",
+    "apply_overrides",
+    "check_fields",
+    "config_from_dict",
+    "config_to_dict",
+    "config_to_json",
+    "load_config_file",
+    "update_config",
+]
+
 C = TypeVar("C")
 """A config dataclass type."""
 

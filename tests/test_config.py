@@ -36,7 +36,7 @@ from retrieval.training.config import (
     ModelConfig,
     TrainConfig,
 )
-from tests.conftest import REPO_ROOT, run_tool
+from tests.helpers import REPO_ROOT, run_tool
 
 
 def test_overrides_are_typed() -> None:
@@ -331,8 +331,9 @@ def test_the_configuration_loads_no_tensorflow() -> None:
     loaded, _ = loaded_after(
         "import retrieval.config, retrieval.training.config, retrieval.training.presets\n"
         "import retrieval.ranking.config\n"
-        "from retrieval.training import Config, apply_overrides, apply_preset, LOSSES, STRATEGIES, TOWERS\n"
-        "from retrieval.ranking import RankerConfig, ITEM_INITS, update_config"
+        "from retrieval.config import apply_overrides, update_config\n"
+        "from retrieval.training import Config, apply_preset, LOSSES, STRATEGIES, TOWERS\n"
+        "from retrieval.ranking import RankerConfig, ITEM_INITS"
     )
     assert loaded == []
 

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from retrieval.data.datasets import DATA_ROOT_ENV, dataset_at, dataset_path
-from retrieval.data.interactions import DataError, SequenceData, build_sequences
+from retrieval.data.errors import DataError
+from retrieval.data.interactions import SequenceData, build_sequences
 from retrieval.data.loaders import load_interactions
 from retrieval.data.movielens import load_movielens, verify_movielens_100k
 from retrieval.data.s3rec import load_s3rec

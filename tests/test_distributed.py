@@ -36,8 +36,9 @@ import tensorflow as tf
 
 import retrieval.training.run
 from retrieval.artifacts.model import MANIFEST
+from retrieval.config import apply_overrides
 from retrieval.training.callbacks import EpochCheckpoint, run_folder
-from retrieval.training.config import Config, TrainConfig, apply_overrides
+from retrieval.training.config import Config, TrainConfig
 from retrieval.training.distribute import GlobalBatchTask, is_chief, make_strategy, peak_learning_rate
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask

@@ -5,6 +5,7 @@ stays light. Imports are read with ``ast`` (every import, in functions and under
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -108,15 +109,16 @@ def test_no_library_imports_tools_or_bench() -> None:
 
 
 def public_names(package: str) -> set[str]:
-    """The ``__all__`` of a package, read from its ``__init__.py`` (of a base module, from its file)."""
-    init = REPO / package.replace(".", "/") / "__init__.py"
-    if package in BASE_MODULES:
-        init = REPO / (package.replace(".", "/") + ".py")
-    for node in ast.parse(init.read_text()).body:
+    """The ``__all__`` of a package or base module, read from its source: a lazily loaded package's
+    stub (``__init__.pyi``, which ``lazy_loader`` reads too), else its ``__init__.py`` or module file."""
+    folder = REPO / package.replace(".", "/")
+    candidates = [folder / "__init__.pyi", folder / "__init__.py", folder.with_suffix(".py")]
+    source = next(path for path in candidates if path.is_file())
+    for node in ast.parse(source.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
             assert isinstance(node.value, ast.List | ast.Tuple)
             return {ast.literal_eval(e) for e in node.value.elts}
-    raise AssertionError(f"{init.relative_to(REPO)} declares no __all__")
+    raise AssertionError(f"{source.relative_to(REPO)} declares no __all__")
 
 
 def packages_of(top: str) -> list[str]:
@@ -126,10 +128,23 @@ def packages_of(top: str) -> list[str]:
 @pytest.mark.parametrize("package", [*packages_of("retrieval")[1:], "towers", "rankers", "index"])
 def test_every_package_declares_its_public_api(package: str) -> None:
     names = public_names(package)
-    module = __import__(package, fromlist=["__all__"])
-    assert sorted(module.__all__) == sorted(names)
-    missing = [name for name in names if not hasattr(module, name)]
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == sorted(names)  # a stub's imports and its __all__ agree
+    missing = [name for name in names if not hasattr(module, name)]  # loads every lazy name
     assert not missing, f"{package}.__all__ names what it does not define: {missing}"
+
+
+@pytest.mark.parametrize("package", packages_of("retrieval")[1:])
+def test_layers_load_their_names_on_first_use(package: str) -> None:
+    """Every layer is a lazily loaded package (SPEC 1, ``lazy_loader.attach_stub``): importing it
+    runs no module of it, so naming one light thing (a constant, the client) loads nothing heavy."""
+    init = REPO / package.replace(".", "/") / "__init__.py"
+    assert (init.with_suffix(".pyi")).is_file(), f"{package} has no __init__.pyi"
+    statements = [n for n in ast.parse(init.read_text()).body if not isinstance(n, ast.Expr)]
+    assert [ast.unparse(n) for n in statements] == [
+        "import lazy_loader",
+        "__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)",
+    ]
 
 
 def test_tools_and_bench_import_only_public_names() -> None:

@@ -221,7 +221,8 @@ def test_task_takes_the_interest_selection_by_name() -> None:
 
 def test_training_builds_the_task_with_the_configured_selection(synthetic_csv, tmp_path, monkeypatch) -> None:
     import retrieval.training.run
-    from retrieval.training.config import Config, apply_overrides
+    from retrieval.config import apply_overrides
+    from retrieval.training.config import Config
 
     built: list = []
 

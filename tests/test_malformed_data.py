@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retrieval.data.interactions import DataError, Interactions
+from retrieval.data.errors import DataError
+from retrieval.data.interactions import Interactions
 from retrieval.data.loaders import load_interactions
 from retrieval.data.movielens import load_movielens
 from retrieval.data.s3rec import load_s3rec

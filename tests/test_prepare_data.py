@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from retrieval.data.errors import DataError
 from retrieval.data.features import build_side_vocab
-from retrieval.data.interactions import DataError, build_sequences
+from retrieval.data.interactions import build_sequences
 from retrieval.data.loaders import load_interactions
 from retrieval.data.prepared.out_of_core import _Firsts
 from retrieval.data.prepared.partitions import partition_of, partitions_for

@@ -18,9 +18,6 @@ from retrieval.environment import ABSL_NOTICE, shown_log_lines
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = sorted(p.stem for p in (REPO / "tools").glob("*.py"))
-PENDING = {"train", "train_ranker", "evaluate"}
-"""Tools still importing the library at their top (rewritten for the config flags): remove each
-from here once it imports the library in ``main``, after ``quiet_tensorflow``."""
 HEAVY = ("tensorflow", "keras", "faiss", "pandas")
 STARTUP_NOISE = ("oneDNN", "absl::InitializeLog")
 
@@ -61,7 +58,7 @@ def load_tool(name: str) -> ModuleType:
     return module
 
 
-@pytest.mark.parametrize("tool", [t for t in TOOLS if t not in PENDING])
+@pytest.mark.parametrize("tool", TOOLS)
 def test_help_loads_no_heavy_library_and_reads_as_written(tool: str) -> None:
     done, loaded = run_child(tool, "--help")
     assert done.returncode == 0, done.stderr
@@ -73,7 +70,7 @@ def test_help_loads_no_heavy_library_and_reads_as_written(tool: str) -> None:
     assert not long, f"joined lines in the help: {long}"
 
 
-@pytest.mark.parametrize("tool", [t for t in TOOLS if t not in PENDING])
+@pytest.mark.parametrize("tool", TOOLS)
 def test_an_argument_error_loads_no_heavy_library(tool: str) -> None:
     done, loaded = run_child(tool, "--no-such-flag")
     assert done.returncode == 2 and f"{tool}.py: error: " in done.stderr, done.stderr

@@ -18,6 +18,7 @@ import pytest
 import retrieval.training.inputs
 import retrieval.training.run
 from retrieval.artifacts.model import ModelArtifact
+from retrieval.config import apply_overrides
 from retrieval.data.prepared.reader import is_prepared, read_vocab
 from retrieval.data.prepared.writer import prepare
 from retrieval.data.vocab import ItemVocab
@@ -25,7 +26,7 @@ from retrieval.evaluation.prepared import evaluate_prepared
 from retrieval.evaluation.protocols import evaluate_protocol
 from retrieval.storage.manifest import ArtifactError
 from retrieval.training.callbacks import EpochCheckpoint, run_folder
-from retrieval.training.config import Config, apply_overrides
+from retrieval.training.config import Config
 from tests.helpers import run_tool
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5", "train.epochs=2"]
@@ -77,7 +78,7 @@ def test_one_batch_per_epoch_trains_as_the_csv_does(
     from_csv = retrieval.training.run.train(config_for(synthetic_csv, one_batch), tmp_path / "csv", verbose=0)
     streamed = retrieval.training.run.train(config_for(prepared, one_batch), tmp_path / "prepared", verbose=0)
     assert streamed["train_examples"] == from_csv["train_examples"] == 496
-    assert streamed["protocol"] == "loo-full"
+    assert streamed["protocol"] == "loo"
     np.testing.assert_allclose(streamed["train_loss_per_epoch"], from_csv["train_loss_per_epoch"], rtol=1e-5)
     for a, b in zip(weights[0], weights[1], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -167,5 +168,5 @@ def test_a_model_with_another_vocabulary_is_evaluated_through_it(prepared: Path,
     known = [item for item in reversed(ids) if item not in ("i3", "i17")]
     model = table_model(ItemVocab(tuple(known)), vectors)
     for split in ("valid", "test"):
-        expected = evaluate_protocol(model, synthetic_csv, "loo-full", split=split).metrics
+        expected = evaluate_protocol(model, synthetic_csv, "loo", split=split).metrics
         assert evaluate_prepared(model, prepared, split, batch_size=7) == pytest.approx(expected)

@@ -10,8 +10,9 @@ import pytest
 import tensorflow as tf
 
 import retrieval.training.run
+from retrieval.config import apply_overrides
 from retrieval.data.features import SideVocab
-from retrieval.training import Config, ModelConfig, apply_overrides
+from retrieval.training import Config, ModelConfig
 from retrieval.training.model import TwoTowerModel, build_model
 from retrieval.training.validation import FullRankingValidation, live_tower
 

@@ -33,17 +33,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.artifacts import load_index, load_model
-from retrieval.data import DEFAULT_SEED, PROTOCOLS, is_prepared
-from retrieval.evaluation import (
-    METRICS_FILE,
-    ProtocolResult,
-    comparison_markdown,
-    evaluate_prepared_users,
-    evaluate_protocol,
-    load_run_rows,
-    markdown_table,
-)
+# Light names only: the model, the index and the evaluation itself are imported in main.
+from retrieval.data import DEFAULT_SEED, PROTOCOLS
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.evaluation import METRICS_FILE, comparison_markdown, load_run_rows, markdown_table
 from retrieval.storage import ArtifactError
 
 
@@ -71,6 +64,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--compare", nargs="+", metavar="RUN", help="run folders or metrics JSON files to tabulate"
     )
     p.add_argument("--metrics", help="--compare: comma-separated metric columns (default all)")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
     if args.compare is None and (args.model is None or args.data is None):
         p.error("--model and --data are required (unless --compare)")
@@ -78,8 +72,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--compare tabulates finished runs: give it without --model/--data")
     if args.negatives < 1:
         p.error("--negatives must be at least 1")
-    if args.data is not None and args.format is None and is_prepared(args.data):
-        args.format = "prepared"
+    if args.data is not None and args.format is None:
+        from retrieval.data import is_prepared  # reads the folder (pyarrow)
+
+        args.format = "prepared" if is_prepared(args.data) else None
     if args.format == "prepared" and args.protocol != "loo":
         p.error(f"a prepared folder holds the leave-one-out split only: use --protocol loo, or give "
                 f"--protocol {args.protocol} the raw interactions")  # fmt: skip
@@ -101,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if out is not None and (out / "manifest.json").exists():
         print(f"error: {out} is an artifact folder (checksummed); write --out elsewhere", file=sys.stderr)
         return 2
+    quiet_tensorflow(args.verbose)
+    from retrieval.artifacts import load_index, load_model
+    from retrieval.evaluation import ProtocolResult, evaluate_prepared_users, evaluate_protocol
+
     try:
         model = load_model(args.model)
         index, search = None, "exact"

@@ -1,4 +1,4 @@
-"""Train a two-tower retriever and write its model artifact.
+r"""Train a two-tower retriever and write its model artifact.
 
 python tools/train.py --data data/ml-100k --model sa --epochs 20 --out runs/ml100k-sa
 python tools/train.py --preset beauty-sasrec --data-root /data --out runs/beauty-sasrec --loss gbce
@@ -29,9 +29,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# Configuration only (no TensorFlow): the training itself is imported in main, once the
-# configuration is known to be valid.
+# Configuration only (no TensorFlow, no data libraries): the training itself is imported in
+# main, once the configuration is known to be valid.
+from retrieval.config import apply_overrides, config_to_json, load_config_file, update_config
 from retrieval.data import DATA_ROOT_ENV
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.storage import ArtifactError
 from retrieval.training import (
     DATA_FORMATS,
@@ -43,12 +45,8 @@ from retrieval.training import (
     Config,
     ModelConfig,
     TrainConfig,
-    apply_overrides,
-    config_to_json,
     get_preset,
-    load_config_file,
     preset_names,
-    update_config,
 )
 
 # flag dest -> config field; a flag overrides its field only when given.
@@ -147,6 +145,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
         "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="any other config field"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
     preset = get_preset(args.preset) if args.preset else None
     config = apply_overrides(Config(), preset.overrides) if preset else Config()
@@ -171,7 +170,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         config, args = parse_args(argv)
     except ValueError as e:  # a DataError (no data root, no dataset) is one too
@@ -180,7 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.print_config:
         print(config_to_json(config))
         return 0
+    quiet_tensorflow(args.verbose)
     from retrieval.training import is_chief, make_strategy, train  # TensorFlow, from here on
+
+    # After the imports: configured before, logging would show the libraries' own loading lines.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     try:
         # The process's first TensorFlow op: a multi-worker strategy must precede all others.

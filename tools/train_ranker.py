@@ -37,14 +37,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # Configuration only (no TensorFlow): training is imported in main, once the configuration is valid.
-from retrieval.ranking import (
-    ITEM_INITS,
-    RankerConfig,
-    apply_overrides,
-    config_to_json,
-    load_config_file,
-    update_config,
-)
+from retrieval.config import apply_overrides, config_to_json, load_config_file, update_config
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.ranking import ITEM_INITS, RankerConfig
 from retrieval.storage import ArtifactError
 
 # flag dest -> RankerConfig field; a flag overrides its field only when given.
@@ -124,6 +119,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[RankerConfig, argparse.Names
         help="any RankerConfig field, or options.NAME",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
     if not args.print_config:
         missing = [f"--{name}" for name in REQUIRED if getattr(args, name) is None]
@@ -141,7 +137,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[RankerConfig, argparse.Names
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         config, args = parse_args(argv)
     except ValueError as e:
@@ -150,7 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.print_config:
         print(config_to_json(config))
         return 0
+    quiet_tensorflow(args.verbose)
     from retrieval.ranking import check_config, train_ranker_from_dirs  # TensorFlow, from here on
+
+    # After the imports: configured before, logging would show the libraries' own loading lines.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     try:
         check_config(config)  # the ranker's name and the ranges, before any data is read

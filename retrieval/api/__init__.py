@@ -15,66 +15,6 @@ Example:
     ...     client.retrieve(["B0001", "B0042"], k=10).items[0]
 """
 
-from retrieval.api.client import RetrievalClient, channel_target, service_config
-from retrieval.api.convert import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    SERVICE_NAME,
-    model_info_message,
-    query_from_request,
-    request_from_query,
-    response_from_result,
-    result_from_response,
-)
-from retrieval.api.errors import (
-    DeadlineExceeded,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    RetrievalError,
-    Unavailable,
-)
-from retrieval.api.types import (
-    DEFAULT_RERANK_CANDIDATES,
-    MAX_BATCH,
-    MAX_FILTER_IDS,
-    MAX_HISTORY,
-    MAX_K,
-    MAX_PER_INTEREST_K,
-    MAX_USER_ID,
-    MergeStrategy,
-    ModelInfo,
-    Query,
-    Rerank,
-    Retrieved,
-)
+import lazy_loader
 
-__all__ = [
-    "DEFAULT_MAX_MESSAGE_BYTES",
-    "DEFAULT_RERANK_CANDIDATES",
-    "MAX_BATCH",
-    "MAX_FILTER_IDS",
-    "MAX_HISTORY",
-    "MAX_K",
-    "MAX_PER_INTEREST_K",
-    "MAX_USER_ID",
-    "SERVICE_NAME",
-    "DeadlineExceeded",
-    "InvalidArgument",
-    "MergeStrategy",
-    "ModelInfo",
-    "NotFound",
-    "Query",
-    "Rerank",
-    "ResourceExhausted",
-    "RetrievalClient",
-    "RetrievalError",
-    "Retrieved",
-    "Unavailable",
-    "channel_target",
-    "model_info_message",
-    "query_from_request",
-    "request_from_query",
-    "response_from_result",
-    "result_from_response",
-    "service_config",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

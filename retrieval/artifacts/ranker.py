@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from retrieval.artifacts.model import ModelArtifact
 from retrieval.data.vocab import PAD, ItemVocab
 from retrieval.storage.folders import write_artifact
 from retrieval.storage.manifest import MANIFEST, ArtifactError, contained_file, read_manifest
 
 if TYPE_CHECKING:  # TensorFlow: loaded only with a ranker (load_ranker)
     from rankers import Ranker
+    from retrieval.artifacts.model import ModelArtifact
     from retrieval.artifacts.ranker_scorer import RankerScorer
 
 log = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ def load_ranker(
     if model is not None:
         expected = model if isinstance(model, ItemVocab) else model.vocab
         check_same_vocab(path, vocab, expected)
-        if isinstance(model, ModelArtifact) and model.version != manifest.get("model_version"):
+        if not isinstance(model, ItemVocab) and model.version != manifest.get("model_version"):
             # Same ids, another retriever: usable, but the candidates it was trained on differ.
             log.warning(
                 "%s was trained against model %s, now reranking for model %s (same vocabulary)",

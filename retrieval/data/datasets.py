@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from retrieval.data.interactions import DataError
+from retrieval.data.errors import DataError
 
 DATA_ROOT_ENV = "MITT_DATA"
 """Environment variable naming the data root when no root is given."""

@@ -10,10 +10,6 @@ import pandas as pd
 from retrieval.data.vocab import ItemVocab
 
 
-class DataError(ValueError):
-    """Input data that cannot be read: the message names the file, the line and the problem."""
-
-
 @dataclass(frozen=True)
 class Interactions:
     """Interactions in one common form, whatever file format they came from.

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from retrieval.data.interactions import DataError, Interactions
+from retrieval.data.errors import DataError
+from retrieval.data.interactions import Interactions
 from retrieval.data.movielens import load_movielens
 from retrieval.data.s3rec import load_s3rec
 from retrieval.data.tables import load_table

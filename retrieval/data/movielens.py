@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from retrieval.data.interactions import DataError, Interactions
+from retrieval.data.errors import DataError
+from retrieval.data.interactions import Interactions
 from retrieval.data.parsing import parse_int, read_int_records, read_lines
 from retrieval.storage.manifest import sha256_file
 

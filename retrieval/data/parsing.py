@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from retrieval.data.interactions import DataError
+from retrieval.data.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from retrieval.data.interactions import DataError, Interactions
+from retrieval.data.errors import DataError
+from retrieval.data.interactions import Interactions
 from retrieval.data.parsing import check_ids, log_blank_lines, numbered_lines, read_text
 
 

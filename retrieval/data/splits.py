@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
-from retrieval.data.interactions import SequenceData
+if TYPE_CHECKING:
+    from retrieval.data.interactions import SequenceData
 
 EvaluationProtocol = Literal["loo", "loo-sampled", "comirec"]
 """The evaluation protocols (``tools/evaluate.py --protocol``); a training run's ``loo`` and

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from retrieval.data.interactions import DataError, Interactions
+from retrieval.data.errors import DataError
+from retrieval.data.interactions import Interactions
 from retrieval.data.parsing import INT64_MAX, INT64_MIN, INTEGER, field_count_error, read_text
 
 log = logging.getLogger(__name__)

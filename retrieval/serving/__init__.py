@@ -13,34 +13,6 @@ Example:
     >>> server, port = create_server(retriever, port=0)
 """
 
-from retrieval.serving.batching import MicroBatcher
-from retrieval.serving.logs import LOG_FORMATS, configure_logging
-from retrieval.serving.metrics import Metrics
-from retrieval.serving.reload import DeploymentWatcher, RetrieverSlot, load_deployment, warm_up
-from retrieval.serving.retriever import Retriever
-from retrieval.serving.server import (
-    RetrievalServer,
-    RetrievalServicer,
-    TlsFiles,
-    create_server,
-    serve_forever,
-    status_for,
-)
+import lazy_loader
 
-__all__ = [
-    "LOG_FORMATS",
-    "DeploymentWatcher",
-    "Metrics",
-    "MicroBatcher",
-    "RetrievalServer",
-    "RetrievalServicer",
-    "Retriever",
-    "RetrieverSlot",
-    "TlsFiles",
-    "configure_logging",
-    "create_server",
-    "load_deployment",
-    "serve_forever",
-    "status_for",
-    "warm_up",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -10,32 +10,6 @@
 Needs only the standard library: every other layer of :mod:`retrieval` builds on it.
 """
 
-from retrieval.storage.folders import remove_folder, remove_stale_temporaries, write_artifact
-from retrieval.storage.manifest import (
-    FORMAT_VERSION,
-    MANIFEST,
-    ArtifactError,
-    contained_file,
-    derived_version,
-    read_manifest,
-    sha256_file,
-)
-from retrieval.storage.versions import CURRENT, PUBLISH_GRACE, VERSIONS, publish, resolve_current
+import lazy_loader
 
-__all__ = [
-    "CURRENT",
-    "FORMAT_VERSION",
-    "MANIFEST",
-    "PUBLISH_GRACE",
-    "VERSIONS",
-    "ArtifactError",
-    "contained_file",
-    "derived_version",
-    "publish",
-    "read_manifest",
-    "remove_folder",
-    "remove_stale_temporaries",
-    "resolve_current",
-    "sha256_file",
-    "write_artifact",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

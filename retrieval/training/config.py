@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from retrieval.config import apply_overrides as apply_overrides  # one parser; importable from here too
 from retrieval.config import check_fields, config_from_dict, config_to_dict, config_to_json
 
 TrainingProtocol = Literal["loo", "loo-refit", "comirec"]

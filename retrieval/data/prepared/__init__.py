@@ -55,39 +55,6 @@ included). The assumption: a partition fits in memory, i.e. there are many users
 them alone outgrows memory.
 """
 
-from retrieval.data.prepared.partitions import EVENTS_PER_PARTITION, MAX_PARTITIONS
-from retrieval.data.prepared.reader import (
-    KIND,
-    EvalBatch,
-    Prepared,
-    count_examples,
-    is_prepared,
-    iter_eval_batches,
-    iter_pieces,
-    open_prepared,
-    read_item_attributes,
-    read_vocab,
-    side_vocab,
-)
-from retrieval.data.prepared.writer import BATCH_ROWS, FORMATS, USERS_PER_ROW_GROUP, prepare, prepare_dataset
+import lazy_loader
 
-__all__ = [
-    "BATCH_ROWS",
-    "EVENTS_PER_PARTITION",
-    "FORMATS",
-    "KIND",
-    "MAX_PARTITIONS",
-    "USERS_PER_ROW_GROUP",
-    "EvalBatch",
-    "Prepared",
-    "count_examples",
-    "is_prepared",
-    "iter_eval_batches",
-    "iter_pieces",
-    "open_prepared",
-    "prepare",
-    "prepare_dataset",
-    "read_item_attributes",
-    "read_vocab",
-    "side_vocab",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

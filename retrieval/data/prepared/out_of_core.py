@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from retrieval.data.interactions import DataError
+from retrieval.data.errors import DataError
 from retrieval.data.prepared.partitions import (
     ROW_COLUMN,
     ItemCounts,

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from retrieval.data.interactions import DataError
+from retrieval.data.errors import DataError
 from retrieval.data.prepared.reader import RESERVED_COLUMNS, SEQUENCES
 
 MAX_PARTITIONS = 4096

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from retrieval.data.interactions import DataError, SequenceData, build_sequences
+from retrieval.data.errors import DataError
+from retrieval.data.interactions import SequenceData, build_sequences
 from retrieval.data.loaders import FORMATS as IN_MEMORY_FORMATS
 from retrieval.data.loaders import load_interactions
 from retrieval.data.prepared.out_of_core import prepare_out_of_core

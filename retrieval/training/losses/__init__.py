@@ -14,42 +14,6 @@ equal to the row's own target) are removed. :data:`LOSSES` names the combination
 :func:`build_task` builds one by name.
 """
 
-from retrieval.training.config import INTEREST_SELECTIONS, LOSSES, SAMPLERS
-from retrieval.training.losses.interests import (
-    interest_scores,
-    label_aware_attention,
-    select_interest,
-)
-from retrieval.training.losses.logits import (
-    GeneralisedBCE,
-    LogitLoss,
-    SoftmaxCrossEntropy,
-    candidate_logits,
-    sampled_softmax_loss,
-)
-from retrieval.training.losses.negatives import AllItems, InBatchNegatives, Negatives, SampledNegatives
-from retrieval.training.losses.samplers import CandidateSampler, SeedStream
-from retrieval.training.losses.task import RetrievalTask, SampledSoftmaxTask, build_task
+import lazy_loader
 
-__all__ = [
-    "INTEREST_SELECTIONS",
-    "LOSSES",
-    "SAMPLERS",
-    "AllItems",
-    "CandidateSampler",
-    "GeneralisedBCE",
-    "InBatchNegatives",
-    "LogitLoss",
-    "Negatives",
-    "RetrievalTask",
-    "SampledNegatives",
-    "SampledSoftmaxTask",
-    "SeedStream",
-    "SoftmaxCrossEntropy",
-    "build_task",
-    "candidate_logits",
-    "interest_scores",
-    "label_aware_attention",
-    "sampled_softmax_loss",
-    "select_interest",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -1,0 +1,65 @@
+"""The public API of :mod:`retrieval.api` (loaded on first use by ``__init__.py``)."""
+
+from .client import RetrievalClient, channel_target, service_config
+from .convert import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    SERVICE_NAME,
+    model_info_message,
+    query_from_request,
+    request_from_query,
+    response_from_result,
+    result_from_response,
+)
+from .errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    RetrievalError,
+    Unavailable,
+)
+from .types import (
+    DEFAULT_RERANK_CANDIDATES,
+    MAX_BATCH,
+    MAX_FILTER_IDS,
+    MAX_HISTORY,
+    MAX_K,
+    MAX_PER_INTEREST_K,
+    MAX_USER_ID,
+    MergeStrategy,
+    ModelInfo,
+    Query,
+    Rerank,
+    Retrieved,
+)
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_RERANK_CANDIDATES",
+    "MAX_BATCH",
+    "MAX_FILTER_IDS",
+    "MAX_HISTORY",
+    "MAX_K",
+    "MAX_PER_INTEREST_K",
+    "MAX_USER_ID",
+    "SERVICE_NAME",
+    "DeadlineExceeded",
+    "InvalidArgument",
+    "MergeStrategy",
+    "ModelInfo",
+    "NotFound",
+    "Query",
+    "Rerank",
+    "ResourceExhausted",
+    "RetrievalClient",
+    "RetrievalError",
+    "Retrieved",
+    "Unavailable",
+    "channel_target",
+    "model_info_message",
+    "query_from_request",
+    "request_from_query",
+    "response_from_result",
+    "result_from_response",
+    "service_config",
+]

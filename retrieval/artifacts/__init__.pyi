@@ -1,0 +1,63 @@
+"""The public API of :mod:`retrieval.artifacts` (loaded on first use by ``__init__.py``)."""
+
+from .deployment import (
+    INDEX_DIR,
+    MODEL_DIR,
+    RANKERS_DIR,
+    deployment_dirs,
+    deployment_rankers,
+    publish_deployment,
+)
+from .index import (
+    build_index_from_model,
+    item_queries,
+    load_index,
+    measure_index,
+    publish_index,
+    recall_against_exact,
+    save_index,
+    tune_index_for_model,
+    user_interest_queries,
+)
+from .model import (
+    Features,
+    ModelArtifact,
+    dense_categories,
+    encode_histories,
+    load_model,
+    pad_left,
+    read_item_attributes,
+    read_model_vocab,
+)
+from .ranker import AttributeTable, LoadedRanker, check_same_vocab, load_ranker, save_ranker
+
+__all__ = [
+    "INDEX_DIR",
+    "MODEL_DIR",
+    "RANKERS_DIR",
+    "AttributeTable",
+    "Features",
+    "LoadedRanker",
+    "ModelArtifact",
+    "build_index_from_model",
+    "check_same_vocab",
+    "dense_categories",
+    "deployment_dirs",
+    "deployment_rankers",
+    "encode_histories",
+    "item_queries",
+    "load_index",
+    "load_model",
+    "load_ranker",
+    "measure_index",
+    "pad_left",
+    "publish_deployment",
+    "publish_index",
+    "read_item_attributes",
+    "read_model_vocab",
+    "recall_against_exact",
+    "save_index",
+    "save_ranker",
+    "tune_index_for_model",
+    "user_interest_queries",
+]

@@ -1,0 +1,31 @@
+"""The public API of :mod:`retrieval.storage` (loaded on first use by ``__init__.py``)."""
+
+from .folders import remove_folder, remove_stale_temporaries, write_artifact
+from .manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    ArtifactError,
+    contained_file,
+    derived_version,
+    read_manifest,
+    sha256_file,
+)
+from .versions import CURRENT, PUBLISH_GRACE, VERSIONS, publish, resolve_current
+
+__all__ = [
+    "CURRENT",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "PUBLISH_GRACE",
+    "VERSIONS",
+    "ArtifactError",
+    "contained_file",
+    "derived_version",
+    "publish",
+    "read_manifest",
+    "remove_folder",
+    "remove_stale_temporaries",
+    "resolve_current",
+    "sha256_file",
+    "write_artifact",
+]

@@ -1,0 +1,30 @@
+"""The public API of :mod:`retrieval.training.losses` (loaded on first use by ``__init__.py``)."""
+
+from .interests import interest_scores, label_aware_attention, select_interest
+from .logits import GeneralisedBCE, LogitLoss, SoftmaxCrossEntropy, candidate_logits, sampled_softmax_loss
+from .negatives import AllItems, InBatchNegatives, Negatives, SampledNegatives
+from .samplers import SAMPLERS, CandidateSampler, SeedStream
+from .task import INTEREST_SELECTIONS, LOSSES, RetrievalTask, SampledSoftmaxTask, build_task
+
+__all__ = [
+    "INTEREST_SELECTIONS",
+    "LOSSES",
+    "SAMPLERS",
+    "AllItems",
+    "CandidateSampler",
+    "GeneralisedBCE",
+    "InBatchNegatives",
+    "LogitLoss",
+    "Negatives",
+    "RetrievalTask",
+    "SampledNegatives",
+    "SampledSoftmaxTask",
+    "SeedStream",
+    "SoftmaxCrossEntropy",
+    "build_task",
+    "candidate_logits",
+    "interest_scores",
+    "label_aware_attention",
+    "sampled_softmax_loss",
+    "select_interest",
+]

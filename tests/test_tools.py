@@ -119,9 +119,7 @@ def test_the_start_up_lines_shown_follow_the_log_level() -> None:
 
 def test_spelt_out_values_agree_with_the_library() -> None:
     import retrieval.data
-    import retrieval.serving
 
-    assert load_tool("serve").LOG_FORMATS == retrieval.serving.LOG_FORMATS
     prepare = load_tool("prepare_data")
     for name in ("FORMATS", "MAX_PARTITIONS", "EVENTS_PER_PARTITION", "USERS_PER_ROW_GROUP", "BATCH_ROWS"):
         assert getattr(prepare, name) == getattr(retrieval.data, name), name

@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", default="sa", help="user tower (default %(default)s)")
     p.add_argument("--epochs", type=int, default=8, help="default %(default)s")
     p.add_argument("--users", type=int, nargs="+", default=[1, 2, 3], help="users to query (ML-100K ids)")
-    p.add_argument("--verbose", action="store_true", help=f"for build_index and serve: {VERBOSE_HELP}")
+    p.add_argument("--verbose", action="store_true", help=f"for train, build_index and serve: {VERBOSE_HELP}")
     args = p.parse_args(argv)
     # Imported here, never for --help: the data layer loads pandas.
     from retrieval.data import DataError, ItemVocab, build_sequences, load_interactions
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_dir, index_dir = args.workdir / "model", args.workdir / "index"
     run_tool(
         "train.py", "--data", str(data), "--model", args.model, "--epochs", str(args.epochs),
-        "--out", str(model_dir), "--overwrite",
+        "--out", str(model_dir), "--overwrite", *verbose,
     )  # fmt: skip
     # With the interactions, the index's recall is measured on the users' own interest vectors.
     run_tool(

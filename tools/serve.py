@@ -18,11 +18,8 @@ from pathlib import Path
 
 from retrieval.api import DEFAULT_MAX_MESSAGE_BYTES
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.serving import LOG_FORMATS  # loads retrieval.serving.logs only (the layer is lazy)
 from retrieval.storage import ArtifactError
-
-LOG_FORMATS = ("text", "json")
-"""``retrieval.serving.LOG_FORMATS``, spelt out so that ``--help`` loads no FAISS or pandas (a test
-checks that they agree)."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

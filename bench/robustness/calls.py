@@ -15,7 +15,7 @@ FUZZ_MAX_MESSAGE_BYTES = 1 << 20
 MAX_K, MAX_HISTORY, MAX_PER_INTEREST_K, MAX_FILTER_IDS, MAX_BATCH, MAX_USER_ID = (
     1000, 10_000, 2000, 10_000, 256, 256,
 )  # fmt: skip
-"""The documented limits (README, API): the generator aims at both sides of each."""
+"""The documented limits (docs/serving.md, API): the generator aims at both sides of each."""
 
 MERGES = (0, 1, 2, 3)  # MERGE_STRATEGY_UNSPECIFIED, MAX_SCORE, ROUND_ROBIN, DIVERSITY
 MAX_SCORE_MERGES = (0, 1)

@@ -68,7 +68,8 @@ def make_strategy(name: str = "default", replicas: int | None = None) -> tf.dist
     if not isinstance(tf_config, dict) or not {"cluster", "task"} <= set(tf_config):
         raise ValueError(
             'the multi-worker strategy needs TF_CONFIG: {"cluster": {"worker": ["host:port", ...]}, '
-            '"task": {"type": "worker", "index": i}}, one per host (README, "Training at scale")'
+            '"task": {"type": "worker", "index": i}}, one per host '
+            '(docs/training.md, "Several devices or hosts")'
         )
     return tf.distribute.MultiWorkerMirroredStrategy()
 

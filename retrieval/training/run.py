@@ -293,7 +293,7 @@ def _train(
     elif early is not None:  # the run had already finished training: export its best weights
         early.restore_best(model)
 
-    artifact = live_artifact(model, data.vocab, max_len, data.side)
+    artifact = live_artifact(model, data.vocab, max_len, data.side, validation.tower)
     metrics = {
         "validation": _exported_validation(validation.history, early),
         "validation_per_epoch": validation.history,

@@ -14,12 +14,13 @@ import importlib.util
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from retrieval.api.client import RetrievalClient
@@ -40,6 +41,24 @@ def run_tool(name: str, *args: str) -> int:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return int(module.main(list(args)))
+
+
+def tiered(values: Iterable[Any], slow: Collection[Any]) -> list[Any]:
+    """Parameters of a sweep (one model trained per tower, per ranker...) with those in ``slow``
+    marked ``slow``: ``make test-fast`` keeps the others, one or two representatives of the
+    sweep, and ``make test`` runs them all. A value not named (a new tower) stays fast.
+
+    Example:
+        >>> @pytest.mark.parametrize("name", tiered(tower_names(), slow={"sasrec", "bert4rec"}))
+    """
+    params = []
+    for value in values:
+        if value in slow:
+            args = value if isinstance(value, tuple) else (value,)
+            params.append(pytest.param(*args, marks=pytest.mark.slow))
+        else:
+            params.append(value)
+    return params
 
 
 # --- the in-memory served model and its oracle ----------------------------------------------------

@@ -147,6 +147,7 @@ def test_two_workers_train_like_one_device(
     assert chief["validation"] == worker["validation"] == pytest.approx(metrics["validation"])
 
 
+@pytest.mark.slow  # MirroredStrategy in a child process, after the reference run: 9 s, 15 s loaded
 def test_two_replicas_in_one_process(synthetic_csv: Path, tmp_path: Path, single: dict) -> None:
     """MirroredStrategy over two logical CPU devices (replicas of 32 examples each), Keras' Adam."""
     out = tmp_path / "model"

@@ -20,7 +20,7 @@ from retrieval.data.loaders import load_interactions
 from retrieval.evaluation.evaluate import exact_top_k
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
-from tests.helpers import run_tool
+from tests.helpers import run_tool, tiered
 
 TOWERS = ["sa", "sasrec", "youtubednn", "dr", "mind", "din"]
 # Extra training options per tower: mind trains with its own interest selection (the
@@ -31,7 +31,8 @@ EXTRA_ARGS = {
 }
 
 
-@pytest.fixture(scope="module", params=TOWERS)
+# The fast tier trains sa and youtubednn end to end (2 s each); the others take 3 to 8 s.
+@pytest.fixture(scope="module", params=tiered(TOWERS, slow={"sasrec", "dr", "mind", "din"}))
 def trained(request, synthetic_csv, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"e2e-{request.param}")
     model_dir, index_dir = out / "model", out / "index"
@@ -153,6 +154,7 @@ def side_info_model(synthetic_csv, tmp_path_factory):
     return data, model_dir, index_dir
 
 
+@pytest.mark.slow  # with the next test, trains the side-information model (module fixture): 7 s
 def test_side_information_travels_from_request_events_to_the_tower(side_info_model) -> None:
     from retrieval.data.features import encode_events
 
@@ -191,6 +193,7 @@ def test_side_information_travels_from_request_events_to_the_tower(side_info_mod
         server.stop(None)
 
 
+@pytest.mark.slow  # the side-information model's training, when run without the test above: 7 s
 def test_evaluate_tool_reproduces_training_metrics_with_side_features(side_info_model, capsys) -> None:
     data_path, model_dir, _ = side_info_model
     assert run_tool("evaluate", "--model", str(model_dir), "--data", str(data_path)) == 0

@@ -256,6 +256,7 @@ def test_tool_refuses_bad_requests(trained_toy: Path, toy_data: Path, tmp_path: 
         run_tool("evaluate", "--data", str(toy_data))  # --model missing
 
 
+@pytest.mark.slow  # each trains a model: 7 s
 @pytest.mark.parametrize(
     ("tower", "fusion", "side"), [("sasrec", "nova", "gap_prev"), ("bert4rec", "none", "")]
 )

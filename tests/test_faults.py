@@ -640,6 +640,7 @@ def write_seconds(tmp_path_factory: pytest.TempPathFactory) -> float:
     return run_killed(argv, watch, None, "model-v2")[1]
 
 
+@pytest.mark.slow  # timed kills of a 13 MB index write: six runs of 1-2 s and a calibration run
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("mode", ["folder", "published root"])
 def test_kill_9_during_build_index_leaves_a_loadable_index(

@@ -15,7 +15,7 @@ from retrieval.artifacts.ranker import AttributeTable, load_ranker
 from retrieval.artifacts.ranker_scorer import MAX_CELLS, XLA_ROWS, RankerScorer
 from retrieval.artifacts.xla import COMPILED_BATCHES, COMPILED_WIDTHS, pad_to, padded_size
 from retrieval.serving.retriever import Retriever
-from tests.helpers import HISTORY, make_model, make_ranker, save_din
+from tests.helpers import HISTORY, make_model, make_ranker, save_din, tiered
 from tests.helpers import RANKER_ITEMS as NUM_ITEMS
 
 
@@ -41,7 +41,7 @@ def lists(
     return histories, candidates, unclicked, scores
 
 
-@pytest.mark.parametrize("name", ["din", "dien", "afm", "dstn"])
+@pytest.mark.parametrize("name", tiered(["din", "dien", "afm", "dstn"], slow={"dien"}))
 def test_the_compiled_scorer_gives_the_plain_graphs_logits(name: str) -> None:
     ranker = make_ranker(name)
     unclicked = name == "dstn"

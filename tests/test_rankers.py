@@ -19,6 +19,7 @@ from tests.helpers import (
     RANKER_ITEMS,
     RANKER_MAX_LEN,
     make_ranker,
+    tiered,
 )
 
 # The shared ranker fixture's sizes (tests/helpers.py, also used by tests/test_ranker_xla.py).
@@ -220,7 +221,7 @@ def test_the_logit_is_the_scaled_ranker_part_plus_an_affine_retrieval_term(name:
         ranker({k: v for k, v in x.items() if k != "retrieval_scores"})
 
 
-@pytest.mark.parametrize("name", ranker_names())
+@pytest.mark.parametrize("name", tiered(ranker_names(), slow={"dien", "dstn", "afm"}))  # 2-4 s each
 def test_training_from_the_retrievers_order_learns_the_rankers_part(name: str) -> None:
     # From the default start (g = 0) with uninformative retrieval scores: the gate must open.
     ranker = make_ranker(name, ranker_scale_init=0.0)
@@ -258,7 +259,7 @@ def clustered_task(n: int = 96, seed: int = 0) -> tuple[dict[str, np.ndarray], n
     return x, labels.astype(np.float32)
 
 
-@pytest.mark.parametrize("name", ranker_names())
+@pytest.mark.parametrize("name", tiered(ranker_names(), slow={"dien", "dstn", "afm"}))  # 2-4 s each
 def test_a_few_training_steps_reduce_the_click_loss(name: str) -> None:
     ranker = make_ranker(name)
     x, y = clustered_task()

@@ -83,6 +83,7 @@ def test_serve_and_deploy_help_keep_the_line_continuation() -> None:
         assert continued in done.stdout, done.stdout
 
 
+@pytest.mark.slow  # two runs of build_index in child processes loading TensorFlow: 8 s
 def test_a_tool_starts_quiet_unless_verbose(
     model_versions: list[tuple[Path, Path, str]], synthetic_csv: Path, tmp_path: Path
 ) -> None:

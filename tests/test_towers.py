@@ -13,6 +13,7 @@ from retrieval.training.config import ModelConfig
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
 from retrieval.training.model import TwoTowerModel, build_model, export_user_tower
+from tests.helpers import tiered
 from towers import ItemTower, build_user_tower, tower_names
 
 NUM_ITEMS, DIM, MAX_LEN = 40, 16, 12
@@ -178,7 +179,7 @@ def full_softmax_task() -> SampledSoftmaxTask:
     return task
 
 
-@pytest.mark.parametrize("name", tower_names())
+@pytest.mark.parametrize("name", tiered(tower_names(), slow={"bert4rec", "sasrec", "din"}))  # 2-4 s each
 def test_a_few_training_steps_reduce_the_loss(name: str) -> None:
     keras.utils.set_random_seed(0)
     config = dataclasses.replace(ModelConfig(tower=name, dim=DIM, max_len=MAX_LEN), **KWARGS.get(name, {}))
@@ -195,7 +196,7 @@ def test_a_few_training_steps_reduce_the_loss(name: str) -> None:
     assert loss() < 0.9 * before
 
 
-@pytest.mark.parametrize("name", tower_names())
+@pytest.mark.parametrize("name", tiered(tower_names(), slow={"bert4rec", "sasrec"}))
 def test_exported_user_tower_gives_the_keras_vectors(name: str, tmp_path) -> None:
     model = TwoTowerModel(make_tower(name))
     x = histories(np.random.default_rng(6))

@@ -30,7 +30,7 @@ from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
 from retrieval.training.model import build_model
 from retrieval.training.optimizer import make_optimizer
-from tests.helpers import run_tool
+from tests.helpers import run_tool, tiered
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5"]
 TINY += ["train.batch_size=32", "train.epochs=2"]
@@ -158,6 +158,7 @@ def test_early_stopping_exports_the_best_epoch_through_the_cli(synthetic_csv, tm
     assert {("loss", 4), ("learning_rate", 1)} <= set(scalars)
 
 
+@pytest.mark.slow  # 7 s
 def test_checkpoint_restores_weights_optimizer_and_random_state(tmp_path) -> None:
     """A sasrec model (dropout) and its task continue after a reload exactly as without it."""
 
@@ -324,7 +325,9 @@ def planted_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("tower", ["sasrec", "bert4rec", "youtubednn"])
+@pytest.mark.parametrize(
+    "tower", tiered(["sasrec", "bert4rec", "youtubednn"], slow={"bert4rec"})
+)  # 2-6 s each
 def test_every_objective_learns_a_planted_order_with_length_buckets(
     planted_csv, tmp_path, tower: str
 ) -> None:
@@ -460,6 +463,7 @@ def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv,
         )
 
 
+@pytest.mark.slow  # two bert4rec runs: 7 s
 def test_bert4rec_masks_are_seeded(synthetic_csv, tmp_path, exported) -> None:
     config = tiny_config(synthetic_csv, "model.tower=bert4rec", "model.num_blocks=1", "train.epochs=1")
     runs = [retrieval.training.run.train(config, tmp_path / f"m{i}", verbose=0) for i in range(2)]

@@ -61,7 +61,6 @@ NULLS = ("none", "null")
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 """Config files :func:`load_config_file` reads."""
 
-
 _FIELD_TYPES: dict[type, dict[str, Any]] = {}
 
 

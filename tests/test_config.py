@@ -159,7 +159,7 @@ def test_the_option_tuples_are_the_literals_values() -> None:
     from retrieval.training.examples import OBJECTIVES
     from retrieval.training.losses import INTEREST_SELECTIONS, SAMPLERS
     from retrieval.training.losses.task import LOSSES as TASK_LOSSES
-    from retrieval.training.validation import TRAINING_PROTOCOLS as VALIDATION_PROTOCOLS
+    from retrieval.training.protocols import TRAINING_PROTOCOLS as VALIDATION_PROTOCOLS
     from towers.side import FUSIONS as TOWER_FUSIONS
 
     types = field_types(TrainConfig)

@@ -11,7 +11,8 @@ import pytest
 
 from retrieval.api.types import Query, Rerank
 from retrieval.artifacts.index import build_index_from_model
-from retrieval.artifacts.ranker import AttributeTable, load_ranker
+from retrieval.artifacts.ranker import load_ranker
+from retrieval.artifacts.ranker_inputs import AttributeTable
 from retrieval.artifacts.ranker_scorer import MAX_CELLS, XLA_ROWS, RankerScorer
 from retrieval.artifacts.xla import COMPILED_BATCHES, COMPILED_WIDTHS, pad_to, padded_size
 from retrieval.serving.retriever import Retriever

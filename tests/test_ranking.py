@@ -15,7 +15,8 @@ import pytest
 from rankers import build_ranker
 from retrieval.artifacts.index import build_index_from_model, load_index
 from retrieval.artifacts.model import ModelArtifact, load_model, pad_left
-from retrieval.artifacts.ranker import AttributeTable, load_ranker, save_ranker
+from retrieval.artifacts.ranker import load_ranker, save_ranker
+from retrieval.artifacts.ranker_inputs import AttributeTable
 from retrieval.artifacts.ranker_scorer import RankerScorer
 from retrieval.config import apply_overrides
 from retrieval.data.interactions import SequenceData, build_sequences

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import retrieval.training.inputs
+import retrieval.training.protocols
 import retrieval.training.run
-import retrieval.training.validation
 from retrieval.config import apply_overrides
 from retrieval.training.batches import bucketed_order, epoch_batches
 from retrieval.training.callbacks import (
@@ -131,7 +131,7 @@ def test_early_stopping_exports_the_best_epoch_through_the_cli(synthetic_csv, tm
         value = next(scripted, 0.0)  # the last call is the test evaluation
         return {"ndcg@10": value, "hr@10": value, "recall@50": value}
 
-    monkeypatch.setattr(retrieval.training.validation, "evaluate_ranking", evaluate)
+    monkeypatch.setattr(retrieval.training.protocols, "evaluate_ranking", evaluate)
     out, logs = tmp_path / "model", tmp_path / "tb"
     code = run_tool(
         "train", "--data", str(synthetic_csv), "--out", str(out), "--model", "youtubednn", "--dim", "8",

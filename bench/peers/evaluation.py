@@ -96,4 +96,4 @@ def validation_metrics(
 
 SELECT_BY = {"loo": "ndcg@10", "comirec": "recall@50"}
 """Per protocol, the validation metric that picks a run's best epoch: our training's early
-stopping metric under that protocol (``retrieval.training.validation.make_protocol``)."""
+stopping metric under that protocol (``retrieval.training.protocols.make_protocol``)."""

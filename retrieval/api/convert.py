@@ -17,7 +17,6 @@ from retrieval.api.types import MergeStrategy, ModelInfo, Query, Rerank, Retriev
 
 M = TypeVar("M", bound=Message)
 
-
 SERVICE_NAME: str = retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"].full_name
 
 

@@ -13,27 +13,21 @@ import numpy as np
 MAX_K = 1000
 """Most items one request may ask for (the API's documented limit)."""
 
-
 MAX_HISTORY = 10_000
 """Most history ids one request may send; the user tower reads only the last ``max_len``, but
 every id is excluded from the results, so the whole history is looked up."""
 
-
 MAX_PER_INTEREST_K = 2000
 """Most candidates one interest may fetch (``per_interest_k``): bounds the merge's work."""
-
 
 MAX_FILTER_IDS = 10_000
 """Most ids one request's ``exclude`` or ``allow`` list may hold."""
 
-
 MAX_BATCH = 256
 """Most requests one batch may hold."""
 
-
 MAX_USER_ID = 256
 """Longest ``user_id`` (characters); it only goes to the log."""
-
 
 DEFAULT_RERANK_CANDIDATES = 200
 """Candidates a rerank scores when the request does not say (at least ``k``)."""

@@ -29,7 +29,8 @@ from .model import (
     read_item_attributes,
     read_model_vocab,
 )
-from .ranker import AttributeTable, LoadedRanker, check_same_vocab, load_ranker, save_ranker
+from .ranker import LoadedRanker, check_same_vocab, load_ranker, save_ranker
+from .ranker_inputs import AttributeTable
 
 __all__ = [
     "INDEX_DIR",

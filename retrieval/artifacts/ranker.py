@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from retrieval.data.vocab import PAD, ItemVocab
+from retrieval.artifacts.ranker_inputs import AttributeTable
+from retrieval.data.vocab import ItemVocab
 from retrieval.storage.folders import write_artifact
 from retrieval.storage.manifest import MANIFEST, ArtifactError, contained_file, read_manifest
 
-if TYPE_CHECKING:  # TensorFlow: loaded only with a ranker (load_ranker)
+if TYPE_CHECKING:  # for types only: load_ranker imports TensorFlow and the scorer when it runs
     from rankers import Ranker
     from retrieval.artifacts.model import ModelArtifact
     from retrieval.artifacts.ranker_scorer import RankerScorer
@@ -53,52 +54,27 @@ log = logging.getLogger(__name__)
 
 
 KIND = "ranker"
-
-
 CONFIG_FILE = "config.json"
-
-
 VOCAB_FILE = "vocab.json"
-
-
 WEIGHTS_FILE = "ranker.weights.h5"
-
-
 ATTRIBUTE_NAMES_FILE = "attributes.json"
-
-
 ATTRIBUTE_TABLE_FILE = "item_attributes.npy"
-
-
 METRICS_FILE = "metrics.json"
-
-
-MODEL_ATTRIBUTES_FILE = "item_attributes.json"
-"""The retrieval model folder's external id -> attributes (``retrieval.artifacts.model``)."""
-
-
-MAX_ATTRIBUTES = 16
-"""Attributes kept per item (the first ones, duplicates dropped), as the item tower does."""
-
 
 UNCLICKED_RANKERS = ("dstn",)
 """Rankers that read the ``unclicked`` input; the others are never given it."""
-
 
 DEFAULT_UNCLICKED, DEFAULT_NUM_UNCLICKED = "previous", 20
 """How a ranker's unclicked items were built in training (``RankerConfig.unclicked`` and
 ``num_unclicked``, :mod:`retrieval.ranking`), the defaults for an artifact whose
 ``config.json`` does not say."""
 
-
 RANKER_FORMAT = 2
 """Version of the ranker manifest's ``ranker_kwargs`` (2: ``retrieval_score`` and DSTN's
 ``context_size`` written out; absent = 1, before both existed)."""
 
-
 LEGACY_KWARGS = {"retrieval_score": False}
 """What a format-1 artifact's ranker was built with (the defaults of that time)."""
-
 
 LEGACY_RANKER_KWARGS = {"dstn": {"context_size": 0}}
 
@@ -106,81 +82,6 @@ LEGACY_RANKER_KWARGS = {"dstn": {"context_size": 0}}
 def vocab_digest(vocab: ItemVocab) -> str:
     """SHA-256 of the vocabulary's external ids, in dense-id order (titles do not matter)."""
     return hashlib.sha256(json.dumps(list(vocab.ids), ensure_ascii=False).encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class AttributeTable:
-    """Item attributes as ids a ranker embeds.
-
-    Attributes:
-        names: attribute values; attribute id ``i`` is ``names[i - 1]`` (0 = padding).
-        table: int32 ``[num_items + 1, A]``: row ``i`` holds dense item ``i``'s attribute ids,
-            left-aligned and 0-padded; row 0 (padding) is all 0.
-
-    Example:
-        >>> t = AttributeTable.from_external(vocab, {"B01": ["Lipstick", "Brand 7"]})
-        >>> t.table[vocab.lookup(["B01"])[0]]  # array([1, 2], dtype=int32)
-    """
-
-    names: tuple[str, ...]
-    table: np.ndarray
-
-    @classmethod
-    def from_external(
-        cls,
-        vocab: ItemVocab,
-        item_attributes: Mapping[str, Sequence[Any]],
-        max_attributes: int = MAX_ATTRIBUTES,
-    ) -> AttributeTable:
-        """From external item id -> attribute values (ids unknown to ``vocab`` are ignored).
-
-        Attribute ids follow the sorted attribute names; each item keeps its first
-        ``max_attributes`` distinct values.
-        """
-        dense = vocab.lookup(list(item_attributes))
-        per_item = {
-            int(d): list(dict.fromkeys(str(v) for v in values))[:max_attributes]
-            for d, values in zip(dense, item_attributes.values(), strict=True)
-            if d != PAD
-        }
-        names = tuple(sorted({v for values in per_item.values() for v in values}))
-        index = {name: i + 1 for i, name in enumerate(names)}
-        width = max([len(v) for v in per_item.values()] + [1])
-        table = np.zeros((vocab.num_embeddings, width), np.int32)
-        for item, values in per_item.items():
-            table[item, : len(values)] = [index[v] for v in values]
-        return cls(names, table)
-
-    @classmethod
-    def from_model(cls, model: ModelArtifact) -> AttributeTable | None:
-        """The attributes saved with a retrieval model (``item_attributes.json``); ``None`` when
-        the model folder has none or the attributes are empty."""
-        if model.path is None or not (model.path / MODEL_ATTRIBUTES_FILE).is_file():
-            return None
-        raw = json.loads((model.path / MODEL_ATTRIBUTES_FILE).read_text(encoding="utf-8"))
-        table = cls.from_external(model.vocab, raw)
-        return table if table.names else None
-
-    @property
-    def num_attributes(self) -> int:
-        return len(self.names)
-
-    @property
-    def width(self) -> int:
-        """``A``, attribute slots per item."""
-        return int(self.table.shape[1])
-
-
-def context_of(candidates: np.ndarray, width: int) -> np.ndarray:
-    """Each row's first ``width`` real candidates (id > 0) in the order given, 0-padded: int32
-    ``[B, width]``. Candidates come in the retriever's order, so this is the request's top
-    retrieved items, DSTN's ``"context"`` (:mod:`rankers.dstn`)."""
-    present = candidates > 0
-    order = np.argsort(~present, axis=1, kind="stable")[:, :width]  # real ones first, in order
-    top = np.where(
-        np.take_along_axis(present, order, axis=1), np.take_along_axis(candidates, order, axis=1), 0
-    )
-    return np.pad(top, ((0, 0), (0, width - top.shape[1]))).astype(np.int32)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from rankers import Ranker
 from retrieval.artifacts.model import pad_left
-from retrieval.artifacts.ranker import AttributeTable, context_of
+from retrieval.artifacts.ranker_inputs import AttributeTable, context_of
 from retrieval.artifacts.xla import COMPILED_BATCHES, COMPILED_WIDTHS, XlaFunction, pad_to, padded_size
 from retrieval.data.vocab import PAD
 
@@ -22,10 +22,8 @@ ranker cut the p99 a rerank adds at concurrency 1 from 5.3 to 4.0 ms, but with m
 of several requests (8 and 32 in flight) the server spent 8.8-11.2 ms of CPU per request
 against the plain graph's 5.8-5.9."""
 
-
 _VARYING_WIDTHS = ("candidates", "retrieval_scores", "unclicked")
 """Scorer inputs whose width varies between calls (padded to ``COMPILED_WIDTHS`` under XLA)."""
-
 
 MAX_CELLS = 16_384
 """Most ``rows × candidates`` one call of the model scores; larger requests are split into rows.

@@ -24,8 +24,6 @@ ML100K_GENRES = (
 
 
 ML100K_URL = "https://files.grouplens.org/datasets/movielens/ml-100k.zip"
-
-
 ML100K_SHA256 = {
     "u.item": "553841ebc7de3a0fd0d6b62a204ea30c1e651aacfb2814c7a6584ac52f2c5701",
     "u.user": "f120e114da2e8cf314fd28f99417c94ae9ddf1cb6db8ce0e4b5995d40e90e62c",

@@ -19,10 +19,8 @@ log = logging.getLogger(__name__)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-
 INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
 """An integer field: ASCII digits with an optional sign (no ``_`` separators, no other scripts' digits)."""
-
 
 BLANK_LINE = re.compile(r"^[^\S\n]*$", re.MULTILINE)
 

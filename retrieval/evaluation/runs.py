@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.json"
-
-
 _METRIC_KEY = re.compile(r"^([a-z_]+)@(\d+)$")
 
 

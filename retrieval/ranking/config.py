@@ -13,10 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from retrieval.artifacts.ranker import (
-    DEFAULT_NUM_UNCLICKED,
-    DEFAULT_UNCLICKED,
-)
+from retrieval.artifacts.ranker import DEFAULT_NUM_UNCLICKED, DEFAULT_UNCLICKED
 from retrieval.config import check_fields, config_to_dict
 
 NEGATIVE_SOURCES = ("retrieved", "uniform", "popularity")

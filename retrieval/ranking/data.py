@@ -13,10 +13,7 @@ import numpy as np
 from index import VectorIndex
 from index.multi_interest import search_interests
 from retrieval.artifacts.model import ModelArtifact, encode_histories, pad_left
-from retrieval.artifacts.ranker import (
-    AttributeTable,
-    context_of,
-)
+from retrieval.artifacts.ranker_inputs import AttributeTable, context_of
 from retrieval.data.interactions import SequenceData
 from retrieval.data.splits import LeaveOneOut, leave_one_out
 from retrieval.data.vocab import PAD, ItemVocab

@@ -14,11 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from rankers import Ranker, build_ranker, ranker_class
-from retrieval.artifacts.ranker import (
-    UNCLICKED_RANKERS,
-    AttributeTable,
-    save_ranker,
-)
+from retrieval.artifacts.ranker import UNCLICKED_RANKERS, save_ranker
+from retrieval.artifacts.ranker_inputs import AttributeTable
 from retrieval.artifacts.ranker_scorer import RankerScorer, with_attributes
 from retrieval.data.interactions import build_sequences
 from retrieval.data.loaders import load_interactions

@@ -35,10 +35,7 @@ _TEMPORARY = re.compile(r"^\..+\.(?:tmp|old)-(?P<pid>\d+)@(?P<host>[A-Za-z0-9._]
 """Names of the folders :func:`write_artifact` works in (``.<name>.tmp-<pid>@<host>-<random>``),
 so that those of a writer that died (``kill -9``, power loss) can be recognised and removed."""
 
-
 _HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
-
-
 _RENAME_EXCHANGE = 2  # linux/fs.h
 
 

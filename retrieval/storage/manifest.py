@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
-
-
 FORMAT_VERSION = 1
 
 

@@ -13,10 +13,7 @@ from retrieval.storage.folders import fsync_tree
 from retrieval.storage.manifest import MANIFEST, ArtifactError
 
 CURRENT = "current"
-
-
 VERSIONS = "versions"
-
 
 PUBLISH_GRACE = 60.0
 """Seconds a version stays on disk after it stopped being current, whatever ``keep`` says: a

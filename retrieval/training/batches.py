@@ -11,7 +11,6 @@ import tensorflow as tf
 TRIM_MULTIPLE = 8
 """A trimmed batch keeps a multiple of this many columns (fewer shapes to trace)."""
 
-
 BUCKET_BATCHES = 64
 """Length bucketing sorts runs of this many batches' examples by length."""
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from retrieval.config import check_fields, config_from_dict, config_to_dict, config_to_json
 
 TrainingProtocol = Literal["loo", "loo-refit", "comirec"]
-"""``DataConfig.protocol``: how a run splits its data (:mod:`retrieval.training.validation`)."""
+"""``DataConfig.protocol``: how a run splits its data (:mod:`retrieval.training.protocols`)."""
 DataFormat = Literal["movielens", "s3rec", "table", "prepared"]
 """``DataConfig.format``: the loaders' formats (:data:`retrieval.data.loaders.FORMATS`) and ``prepared``."""
 Fusion = Literal["none", "sum", "concat", "gated", "nova"]

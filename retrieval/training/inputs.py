@@ -36,8 +36,8 @@ from retrieval.evaluation.prepared import evaluate_prepared, popularity_prepared
 from retrieval.training.batches import epoch_batches
 from retrieval.training.config import Config
 from retrieval.training.examples import make_examples
+from retrieval.training.protocols import BASELINE_K, LOO_SHOWN, make_protocol
 from retrieval.training.streaming import streaming_dataset
-from retrieval.training.validation import BASELINE_K, LOO_SHOWN, make_protocol
 
 
 class TrainingData(abc.ABC):

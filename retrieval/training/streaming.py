@@ -45,7 +45,6 @@ from retrieval.training.examples import OBJECTIVES, make_examples
 SHUFFLE_BUFFER = 100_000
 """Examples gathered before a shuffle (~20 MB of ``last`` examples at ``max_len`` 50)."""
 
-
 CHUNK_EVENTS = 16_384
 """Training events cut into examples at once (``last``: ~16k examples, ~3 MB per input at 50)."""
 

@@ -1,105 +1,21 @@
-"""How a run scores itself during training: the split and metrics of its protocol, and the
-validation callback that computes them on the model in memory."""
+"""Validation during training: the model in memory scored on full rankings after every epoch,
+through a user tower traced once per run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from retrieval.artifacts.model import Features, ModelArtifact, UserVectorsFn
+from retrieval.artifacts.model import ModelArtifact, UserVectorsFn
 from retrieval.data.features import SideVocab
-from retrieval.data.interactions import SequenceData
-from retrieval.data.splits import ComirecSplit, LeaveOneOut, comirec_split, leave_one_out
 from retrieval.data.vocab import ItemVocab
-from retrieval.evaluation.evaluate import category_codes, evaluate_comirec, evaluate_ranking
-from retrieval.evaluation.metrics import (
-    COMIREC_KS,
-    DEFAULT_KS,
-    comirec_metrics,
-    ranking_metrics,
-    user_comirec_metrics,
-    user_ranking_metrics,
-)
-from retrieval.training.config import TRAINING_PROTOCOLS, DataConfig
 from retrieval.training.model import TwoTowerModel
 
 if TYPE_CHECKING:
     from retrieval.training.inputs import TrainingData
-
-BASELINE_K = 50
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """How an in-memory run splits its data and scores itself (``DataConfig.protocol``).
-
-    Attributes:
-        name: the evaluation protocol, ``"loo"`` or ``"comirec"`` (as in ``tools/evaluate.py
-            --protocol``; ``loo-refit`` is evaluated as ``loo``).
-        split: the split (training sequences, validation and test histories and targets).
-        train_users: the users whose ``split.train`` sequences train the model.
-        evaluate: ``(model, histories, targets, features) -> metrics``.
-        baseline: ``(top-k of the most popular items, targets) -> metrics``.
-        per_user: ``(top-k, targets) -> metric -> value of every user`` (the ranking metrics of
-            ``evaluate`` without diversity, before averaging).
-        depth: the top-k ``per_user`` reads.
-        shown: validation metrics shown per epoch; the first is the early-stopping monitor.
-    """
-
-    name: str
-    split: LeaveOneOut | ComirecSplit
-    train_users: Sequence[int] | np.ndarray
-    evaluate: Callable[[ModelArtifact, Sequence[np.ndarray], Any, Features | None], dict[str, float]]
-    baseline: Callable[[np.ndarray, Any], dict[str, float]]
-    per_user: Callable[[np.ndarray, Any], dict[str, np.ndarray]]
-    depth: int
-    shown: tuple[str, ...]
-
-
-LOO_SHOWN = ("ndcg@10", "hr@10", "recall@50")
-
-
-def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
-    """The split and scoring of ``config.protocol``.
-
-    Raises:
-        ValueError: an unknown protocol.
-    """
-    if config.protocol in ("loo", "loo-refit"):
-        return Protocol(
-            "loo",
-            leave_one_out(data, refit=config.protocol == "loo-refit"),
-            range(len(data.users)),
-            lambda model, histories, targets, features: evaluate_ranking(
-                model, histories, targets, features=features
-            ),
-            ranking_metrics,
-            user_ranking_metrics,
-            max(DEFAULT_KS),
-            LOO_SHOWN,
-        )
-    if config.protocol == "comirec":
-        parts = comirec_split(data.sequences, seed=config.split_seed)
-        first = {i: str(a[0]) for i, a in (data.item_attributes or {}).items() if len(a)}
-        categories = category_codes(first, data.vocab.num_embeddings) if first else None
-        return Protocol(
-            "comirec",
-            parts,
-            parts.train_users,
-            lambda model, histories, targets, features: evaluate_comirec(
-                model, histories, targets, features, categories=categories
-            ),
-            comirec_metrics,
-            user_comirec_metrics,
-            max(COMIREC_KS),
-            ("recall@50", "hitrate@50", "recall@20"),
-        )
-    raise ValueError(f"unknown protocol {config.protocol!r}; choose one of {TRAINING_PROTOCOLS}")
 
 
 def live_tower(model: TwoTowerModel, side: SideVocab) -> UserVectorsFn:

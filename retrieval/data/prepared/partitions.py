@@ -17,8 +17,6 @@ from retrieval.data.prepared.reader import RESERVED_COLUMNS, SEQUENCES
 
 MAX_PARTITIONS = 4096
 EVENTS_PER_PARTITION = 2_000_000
-
-
 ROW_COLUMN = "__row"  # staging only: the event's position in the input, the tie-breaker of every sort
 
 

@@ -23,25 +23,12 @@ from retrieval.data.vocab import ItemVocab
 from retrieval.storage.manifest import FORMAT_VERSION, MANIFEST, ArtifactError
 
 KIND = "prepared-data"
-
-
 VOCAB_FILE = "vocab.json"
-
-
 ATTRIBUTES_FILE = "item_attributes.json"
-
-
 COUNTS_FILE = "item_counts.parquet"
-
-
 SEQUENCES = "sequences"
-
-
 SPLITS = ("valid", "test")
-
-
 SPLIT_COLUMNS = ("train_len", "valid_target", "test_target")
-
 
 RESERVED_COLUMNS = ("user", "items", *SPLIT_COLUMNS)
 """Layout columns: an input event column may not have one of these names."""

@@ -34,11 +34,7 @@ from retrieval.data.splits import leave_one_out
 from retrieval.storage.folders import write_artifact
 
 FORMATS = (*IN_MEMORY_FORMATS, "dataset")
-
-
 USERS_PER_ROW_GROUP = 1024
-
-
 BATCH_ROWS = 1 << 18
 
 

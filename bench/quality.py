@@ -268,7 +268,7 @@ def run_one(config: Config, out: Path, verbose: int = 2) -> tuple[dict[str, Any]
     if finished(config, out):
         return json.loads((out / "metrics.json").read_text()), "read"
     resume = run_folder(out).is_dir()
-    metrics = train(config, out, verbose=verbose, resume=resume)
+    metrics = train(config, out, verbose=verbose, resume=resume).to_dict()
     keras.backend.clear_session()  # each run builds new graphs: drop the previous run's
     return metrics, "resumed" if resume else "trained"
 

@@ -71,8 +71,8 @@ def full_run(synthetic_csv, tmp_path_factory) -> tuple[dict[str, Any], list[np.n
 def test_same_seed_gives_the_same_loss_trajectory(synthetic_csv, tmp_path, exported, full_run) -> None:
     metrics, weights = full_run
     again = retrieval.training.run.train(tiny_config(synthetic_csv), tmp_path / "m", verbose=0)
-    assert len(again["train_loss_per_epoch"]) == 2
-    np.testing.assert_allclose(again["train_loss_per_epoch"], metrics["train_loss_per_epoch"], rtol=1e-6)
+    assert len(again.train_loss_per_epoch) == 2
+    np.testing.assert_allclose(again.train_loss_per_epoch, metrics.train_loss_per_epoch, rtol=1e-6)
     for a, b in zip(exported[0], weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
@@ -102,14 +102,14 @@ def test_resume_finishes_an_interrupted_run_like_an_uninterrupted_one(
         retrieval.training.run.train(apply_overrides(config, ["model.dim=16"]), out, verbose=0, resume=True)
 
     resumed = retrieval.training.run.train(config, out, verbose=0, resume=True)
-    assert resumed["epochs_trained"] == 2
-    assert [h["epoch"] for h in resumed["validation_per_epoch"]] == [1, 2]
+    assert resumed.epochs_trained == 2
+    assert [h["epoch"] for h in resumed.validation_per_epoch] == [1, 2]
     # Each epoch's training time survives the interruption; validation is not part of it.
-    epoch_seconds = resumed["train_seconds_per_epoch"]
+    epoch_seconds = resumed.train_seconds_per_epoch
     assert len(epoch_seconds) == 2 and min(epoch_seconds) > 0
-    assert sum(epoch_seconds) <= resumed["train_seconds"]
+    assert sum(epoch_seconds) <= resumed.train_seconds
     metrics, weights = full_run
-    np.testing.assert_allclose(resumed["train_loss_per_epoch"], metrics["train_loss_per_epoch"], rtol=1e-6)
+    np.testing.assert_allclose(resumed.train_loss_per_epoch, metrics.train_loss_per_epoch, rtol=1e-6)
     for a, b in zip(exported[-1], weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     assert not run.exists()  # done: the checkpoints are removed
@@ -339,7 +339,7 @@ def test_every_objective_learns_a_planted_order_with_length_buckets(
         "train.learning_rate=0.01", "train.length_buckets=true", "train.epochs=8",
     )  # fmt: skip
     metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
-    test, popularity = metrics["test"], metrics["baseline_popularity_test"]
+    test, popularity = metrics.test, metrics.baseline_popularity_test
     assert popularity["hr@10"] < 0.35, popularity  # the planted data gives popularity no hold
     assert test["hr@10"] > popularity["hr@10"] + 0.4, (test, popularity)
     assert test["ndcg@10"] > 3 * popularity["ndcg@10"], (test, popularity)
@@ -415,11 +415,11 @@ def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path,
     metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
     parts = comirec_split(build_sequences(load_interactions(synthetic_csv)).sequences, seed=42)
     # Objective "last": one example per event after a user's first, training users only.
-    assert metrics["train_examples"] == sum(len(s) - 1 for s in parts.train)
-    assert metrics["protocol"] == "comirec"
-    assert {"recall@50", "hitrate@50", "ndcg@20"} <= set(metrics["test"])
-    assert {"recall@50", "hitrate@50"} <= set(metrics["baseline_popularity_test"])
-    assert metrics["validation"]["epoch"] == 1 and "recall@50" in metrics["validation"]
+    assert metrics.train_examples == sum(len(s) - 1 for s in parts.train)
+    assert metrics.protocol == "comirec"
+    assert {"recall@50", "hitrate@50", "ndcg@20"} <= set(metrics.test)
+    assert {"recall@50", "hitrate@50"} <= set(metrics.baseline_popularity_test)
+    assert metrics.validation["epoch"] == 1 and "recall@50" in metrics.validation
     with pytest.raises(ValueError, match="unknown protocol"):
         retrieval.training.run.train(
             tiny_config(synthetic_csv, "data.protocol=nope"), tmp_path / "x", verbose=0
@@ -435,9 +435,9 @@ def test_per_user_test_metrics_average_to_the_runs_own(synthetic_csv, tmp_path) 
     data = InMemoryData(config)
     per_user = data.user_metrics(load_model(tmp_path / "m"), "test")
     assert {len(v) for v in per_user.values()} == {len(data.rules.split.test_targets)}
-    assert set(per_user) == set(metrics["test"]) - {"diversity@20", "diversity@50"}
+    assert set(per_user) == set(metrics.test) - {"diversity@20", "diversity@50"}
     for name, values in per_user.items():
-        assert values.mean() == pytest.approx(metrics["test"][name], abs=1e-9), name
+        assert values.mean() == pytest.approx(metrics.test[name], abs=1e-9), name
 
 
 def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv, tmp_path, exported) -> None:
@@ -453,10 +453,10 @@ def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv,
     # Objective "last": one example per training event after a user's first; refit has one more
     # per evaluated user (its validation event), no validation, and the same test users.
     evaluated = sum(len(s) >= 3 for s in sequences)
-    assert refit["train_examples"] == loo["train_examples"] + evaluated
-    assert refit["validation_per_epoch"] == [] and refit["validation"] == {}
-    assert refit["baseline_popularity_test"].keys() == loo["baseline_popularity_test"].keys()
-    assert set(refit["test"]) == set(loo["test"])
+    assert refit.train_examples == loo.train_examples + evaluated
+    assert refit.validation_per_epoch == [] and refit.validation == {}
+    assert refit.baseline_popularity_test.keys() == loo.baseline_popularity_test.keys()
+    assert set(refit.test) == set(loo.test)
     with pytest.raises(ValueError, match=r"train\.patience=0"):
         retrieval.training.run.train(
             tiny_config(synthetic_csv, "data.protocol=loo-refit", "train.patience=2"), tmp_path / "c"
@@ -467,6 +467,6 @@ def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv,
 def test_bert4rec_masks_are_seeded(synthetic_csv, tmp_path, exported) -> None:
     config = tiny_config(synthetic_csv, "model.tower=bert4rec", "model.num_blocks=1", "train.epochs=1")
     runs = [retrieval.training.run.train(config, tmp_path / f"m{i}", verbose=0) for i in range(2)]
-    np.testing.assert_allclose(runs[0]["train_loss_per_epoch"], runs[1]["train_loss_per_epoch"], rtol=1e-6)
+    np.testing.assert_allclose(runs[0].train_loss_per_epoch, runs[1].train_loss_per_epoch, rtol=1e-6)
     for a, b in zip(exported[0], exported[1], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -77,14 +77,14 @@ def test_one_batch_per_epoch_trains_as_the_csv_does(
     one_batch = "train.batch_size=1024"
     from_csv = retrieval.training.run.train(config_for(synthetic_csv, one_batch), tmp_path / "csv", verbose=0)
     streamed = retrieval.training.run.train(config_for(prepared, one_batch), tmp_path / "prepared", verbose=0)
-    assert streamed["train_examples"] == from_csv["train_examples"] == 496
-    assert streamed["protocol"] == "loo"
-    np.testing.assert_allclose(streamed["train_loss_per_epoch"], from_csv["train_loss_per_epoch"], rtol=1e-5)
+    assert streamed.train_examples == from_csv.train_examples == 496
+    assert streamed.protocol == "loo"
+    np.testing.assert_allclose(streamed.train_loss_per_epoch, from_csv.train_loss_per_epoch, rtol=1e-5)
     for a, b in zip(weights[0], weights[1], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     for key in ("test", "baseline_popularity_test"):
-        assert streamed[key] == pytest.approx(from_csv[key], abs=1e-9), key
-    for a, b in zip(streamed["validation_per_epoch"], from_csv["validation_per_epoch"], strict=True):
+        assert getattr(streamed, key) == pytest.approx(getattr(from_csv, key), abs=1e-9), key
+    for a, b in zip(streamed.validation_per_epoch, from_csv.validation_per_epoch, strict=True):
         assert a == pytest.approx(b, abs=1e-9)
 
 

@@ -68,5 +68,5 @@ def test_validation_traces_the_tower_once_per_run(
     monkeypatch.setattr(retrieval.training.run, "save_model", lambda *args, **kwargs: None)  # not under test
     config = apply_overrides(Config(), [f"data.path={synthetic_csv}", *TINY])
     metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
-    assert len(metrics["validation_per_epoch"]) == 3
+    assert len(metrics.validation_per_epoch) == 3
     assert per_validation == [1, 0, 0]

@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # The process's first TensorFlow op: a multi-worker strategy must precede all others.
         strategy = make_strategy(args.strategy, args.replicas)
-        metrics = train(
+        result = train(
             config,
             args.out,
             overwrite=args.overwrite,
@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     keys = ("validation", "test", "baseline_popularity_test", "train_seconds", "epochs_trained", "best_epoch")
     out = args.out if is_chief(strategy) else None  # other workers write nothing
-    print(json.dumps({"out": out, **{k: metrics[k] for k in keys}}, indent=2))
+    print(json.dumps({"out": out, **{k: getattr(result, k) for k in keys}}, indent=2))
     return 0
 
 

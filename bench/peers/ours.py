@@ -99,7 +99,7 @@ def ours_worker(spec_file: Path) -> int:
     out, protocol = Path(spec["out"]), spec["protocol"]
     data = build_sequences(load_interactions(config.data.path, config.data.format))
     split = make_split(data, protocol, config.data.split_seed)
-    metrics = train(config, out / "model", overwrite=True, verbose=2)
+    metrics = train(config, out / "model", overwrite=True, verbose=2).to_dict()
 
     model = load_model(out / "model")
     final = out / "export" / "final"

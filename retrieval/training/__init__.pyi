@@ -24,7 +24,7 @@ from .inputs import InMemoryData, PreparedData, TrainingData, open_training_data
 from .model import TwoTowerModel, build_model, export_user_tower, takes_side_information
 from .optimizer import make_optimizer
 from .presets import PRESETS, TOWERS, Preset, apply_preset, get_preset, preset_for, preset_names
-from .run import save_model, train
+from .run import TrainResult, save_model, train
 from .streaming import streaming_dataset
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "PreparedData",
     "Preset",
     "TrainConfig",
+    "TrainResult",
     "TrainingData",
     "TwoTowerModel",
     "apply_preset",

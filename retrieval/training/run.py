@@ -14,7 +14,7 @@ import logging
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ def _resume_state(config: Config, run: Path, resume: bool, overwrite: bool) -> b
     return True
 
 
-def _finished_run(config: Config, out: Path) -> dict[str, Any] | None:
+def _finished_run(config: Config, out: Path) -> TrainResult | None:
     """The metrics of ``out`` when it is the finished artifact of this very configuration (a run
     killed after its artifact was in place, before its run folder was gone): the run folder is
     cleared and there is nothing left to train. ``None`` when ``out`` is not that."""
@@ -118,7 +118,54 @@ def _finished_run(config: Config, out: Path) -> dict[str, Any] | None:
     log.info("%s is already complete: clearing its run folder", out)
     remove_folder(run_folder(out))
     remove_stale_temporaries(out.parent)
-    return dict(json.loads((out / "metrics.json").read_text()))
+    return TrainResult.from_dict(json.loads((out / "metrics.json").read_text()))
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training run measured, as its artifact's ``metrics.json`` holds it (:meth:`to_dict`).
+
+    Attributes:
+        validation: the validation metrics of the exported weights (the best epoch's with early
+            stopping, else the last epoch's; empty without validation users).
+        validation_per_epoch: every validation, ``{"epoch": e, metric: value, ...}``.
+        protocol: the evaluation protocol's name (``loo`` or ``comirec``).
+        test: the exported weights' test metrics.
+        baseline_popularity_test: the most-popular baseline's on the same test.
+        train_loss_per_epoch: the mean training loss of each epoch.
+        train_seconds: training time, validation included.
+        train_seconds_per_epoch: each epoch's training time, validation excluded.
+        train_examples: examples per epoch.
+        objective, loss: what was trained (``train.objective`` resolved, ``train.loss``).
+        replicas: devices the batch was shared by.
+        epochs_trained: epochs run (fewer than ``train.epochs`` after an early stop).
+        best_epoch: the epoch exported with early stopping, ``None`` without it.
+        stopped_early: whether early stopping ended the run.
+    """
+
+    validation: dict[str, float]
+    validation_per_epoch: list[dict[str, float]]
+    protocol: str
+    test: dict[str, float]
+    baseline_popularity_test: dict[str, float]
+    train_loss_per_epoch: list[float]
+    train_seconds: float
+    train_seconds_per_epoch: list[float]
+    train_examples: int
+    objective: str
+    loss: str
+    replicas: int
+    epochs_trained: int
+    best_epoch: int | None
+    stopped_early: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> TrainResult:
+        """From a ``metrics.json``."""
+        return cls(**payload)
 
 
 @dataclass(frozen=True)
@@ -162,7 +209,7 @@ def train(
     resume: bool = False,
     tensorboard: Path | None = None,
     strategy: tf.distribute.Strategy | None = None,
-) -> dict[str, Any]:
+) -> TrainResult:
     """Trains the configured towers and writes the model artifact to ``out``.
 
     The run keeps a checkpoint of every epoch in ``out.partial/`` (removed once ``out`` is
@@ -187,8 +234,7 @@ def train(
             None = the current one.
 
     Returns:
-        the metrics written to ``out/metrics.json``: ``validation`` (per epoch and final),
-        ``test``, ``baseline_popularity_test``, the training time and the epochs trained.
+        What the run measured, also written to ``out/metrics.json``.
     """
     if not config.data.path:
         raise ValueError("config.data.path is empty: give the interactions to train on")
@@ -217,7 +263,7 @@ def _train(
     verbose: int | str,
     tensorboard: Path | None,
     strategy: tf.distribute.Strategy,
-) -> dict[str, Any]:
+) -> TrainResult:
     """:func:`train` once the outputs are settled."""
     keras.utils.set_random_seed(config.train.seed)
     data = open_training_data(config)
@@ -294,27 +340,28 @@ def _train(
         early.restore_best(model)
 
     artifact = live_artifact(model, data.vocab, max_len, data.side, validation.tower)
-    metrics = {
-        "validation": _exported_validation(validation.history, early),
-        "validation_per_epoch": validation.history,
-        "protocol": data.protocol,
-        "test": data.evaluate(artifact, "test"),
-        "baseline_popularity_test": data.baseline("test"),
-        "train_loss_per_epoch": checkpoint.losses,
-        "train_seconds": round(checkpoint.seconds, 1),
-        "train_seconds_per_epoch": [round(x, 3) for x in timer.seconds],  # validation excluded
-        "train_examples": examples,
-        "objective": model.objective,
-        "loss": t.loss,
-        "replicas": replicas,
-        "epochs_trained": len(checkpoint.losses),
-        "best_epoch": early.best_epoch if early is not None else None,
-        "stopped_early": bool(early is not None and early.stopped),
-    }
+    result = TrainResult(
+        validation=_exported_validation(validation.history, early),
+        validation_per_epoch=validation.history,
+        protocol=data.protocol,
+        test=data.evaluate(artifact, "test"),
+        baseline_popularity_test=data.baseline("test"),
+        train_loss_per_epoch=checkpoint.losses,
+        train_seconds=round(checkpoint.seconds, 1),
+        train_seconds_per_epoch=[round(x, 3) for x in timer.seconds],  # validation excluded
+        train_examples=examples,
+        objective=model.objective,
+        loss=t.loss,
+        replicas=replicas,
+        epochs_trained=len(checkpoint.losses),
+        best_epoch=early.best_epoch if early is not None else None,
+        stopped_early=bool(early is not None and early.stopped),
+    )
+    metrics = result.to_dict()
     save_model(model, config, data.vocab, data.side, metrics, where.out, overwrite, data.item_attributes)
     remove_folder(where.run)  # the artifact is complete: the checkpoints are done with
     wait_for_workers(strategy)
-    return metrics
+    return result
 
 
 def _exported_validation(history: list[dict[str, float]], early: EarlyStopping | None) -> dict[str, float]:

@@ -154,7 +154,7 @@ def phase_prepare(
             overwrite=True,
         )
         keys = ("partitions", "users", "items", "events", "train_events", "largest_partition_events")
-        return {k: meta[k] for k in keys}
+        return {k: getattr(meta, k) for k in keys}
 
     return _timed(run)
 

@@ -104,9 +104,9 @@ def test_in_memory_formats_keep_build_sequences(tiny_csv: Path, tmp_path: Path) 
     data = build_sequences(load_interactions(tiny_csv))
     assert read_vocab(tmp_path / "p") == data.vocab  # titles too
     manifest = read_manifest(tmp_path / "p", KIND)  # checksums verified
-    assert (meta["users"], meta["items"], meta["events"], meta["partitions"]) == (5, 7, 12, 3)
-    assert meta["train_events"] == 2 + 2 + 1 + 1 + 2  # u1 4 -> 2, u2 4 -> 2, u3 1, u4 1, u5 2
-    assert meta["evaluated_users"] == 2
+    assert (meta.users, meta.items, meta.events, meta.partitions) == (5, 7, 12, 3)
+    assert meta.train_events == 2 + 2 + 1 + 1 + 2  # u1 4 -> 2, u2 4 -> 2, u3 1, u4 1, u5 2
+    assert meta.evaluated_users == 2
     assert manifest["event_columns"] == ["timestamp", "rating"]
     # Users land in the partition their hash names, one row group per user here.
     for p in range(3):
@@ -163,8 +163,8 @@ def test_movielens_100k_both_paths(shared_data: Path, tmp_path: Path) -> None:
         )
         pq.write_table(table, raw / f"part-{i}.parquet")
     meta = prepare(raw, tmp_path / "dataset", partitions=4, batch_rows=20_000, progress=False)
-    assert meta["format"] == "dataset"
-    assert (meta["users"], meta["items"], meta["events"]) == (943, 1682, 100_000)
+    assert meta.format == "dataset"
+    assert (meta.users, meta.items, meta.events) == (943, 1682, 100_000)
     assert_same_as_in_memory(tmp_path / "dataset", source)
     assert_same_files(tmp_path / "memory", tmp_path / "dataset", 4)
 
@@ -174,8 +174,8 @@ def test_partition_count_follows_the_input_size(tiny_csv: Path, tmp_path: Path) 
     assert partitions_for(0, 5) == 1
     assert partitions_for(10**12, 1) == 4096
     meta = prepare(tiny_csv, tmp_path / "p", events_per_partition=5, progress=False)
-    assert meta["partitions"] == 3
-    assert meta["largest_partition_events"] <= meta["events"]
+    assert meta.partitions == 3
+    assert meta.largest_partition_events <= meta.events
 
 
 def test_partition_of_is_stable() -> None:
@@ -258,7 +258,7 @@ def test_out_is_not_overwritten_unless_asked(tiny_csv: Path, tmp_path: Path) -> 
     prepare(tiny_csv, tmp_path / "p", progress=False)
     with pytest.raises(FileExistsError):
         prepare(tiny_csv, tmp_path / "p", progress=False)
-    assert prepare(tiny_csv, tmp_path / "p", partitions=2, overwrite=True, progress=False)["partitions"] == 2
+    assert prepare(tiny_csv, tmp_path / "p", partitions=2, overwrite=True, progress=False).partitions == 2
 
 
 def test_cli(tiny_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -279,7 +279,7 @@ def test_s3rec_order_only_data_with_attributes(tmp_path: Path) -> None:
     path.write_text("1 10 11 12 13\n2 11 14\n3 12\n")
     (tmp_path / "Tiny_item2attributes.json").write_text('{"10": [1, 2], "11": [2], "14": [], "99": [3]}')
     meta = prepare(path, tmp_path / "p", partitions=2, progress=False)
-    assert meta["has_time"] is False and meta["event_columns"] == ["timestamp"]
+    assert meta.has_time is False and meta.event_columns == ["timestamp"]
     assert_same_as_in_memory(tmp_path / "p", path)
     data = build_sequences(load_interactions(path))
     assert read_item_attributes(tmp_path / "p") == {"10": ["1", "2"], "11": ["2"], "14": []}

@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileExistsError, ArtifactError) as e:  # DataError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"out": str(args.out), **meta}, indent=2))
+    print(json.dumps({"out": str(args.out), **meta.to_dict()}, indent=2))
     return 0
 
 

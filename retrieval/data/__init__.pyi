@@ -25,7 +25,14 @@ from .prepared.reader import (
     open_prepared,
     read_vocab,
 )
-from .prepared.writer import BATCH_ROWS, FORMATS, USERS_PER_ROW_GROUP, prepare, prepare_dataset
+from .prepared.writer import (
+    BATCH_ROWS,
+    FORMATS,
+    USERS_PER_ROW_GROUP,
+    PreparedSummary,
+    prepare,
+    prepare_dataset,
+)
 from .s3rec import load_s3rec
 from .splits import (
     DEFAULT_SEED,
@@ -61,6 +68,7 @@ __all__ = [
     "ItemVocab",
     "LeaveOneOut",
     "Prepared",
+    "PreparedSummary",
     "SequenceData",
     "SideVocab",
     "build_sequences",

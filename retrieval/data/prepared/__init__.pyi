@@ -14,7 +14,7 @@ from .reader import (
     read_vocab,
     side_vocab,
 )
-from .writer import BATCH_ROWS, FORMATS, USERS_PER_ROW_GROUP, prepare, prepare_dataset
+from .writer import BATCH_ROWS, FORMATS, USERS_PER_ROW_GROUP, PreparedSummary, prepare, prepare_dataset
 
 __all__ = [
     "BATCH_ROWS",
@@ -25,6 +25,7 @@ __all__ = [
     "USERS_PER_ROW_GROUP",
     "EvalBatch",
     "Prepared",
+    "PreparedSummary",
     "count_examples",
     "is_prepared",
     "iter_eval_batches",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,40 @@ USERS_PER_ROW_GROUP = 1024
 BATCH_ROWS = 1 << 18
 
 
+@dataclass(frozen=True)
+class PreparedSummary:
+    """What :func:`prepare` wrote: the metadata of the folder's manifest.
+
+    Attributes:
+        source: the input, as given.
+        format: its format (``"detected"`` when :func:`~retrieval.data.load_interactions` chose).
+        partitions: partition files.
+        users, items, events: counts of the whole input.
+        train_events: events in the training sequences.
+        evaluated_users: users with a validation and a test target (3 events or more).
+        has_time: whether the input has timestamps (else positions stand in for them).
+        event_columns: the per-event columns besides ``items`` (``timestamp`` first).
+        largest_partition_events: events of the largest partition (what a reader holds at most).
+        users_per_row_group: users per Parquet row group.
+    """
+
+    source: str
+    format: str
+    partitions: int
+    users: int
+    items: int
+    events: int
+    train_events: int
+    evaluated_users: int
+    has_time: bool
+    event_columns: list[str]
+    largest_partition_events: int
+    users_per_row_group: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def prepare(
     path: str | Path,
     out: str | Path,
@@ -48,8 +83,8 @@ def prepare(
     batch_rows: int = BATCH_ROWS,
     overwrite: bool = False,
     progress: bool = True,
-) -> dict[str, Any]:
-    """Converts interactions into the prepared layout (module docstring) at ``out``.
+) -> PreparedSummary:
+    """Converts interactions into the prepared layout (:mod:`retrieval.data.prepared`) at ``out``.
 
     Args:
         path: the input: anything :func:`~retrieval.data.loaders.load_interactions` reads, or (format
@@ -65,7 +100,7 @@ def prepare(
         progress: show progress bars (on stderr).
 
     Returns:
-        The manifest's metadata (counts, partitions, source, …).
+        What was written (the manifest's metadata).
 
     Raises:
         DataError: unreadable or malformed input, naming the file (and row or line).
@@ -98,7 +133,7 @@ def prepare(
             meta.update(_prepare_in_memory(data, tmp, partitions, *options))
         else:
             meta.update(prepare_out_of_core(str(path), tmp, partitions, batch_rows, *options))
-    return meta
+    return PreparedSummary(**meta)
 
 
 def prepare_dataset(
@@ -110,7 +145,7 @@ def prepare_dataset(
     batch_rows: int = BATCH_ROWS,
     overwrite: bool = False,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> PreparedSummary:
     """:func:`prepare` of a raw table read out of core (format ``dataset``), whatever its path."""
     return prepare(
         path, out, "dataset", partitions, events_per_partition, users_per_row_group, batch_rows,

@@ -180,7 +180,8 @@ def rerank_rows(
             metrics = json.loads((out / "metrics.json").read_text())
         else:
             print(f"\n=== {name} ===", flush=True)
-            metrics = train_ranker(dataclasses.replace(config, ranker=name), data, out, verbose=2).metrics
+            trained = train_ranker(dataclasses.replace(config, ranker=name), data, out, verbose=2)
+            metrics = trained.metrics.to_dict()
         reranked = metrics["reranked"]
         rows.append(
             {

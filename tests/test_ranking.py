@@ -29,7 +29,7 @@ from retrieval.ranking.blend import fit_bias, fit_blend, fit_list_blend, list_lo
 from retrieval.ranking.config import RankerConfig, check_config, negative_counts
 from retrieval.ranking.data import build_ranking_data, retrieve
 from retrieval.ranking.metrics import auc, evaluate_reranking, gauc, list_metrics, per_user_auc
-from retrieval.ranking.training import ranker_kwargs, train_ranker
+from retrieval.ranking.training import RankerMetrics, ranker_kwargs, train_ranker
 from retrieval.storage.manifest import ArtifactError
 from tests.helpers import run_tool
 
@@ -458,12 +458,12 @@ def test_train_ranker_learns_better_than_random(setup) -> None:
     ranking = build_ranking_data(model, index, data, config)
     ranking = dataclasses.replace(ranking, attributes=cluster_attributes(data.vocab))
     trained = train_ranker(config, ranking, verbose=0)
-    history = trained.metrics["validation_per_epoch"]
-    print([round(h["val_auc"], 3) for h in history], trained.metrics["reranked"])
-    assert trained.metrics["validation"]["val_auc"] > 0.75  # random scores give 0.5
-    assert trained.metrics["validation"]["val_auc"] > history[0]["val_auc"]
+    history = trained.metrics.validation_per_epoch
+    print([round(h["val_auc"], 3) for h in history], trained.metrics.reranked)
+    assert trained.metrics.validation["val_auc"] > 0.75  # random scores give 0.5
+    assert trained.metrics.validation["val_auc"] > history[0]["val_auc"]
     assert trained.kwargs["num_attributes"] == 4
-    assert trained.metrics["reranked"]["auc"] > 0.6
+    assert trained.metrics.reranked["auc"] > 0.6
 
 
 def test_item_table_starts_from_the_retrievers_embeddings(setup) -> None:
@@ -481,18 +481,18 @@ def test_item_table_starts_from_the_retrievers_embeddings(setup) -> None:
     _, w, b = fit_blend(
         0 * train.retrieval_scores, train.retrieval_scores, train.labels > 0, train.candidates > 0
     )
-    term = trained.metrics["retrieval_term"]
+    term = trained.metrics.retrieval_term
     assert w > 0 and abs(term["ranker_scale"]) < 1e-6
     assert (term["retrieval_weight"], term["retrieval_bias"]) == pytest.approx((w, b), abs=1e-5)
     # Epoch 0 (validated before training, a candidate for the kept weights) is the retriever's order.
-    first = trained.metrics["validation_per_epoch"][0]
+    first = trained.metrics.validation_per_epoch[0]
     valid = ranking.valid
     expected, _ = gauc(valid.retrieval_scores, valid.labels > 0, valid.candidates > 0)
     assert first["epoch"] == 0 and first["val_gauc"] == pytest.approx(expected)
-    assert trained.metrics["epochs_trained"] == 1
+    assert trained.metrics.epochs_trained == 1
     # Barely trained, the ranker (g ≈ 0, w > 0) reranks exactly as the retriever ordered.
     for metric in ("ndcg@10", "hr@10", "gauc"):
-        assert trained.metrics["reranked"][metric] == pytest.approx(trained.metrics["retrieval"][metric])
+        assert trained.metrics.reranked[metric] == pytest.approx(trained.metrics.retrieval[metric])
     with pytest.raises(ValueError, match="dim must be 8"):
         train_ranker(dataclasses.replace(config, dim=16), ranking, verbose=0)
 
@@ -531,9 +531,10 @@ def test_fit_list_blend_recovers_a_known_softmax_choice_model() -> None:
     assert fit_bias(np.zeros(4), np.array([1, 0, 0, 0]), np.ones(4, bool)) == pytest.approx(np.log(1 / 3))
 
 
-def assert_exported_blend(metrics: dict, best: dict) -> None:
+def assert_exported_blend(metrics: RankerMetrics, best: dict) -> None:
     """The exported ``g, w, b`` (``metrics.json``) are the best epoch's fitted blend."""
-    term = metrics["retrieval_term"]
+    term = metrics.retrieval_term
+    assert term is not None
     assert [term["ranker_scale"], term["retrieval_weight"], term["retrieval_bias"]] == pytest.approx(
         best["blend"], abs=1e-4
     )
@@ -550,9 +551,9 @@ def test_retrieval_fit_on_lists_fits_the_blend_on_the_validation_users_whole_lis
     assert lists is not None and len(lists.targets) == len(ranking.valid)
     np.testing.assert_array_equal(lists.targets, ranking.valid.candidates[ranking.valid.labels > 0])
     trained = train_ranker(config, ranking, verbose=0)
-    history = trained.metrics["validation_per_epoch"]
+    history = trained.metrics.validation_per_epoch
     best = min(history, key=lambda h: h["val_list_loss"])
-    assert trained.metrics["best_epoch"] == best["epoch"]
+    assert trained.metrics.best_epoch == best["epoch"]
     assert_exported_blend(trained.metrics, best)
     # Refit from the final model's own logits on the validation lists: the same g and w.
     ranker = trained.model
@@ -575,8 +576,8 @@ def test_retrieval_fit_on_clicks_trains_the_ranker_alone_then_fits_the_blend(set
     )  # fmt: skip
     ranking = build_ranking_data(model, index, data, config)
     trained = train_ranker(config, ranking, verbose=0)
-    history = trained.metrics["validation_per_epoch"]
-    best = next(h for h in history if h["epoch"] == trained.metrics["best_epoch"])
+    history = trained.metrics.validation_per_epoch
+    best = next(h for h in history if h["epoch"] == trained.metrics.best_epoch)
     assert_exported_blend(trained.metrics, best)
     # The blend was fitted on the ranker's own logits: refit it from the final model's.
     ranker = trained.model

@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         check_config(config)  # the ranker's name and the ranges, before any data is read
-        metrics = train_ranker_from_dirs(
+        result = train_ranker_from_dirs(
             config,
             args.model,
             args.index,
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     keys = ("ranker", "users", "candidates", "candidate_recall", "retrieval", "reranked", "validation")
-    print(json.dumps({"out": str(args.out), **{k: metrics[k] for k in keys}}, indent=2))
+    print(json.dumps({"out": str(args.out), **{k: getattr(result, k) for k in keys}}, indent=2))
     return 0
 
 

@@ -4,13 +4,21 @@ from .blend import fit_bias, fit_blend, fit_list_blend, list_loss
 from .config import ITEM_INITS, RankerConfig, check_config, negative_counts
 from .data import CandidateLists, ClickExamples, RankingData, build_ranking_data
 from .metrics import auc, evaluate_reranking, gauc, list_metrics, per_user_auc
-from .training import TrainedRanker, load_retrieval, ranker_kwargs, train_ranker, train_ranker_from_dirs
+from .training import (
+    RankerMetrics,
+    TrainedRanker,
+    load_retrieval,
+    ranker_kwargs,
+    train_ranker,
+    train_ranker_from_dirs,
+)
 
 __all__ = [
     "ITEM_INITS",
     "CandidateLists",
     "ClickExamples",
     "RankerConfig",
+    "RankerMetrics",
     "RankingData",
     "TrainedRanker",
     "auc",

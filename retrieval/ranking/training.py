@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +163,50 @@ def _fit_on_lists(
     }
 
 
-@dataclass
+@dataclass(frozen=True)
+class RankerMetrics:
+    """What a ranker's training measured (:func:`train_ranker`); its artifact's ``metrics.json``
+    holds :meth:`to_dict`.
+
+    Attributes:
+        ranker: the ranker's name.
+        model_version: the retrieval model's version.
+        users, candidates, candidate_recall: the test users reranked, the retrieved list's
+            length, and how often the target is in it.
+        retrieval, reranked: NDCG@10, HR@10, AUC, GAUC of the retriever's order and the ranker's.
+        validation: the monitored validation metrics of the kept epoch.
+        validation_per_epoch: every validation (epoch 0: before training).
+        best_epoch, epochs_trained, train_seconds: the kept epoch, epochs run, time.
+        retrieval_term: the blend ``g``, ``w``, ``b`` of a ranker reading the retrieval score, or
+            ``None``.
+        settings: how the examples were built (:attr:`RankingData.settings`).
+    """
+
+    ranker: str
+    model_version: str
+    users: int
+    candidates: int
+    candidate_recall: float
+    retrieval: dict[str, float]
+    reranked: dict[str, float]
+    validation: dict[str, float]
+    validation_per_epoch: list[dict[str, float]]
+    best_epoch: int
+    epochs_trained: int
+    train_seconds: float
+    retrieval_term: dict[str, float] | None
+    settings: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """One flat record: the fields, the retrieval term when there is one, the settings."""
+        flat = [f.name for f in fields(self) if f.name not in ("retrieval_term", "settings")]
+        record = {name: getattr(self, name) for name in flat}
+        if self.retrieval_term is not None:
+            record["retrieval_term"] = self.retrieval_term
+        return {**record, **self.settings}
+
+
+@dataclass(frozen=True)
 class TrainedRanker:
     """A trained ranker with its scorer and its metrics (:func:`train_ranker`)."""
 
@@ -171,7 +214,7 @@ class TrainedRanker:
     model: Ranker
     kwargs: dict[str, Any]
     scorer: RankerScorer
-    metrics: dict[str, Any]
+    metrics: RankerMetrics
 
 
 def ranker_kwargs(
@@ -284,7 +327,7 @@ def train_ranker(
     if out is not None:
         save_ranker(
             Path(out), model, config.ranker, kwargs, data.vocab, data.model_version,
-            attributes=attributes, config=config.to_dict(), metrics=metrics, overwrite=overwrite,
+            attributes=attributes, config=config.to_dict(), metrics=metrics.to_dict(), overwrite=overwrite,
         )  # fmt: skip
     return TrainedRanker(config.ranker, model, kwargs, scorer, metrics)
 
@@ -348,26 +391,26 @@ def _metrics(
     scorer: RankerScorer,
     validation: _Validation,
     seconds: float,
-) -> dict[str, Any]:
+) -> RankerMetrics:
     """The trained ranker's metrics (:func:`train_ranker`): the test lists reranked, validation."""
     found = evaluate_reranking(data.test, {config.ranker: scorer.score})
     best = next((h for h in validation.history if h["epoch"] == validation.best_epoch), {})
-    return {
-        "ranker": config.ranker,
-        "model_version": data.model_version,
-        "users": found["users"],
-        "candidates": found["candidates"],
-        "candidate_recall": found["candidate_recall"],
-        "retrieval": found["retrieval"],
-        "reranked": found["rerankers"][config.ranker],
-        "validation": {k: v for k, v in best.items() if k.startswith("val_")},
-        "validation_per_epoch": validation.history,
-        "best_epoch": validation.best_epoch,
-        "epochs_trained": sum(1 for h in validation.history if h["epoch"] > 0),
-        "train_seconds": round(seconds, 1),
-        **_retrieval_term(model),
-        **data.settings,
-    }
+    return RankerMetrics(
+        ranker=config.ranker,
+        model_version=data.model_version,
+        users=found["users"],
+        candidates=found["candidates"],
+        candidate_recall=found["candidate_recall"],
+        retrieval=found["retrieval"],
+        reranked=found["rerankers"][config.ranker],
+        validation={k: v for k, v in best.items() if k.startswith("val_")},
+        validation_per_epoch=validation.history,
+        best_epoch=validation.best_epoch,
+        epochs_trained=sum(1 for h in validation.history if h["epoch"] > 0),
+        train_seconds=round(seconds, 1),
+        retrieval_term=_retrieval_term(model),
+        settings=dict(data.settings),
+    )
 
 
 def load_retrieval(model_dir: Path, index_dir: Path) -> Retriever:
@@ -375,13 +418,13 @@ def load_retrieval(model_dir: Path, index_dir: Path) -> Retriever:
     return Retriever.from_dirs(Path(model_dir), Path(index_dir))
 
 
-def _retrieval_term(model: Ranker) -> dict[str, Any]:
-    """The learned ``g``, ``w``, ``b`` of a ranker reading the retrieval scores (else nothing)."""
+def _retrieval_term(model: Ranker) -> dict[str, float] | None:
+    """The learned ``g``, ``w``, ``b`` of a ranker reading the retrieval scores (else ``None``)."""
     if not model.retrieval_score:
-        return {}
+        return None
     names = ("ranker_scale", "retrieval_weight", "retrieval_bias")
     values = (float(np.asarray(v)) for v in model.blend_variables)
-    return {"retrieval_term": dict(zip(names, values, strict=True))}
+    return dict(zip(names, values, strict=True))
 
 
 def train_ranker_from_dirs(
@@ -394,7 +437,7 @@ def train_ranker_from_dirs(
     data_format: str | None = None,
     overwrite: bool = False,
     verbose: int | str = 2,
-) -> dict[str, Any]:
+) -> RankerMetrics:
     """The whole pipeline from folders: load the retriever, build the examples from the data,
     train, evaluate, write the ranker artifact ``out`` (see :func:`train_ranker`).
 

@@ -157,7 +157,8 @@ def test_the_option_tuples_are_the_literals_values() -> None:
     from retrieval.training.callbacks import LR_SCHEDULES
     from retrieval.training.distribute import LR_SCALINGS, STRATEGIES
     from retrieval.training.examples import OBJECTIVES
-    from retrieval.training.losses import INTEREST_SELECTIONS, SAMPLERS
+    from retrieval.training.losses.samplers import SAMPLERS
+    from retrieval.training.losses.task import INTEREST_SELECTIONS
     from retrieval.training.losses.task import LOSSES as TASK_LOSSES
     from retrieval.training.protocols import TRAINING_PROTOCOLS as VALIDATION_PROTOCOLS
     from towers.side import FUSIONS as TOWER_FUSIONS

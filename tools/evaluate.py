@@ -108,8 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             index, index_manifest = load_index(args.index, model.version)
             search = str(index_manifest.get("factory", index_manifest.get("backend", "faiss")))
         if args.format == "prepared":
-            metrics, users = evaluate_prepared_users(model, args.data, args.split, index=index)
-            result = ProtocolResult(args.protocol, args.split, metrics, users)
+            found, users = evaluate_prepared_users(model, args.data, args.split, index=index)
+            result = ProtocolResult(args.protocol, args.split, found, users)
         else:
             result = evaluate_protocol(
                 model,

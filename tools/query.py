@@ -135,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     interests = None if result.interests is None else result.interests.tolist()
     if args.json:
-        logits = result.rank_scores or [None] * len(result.items)
+        unranked: list[float | None] = [None] * len(result.items)
+        logits = [*result.rank_scores] if result.rank_scores else unranked
         items = [
             {"item_id": item, "score": score, "interest": interest}
             | ({"rank_score": logit} if logit is not None else {})

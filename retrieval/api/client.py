@@ -140,7 +140,7 @@ class RetrievalClient:
                 certificate_chain=None if tls_cert is None else Path(tls_cert).read_bytes(),
             )
             self._channel = grpc.secure_channel(self.address, credentials, options=options)
-        self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)
+        self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def retrieve(
@@ -190,14 +190,16 @@ class RetrievalClient:
 
     def model_info(self) -> retrieval_pb2.ModelInfo:
         """The server's ``ModelInfo``: model version and shape, index description, start time."""
-        return self._stub.GetModelInfo(retrieval_pb2.GetModelInfoRequest(), timeout=self.timeout)
+        request = retrieval_pb2.GetModelInfoRequest()
+        info: retrieval_pb2.ModelInfo = self._stub.GetModelInfo(request, timeout=self.timeout)
+        return info
 
     def health(self) -> str:
         """The service's health status name, e.g. ``"SERVING"`` or ``"NOT_SERVING"``."""
         response = self._health.Check(
             health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=self.timeout
         )
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
     def wait_until_serving(self, timeout: float = 10.0) -> None:
         """Blocks until the service reports SERVING.

@@ -99,7 +99,7 @@ def encode_events(
     timestamps: np.ndarray | None,
     actions: Sequence[str] | None,
     request_time: int | None = None,
-) -> dict:
+) -> dict[str, np.ndarray]:
     """One history's per-event side inputs ``{name: int32 [n]}`` (0 where a value is unknown).
 
     ``request_time`` (seconds since the epoch) is when the history's next item is asked for:

@@ -259,7 +259,7 @@ def _dataset(
     if seed is not None:
         dataset = dataset.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
 
-    @tf.autograph.experimental.do_not_convert
+    @tf.autograph.experimental.do_not_convert  # type: ignore[untyped-decorator]  # TensorFlow is untyped
     def add_attributes(x: dict[str, tf.Tensor], y: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
         return with_attributes(x, table), y
 

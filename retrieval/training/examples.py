@@ -27,7 +27,9 @@ from retrieval.training.config import OBJECTIVES
 Events = Mapping[str, Sequence[np.ndarray]]
 
 
-def _gather(events: Events, users: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_len: int) -> dict:
+def _gather(
+    events: Events, users: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_len: int
+) -> dict[str, np.ndarray]:
     """``events[name][u][start:end]`` per span, left-padded to ``max_len``: ``{name: int32 [N, max_len]}``."""
     lengths = ends - starts
     # Column j of a row holds event ``end - max_len + j``; columns before the span are padding.

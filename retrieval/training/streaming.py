@@ -40,7 +40,8 @@ from retrieval.data.prepared.reader import (
     side_columns,
     user_sequences,
 )
-from retrieval.training.examples import OBJECTIVES, make_examples
+from retrieval.training.config import OBJECTIVES
+from retrieval.training.examples import make_examples
 
 SHUFFLE_BUFFER = 100_000
 """Examples gathered before a shuffle (~20 MB of ``last`` examples at ``max_len`` 50)."""

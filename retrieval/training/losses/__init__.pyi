@@ -3,13 +3,10 @@
 from .interests import interest_scores, label_aware_attention, select_interest
 from .logits import GeneralisedBCE, LogitLoss, SoftmaxCrossEntropy, candidate_logits, sampled_softmax_loss
 from .negatives import AllItems, InBatchNegatives, Negatives, SampledNegatives
-from .samplers import SAMPLERS, CandidateSampler, SeedStream
-from .task import INTEREST_SELECTIONS, LOSSES, RetrievalTask, SampledSoftmaxTask, build_task
+from .samplers import CandidateSampler, SeedStream
+from .task import RetrievalTask, SampledSoftmaxTask, build_task
 
 __all__ = [
-    "INTEREST_SELECTIONS",
-    "LOSSES",
-    "SAMPLERS",
     "AllItems",
     "CandidateSampler",
     "GeneralisedBCE",

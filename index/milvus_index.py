@@ -6,8 +6,9 @@ query nodes, and filters run inside its engine as boolean expressions on the pri
 
 * an embedded **milvus-lite** database: ``uri`` is a local path such as ``"runs/items.db"``
   (used by the tests), or
-* a **Milvus cluster**: ``uri="http://milvus.internal:19530"``, with the token taken from the
-  ``MILVUS_TOKEN`` environment variable (never written to disk).
+* a **Milvus cluster**: ``uri="http://milvus.internal:19530"``, with the token taken from an
+  environment variable (``MILVUS_TOKEN`` unless ``token_env`` names another): the saved
+  descriptor records the variable's name, never the token.
 
 A collection has two fields, ``id`` (INT64 primary key) and ``vector`` (FLOAT_VECTOR, ``d``), and
 one vector index with the inner-product metric (``FLAT``, ``HNSW``, ``IVF_FLAT``, ``IVF_PQ`` …).
@@ -69,12 +70,14 @@ class MilvusIndex(VectorIndex):
         *,
         uri: str,
         search_params: dict[str, Any] | None = None,
+        token_env: str = TOKEN_ENV,
     ) -> None:
         """Wraps an existing, indexed collection (see :meth:`create` and :meth:`connect`)."""
         self._client = client
         self._collection = collection
         self._uri = uri
         self._search_params = dict(search_params or {})
+        self._token_env = token_env
         info = client.describe_collection(collection)
         vector_fields = [f for f in info["fields"] if f["name"] == _VECTOR]
         if not vector_fields:
@@ -86,11 +89,11 @@ class MilvusIndex(VectorIndex):
             raise ValueError(f"Milvus collection {collection!r} is not indexed with the IP metric")
 
     @staticmethod
-    def _client_for(uri: str, token: str | None) -> Any:
+    def _client_for(uri: str, token: str | None, token_env: str = TOKEN_ENV) -> Any:
         reason = milvus_available()
         if reason is not None:
             raise RuntimeError(reason)
-        token = token if token is not None else os.environ.get(TOKEN_ENV, "")
+        token = token if token is not None else os.environ.get(token_env, "")
         return MilvusClient(uri=uri, token=token) if token else MilvusClient(uri=uri)
 
     @classmethod
@@ -104,6 +107,7 @@ class MilvusIndex(VectorIndex):
         index_params: dict[str, Any] | None = None,
         search_params: dict[str, Any] | None = None,
         token: str | None = None,
+        token_env: str = TOKEN_ENV,
         overwrite: bool = False,
     ) -> MilvusIndex:
         """Creates an empty collection with an inner-product vector index.
@@ -115,13 +119,15 @@ class MilvusIndex(VectorIndex):
             index_type: Milvus index type (``FLAT``, ``HNSW``, ``IVF_FLAT``, ``IVF_PQ`` …).
             index_params: build parameters (``{"M": 32, "efConstruction": 200}``, ``{"nlist": 1024}``).
             search_params: search parameters (``{"ef": 128}``, ``{"nprobe": 16}``).
-            token: credentials; default the ``MILVUS_TOKEN`` environment variable.
+            token: credentials; default the environment variable ``token_env``.
+            token_env: the variable holding the token (recorded by :meth:`save`, read again by
+                :meth:`load`); ``MILVUS_TOKEN`` by default.
             overwrite: drop an existing collection of that name first.
 
         Raises:
             FileExistsError: the collection exists and ``overwrite`` is false.
         """
-        client = cls._client_for(uri, token)
+        client = cls._client_for(uri, token, token_env)
         if client.has_collection(collection):
             if not overwrite:
                 raise FileExistsError(f"Milvus collection {collection!r} already exists at {uri}")
@@ -134,7 +140,7 @@ class MilvusIndex(VectorIndex):
             field_name=_VECTOR, index_type=index_type, metric_type="IP", params=index_params or {}
         )
         client.create_collection(collection, schema=schema, index_params=params)
-        return cls(client, collection, uri=uri, search_params=search_params)
+        return cls(client, collection, uri=uri, search_params=search_params, token_env=token_env)
 
     @classmethod
     def build(
@@ -148,6 +154,7 @@ class MilvusIndex(VectorIndex):
         index_params: dict[str, Any] | None = None,
         search_params: dict[str, Any] | None = None,
         token: str | None = None,
+        token_env: str = TOKEN_ENV,
         overwrite: bool = False,
     ) -> MilvusIndex:
         """:meth:`create` followed by :meth:`add`."""
@@ -160,6 +167,7 @@ class MilvusIndex(VectorIndex):
             index_params=index_params,
             search_params=search_params,
             token=token,
+            token_env=token_env,
             overwrite=overwrite,
         )
         index.add(ids, vectors)
@@ -173,12 +181,13 @@ class MilvusIndex(VectorIndex):
         *,
         search_params: dict[str, Any] | None = None,
         token: str | None = None,
+        token_env: str = TOKEN_ENV,
     ) -> MilvusIndex:
-        """Opens an existing collection (or alias)."""
-        client = cls._client_for(uri, token)
+        """Opens an existing collection (or alias); the token as in :meth:`create`."""
+        client = cls._client_for(uri, token, token_env)
         if not client.has_collection(collection):
             raise FileNotFoundError(f"Milvus collection {collection!r} not found at {uri}")
-        return cls(client, collection, uri=uri, search_params=search_params)
+        return cls(client, collection, uri=uri, search_params=search_params, token_env=token_env)
 
     def point_alias(self, alias: str) -> None:
         """Points ``alias`` at this collection, atomically for readers searching the alias."""
@@ -308,9 +317,10 @@ class MilvusIndex(VectorIndex):
     # ----------------------------------------------------------------------------- persistence
 
     def save(self, path: Path) -> None:
-        """Writes a descriptor (uri, collection, search parameters) to the JSON file ``path``.
+        """Writes a descriptor (uri, collection, search parameters, the token's variable) to the
+        JSON file ``path``.
 
-        The vectors live in Milvus, which persists them itself; the token is not written.
+        The vectors live in Milvus, which persists them itself; the token itself is not written.
         A local milvus-lite path is stored absolute so the descriptor works from any folder.
         """
         uri = self._uri
@@ -318,7 +328,12 @@ class MilvusIndex(VectorIndex):
             uri = str(Path(uri).resolve())
         Path(path).write_text(
             json.dumps(
-                {"uri": uri, "collection": self._collection, "search_params": self._search_params},
+                {
+                    "uri": uri,
+                    "collection": self._collection,
+                    "search_params": self._search_params,
+                    "token_env": self._token_env,
+                },
                 indent=2,
                 sort_keys=True,
             )
@@ -335,9 +350,10 @@ class MilvusIndex(VectorIndex):
         try:
             spec = json.loads(Path(path).read_text())
             uri, collection = str(spec["uri"]), str(spec["collection"])
+            token_env = str(spec.get("token_env", TOKEN_ENV))
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{path} is not a Milvus index descriptor: {e}") from e
-        return cls.connect(uri, collection, search_params=spec.get("search_params"))
+        return cls.connect(uri, collection, search_params=spec.get("search_params"), token_env=token_env)
 
     def close(self) -> None:
         self._client.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +128,36 @@ def test_search_interests_and_alias_swap(uri: str, flat: MilvusIndex, data: tupl
         "items"
     )
     assert reader.ntotal == 10
+
+
+def test_the_descriptor_names_the_token_variable_never_the_token(
+    uri: str, data: tuple[np.ndarray, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids, vectors, queries = data
+    monkeypatch.setenv("TEAM_MILVUS_TOKEN", "secret-token-value")
+    monkeypatch.delenv("MILVUS_TOKEN", raising=False)
+    index = MilvusIndex.build(
+        ids, vectors, uri=uri, collection="tokened", index_type="FLAT", token_env="TEAM_MILVUS_TOKEN"
+    )
+    save_index(index, tmp_path / "index", "model-v1")
+    descriptor = (tmp_path / "index" / "milvus.json").read_text()
+    assert json.loads(descriptor)["token_env"] == "TEAM_MILVUS_TOKEN"
+    assert "secret-token-value" not in descriptor
+    loaded, _ = load_index(tmp_path / "index")
+    np.testing.assert_array_equal(loaded.search(queries, 5)[1], index.search(queries, 5)[1])
+
+
+def test_a_model_indexed_in_milvus_answers_as_exact_search(uri: str, tmp_path: Path) -> None:
+    from retrieval.artifacts import build_index_from_model, build_milvus_index_from_model
+    from tests.helpers import FakeModel
+
+    model = FakeModel.make(200, "model-v2")
+    index = build_milvus_index_from_model(model, uri, "model_items", index_type="FLAT")
+    save_index(index, tmp_path / "index", model)
+    loaded, manifest = load_index(tmp_path / "index", expected_model_version="model-v2")
+    assert manifest["backend"] == "milvus" and loaded.ntotal == 200  # rows 1..n: never the padding
+    queries = model.item_embeddings[1:9] + 0.1
+    _, expected = build_index_from_model(model).search(queries, 10)
+    np.testing.assert_array_equal(loaded.search(queries, 10)[1], expected)
+    with pytest.raises(FileExistsError, match="already exists"):
+        build_milvus_index_from_model(model, uri, "model_items")

@@ -10,6 +10,7 @@ from .deployment import (
 )
 from .index import (
     build_index_from_model,
+    build_milvus_index_from_model,
     item_queries,
     load_index,
     measure_index,
@@ -41,6 +42,7 @@ __all__ = [
     "LoadedRanker",
     "ModelArtifact",
     "build_index_from_model",
+    "build_milvus_index_from_model",
     "check_same_vocab",
     "dense_categories",
     "deployment_dirs",

@@ -63,6 +63,47 @@ def build_index_from_model(
     return FaissIndex.build(ids, vectors, factory, search_params, train_size=train_size, seed=seed)
 
 
+def build_milvus_index_from_model(
+    model: ModelArtifact,
+    uri: str,
+    collection: str,
+    *,
+    index_type: str = "HNSW",
+    index_params: dict[str, Any] | None = None,
+    search_params: dict[str, Any] | None = None,
+    token_env: str | None = None,
+    overwrite: bool = False,
+) -> VectorIndex:
+    """:func:`build_index_from_model` into a Milvus collection (a milvus-lite file or a server).
+
+    Args:
+        uri, collection: where (``"runs/items.db"`` or ``"http://host:19530"``) and under which name.
+        index_type, index_params, search_params: Milvus' index (``HNSW``, ``IVF_FLAT``, ...), its
+            build parameters and its search parameters.
+        token_env: the environment variable holding the server's token (``MILVUS_TOKEN`` by
+            default); the artifact records its name, never the token.
+        overwrite: replace an existing collection of that name.
+
+    Raises:
+        RuntimeError: pymilvus is not installed.
+        FileExistsError: the collection exists and ``overwrite`` is false.
+    """
+    from index.milvus_index import TOKEN_ENV, MilvusIndex  # pymilvus: the milvus extra only
+
+    ids, vectors = item_vectors(model)
+    return MilvusIndex.build(
+        ids,
+        vectors,
+        uri=uri,
+        collection=collection,
+        index_type=index_type,
+        index_params=index_params,
+        search_params=search_params,
+        token_env=token_env or TOKEN_ENV,
+        overwrite=overwrite,
+    )
+
+
 def user_interest_queries(
     model: ModelArtifact,
     data_path: str | Path,

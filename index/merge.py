@@ -107,7 +107,8 @@ def diversity(ids: np.ndarray, scores: np.ndarray, k: int, categories: np.ndarra
     prefers categories not picked yet. Ties: the better ``f``, then the smaller id.
 
     Args:
-        ids, scores: ``[K, n]`` per-interest candidates (see the module docstring).
+        ids: ``[K, n]`` per-interest candidates (see the module docstring).
+        scores: ``[K, n]`` their scores.
         k: items wanted.
         categories: int ``[num_ids]``, the category code of each id (``categories[id]``);
             give items without a category a code of their own.

@@ -27,7 +27,10 @@ class AFM(Ranker):
     """Attention-weighted pairwise interactions of 4 fields (2 without attributes) + linear terms.
 
     Args:
-        num_items, dim, max_len, num_attributes: see :class:`~rankers.base.Ranker`.
+        num_items: see :class:`~rankers.base.Ranker`.
+        dim: see :class:`~rankers.base.Ranker`.
+        max_len: see :class:`~rankers.base.Ranker`.
+        num_attributes: see :class:`~rankers.base.Ranker`.
         attention_units: ``t``, the attention network's hidden size.
         attention_dropout: dropout on the attention weights (training only).
 

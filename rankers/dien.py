@@ -29,7 +29,10 @@ class DIEN(Ranker):
     list of a few hundred candidates at small ``d``.
 
     Args:
-        num_items, dim, max_len, num_attributes: see :class:`~rankers.base.Ranker`.
+        num_items: see :class:`~rankers.base.Ranker`.
+        dim: see :class:`~rankers.base.Ranker`.
+        max_len: see :class:`~rankers.base.Ranker`.
+        num_attributes: see :class:`~rankers.base.Ranker`.
         hidden_units: hidden widths of the final MLP.
         activation: ``"dice"``, ``"prelu"`` or ``"relu"`` in the final MLP.
         dropout: in the final MLP.

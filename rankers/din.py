@@ -24,7 +24,10 @@ class DIN(Ranker):
     """Target attention over the history, then an MLP on ``[u, e_c, u ⊙ e_c]``.
 
     Args:
-        num_items, dim, max_len, num_attributes: see :class:`~rankers.base.Ranker`.
+        num_items: see :class:`~rankers.base.Ranker`.
+        dim: see :class:`~rankers.base.Ranker`.
+        max_len: see :class:`~rankers.base.Ranker`.
+        num_attributes: see :class:`~rankers.base.Ranker`.
         attention_units: hidden widths of the activation unit ((80, 40) as in DIN's code).
         hidden_units: hidden widths of the final MLP ((200, 80) as in the paper).
         activation: ``"dice"`` or ``"prelu"`` (or ``"relu"``) in the final MLP.

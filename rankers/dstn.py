@@ -88,7 +88,10 @@ class DSTN(Ranker):
     """Interactive attention over context, clicked and unclicked items, then an MLP.
 
     Args:
-        num_items, dim, max_len, num_attributes: see :class:`~rankers.base.Ranker`.
+        num_items: see :class:`~rankers.base.Ranker`.
+        dim: see :class:`~rankers.base.Ranker`.
+        max_len: see :class:`~rankers.base.Ranker`.
+        num_attributes: see :class:`~rankers.base.Ranker`.
         attention_units: hidden size of each interactive attention (one per auxiliary set).
         hidden_units: hidden widths of the final MLP.
         activation: ``"relu"`` (the paper), ``"dice"`` or ``"prelu"``.

@@ -111,8 +111,9 @@ class RetrievalClient:
             timeout: each call's deadline in seconds (retries included).
             retries: retries of a call refused with UNAVAILABLE, CANCELLED or RESOURCE_EXHAUSTED, 0..4.
             tls_ca: PEM of the CA that signed the server's certificate: the channel uses TLS.
-            tls_cert, tls_key: the client's certificate and key, for servers that require mutual
-                TLS (both or neither; they need ``tls_ca``).
+            tls_cert: the client's certificate, for servers that require mutual TLS (with
+                ``tls_key``, both or neither; they need ``tls_ca``).
+            tls_key: the client certificate's key.
             max_message_bytes: largest response accepted.
 
         Raises:

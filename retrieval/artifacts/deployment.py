@@ -54,7 +54,9 @@ def publish_deployment(
     Args:
         model_dir: a model artifact folder.
         index_dir: an index artifact folder (or a published index root) built from that model.
-        keep, grace: which old versions stay on disk (:func:`retrieval.storage.versions.publish`).
+        keep: how many of the newest versions stay on disk
+            (:func:`retrieval.storage.versions.publish`).
+        grace: seconds an older version stays on disk after it stopped being current (idem).
         ranker_dirs: ranker artifact folders (``tools/train_ranker.py``), one per ranker name.
 
     Returns:

@@ -73,7 +73,8 @@ def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """How much ``a`` exceeds ``b`` on the same users, and the standard error of that.
 
     Args:
-        a, b: float ``[U]``, one metric of two models on the same users in the same order.
+        a: float ``[U]``, one metric of a model per user.
+        b: float ``[U]``, the same metric of another model on the same users in the same order.
 
     Returns:
         ``(mean(a - b), std(a - b) / sqrt(U))`` (sample std, ``ddof = 1``). Pairing removes the

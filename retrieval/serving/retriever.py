@@ -203,8 +203,10 @@ class Retriever:
         Args:
             history: external item ids, oldest first (unknown ids are skipped and counted).
             k: number of items wanted, ``1..MAX_K``.
-            timestamps, actions: per history event, for models trained with side features
-                (``gap_prev``, ``gap_now``, ``action``); ignored by models without them.
+            timestamps: per history event, for models trained with side features (``gap_prev``,
+                ``gap_now``); ignored by models without them.
+            actions: per history event, for models trained with the ``action`` side feature;
+                ignored by models without it.
             merge: how the K interests' lists become one (see ``index.merge``).
             diversity_lambda: ``λ >= 0`` of the DIVERSITY merge (0 = max-score); only with it.
             per_interest_k: candidates per interest, ``k..MAX_PER_INTEREST_K``; 0 = ``k``.

@@ -32,9 +32,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## Regenerate the gRPC/protobuf code after editing proto/retrieval.proto.
+## Regenerate the gRPC/protobuf code (retrieval/api/v1/) after editing proto/retrieval.proto. The -I
+## mapping files the .proto under that package, so the generated imports name retrieval.api.v1.
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. proto/retrieval.proto
+	$(BIN)/python -m grpc_tools.protoc -Iretrieval/api/v1=proto --python_out=. --pyi_out=. \
+		--grpc_python_out=. proto/retrieval.proto
 
 clean:
 	rm -rf $(VENV) runs *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -50,7 +50,7 @@ import grpc
 import numpy as np
 
 from bench.data import REPO, add_data_root_argument, dataset_file
-from proto import retrieval_pb2, retrieval_pb2_grpc
+from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 log = logging.getLogger("bench.serving")
 

@@ -11,10 +11,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from proto import retrieval_pb2
 from retrieval.api.client import RetrievalClient
 from retrieval.api.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from retrieval.api.types import MergeStrategy, Query, Retrieved
+from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving.batching import MicroBatcher
 from retrieval.serving.server import create_server

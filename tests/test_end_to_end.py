@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from proto import retrieval_pb2
 from retrieval.api.client import RetrievalClient
+from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.model import encode_histories, load_model
 from retrieval.data.interactions import build_sequences
 from retrieval.data.loaders import load_interactions

@@ -29,7 +29,7 @@ from bench.robustness import (
     served_by,
     synthetic_retriever,
 )
-from proto import retrieval_pb2
+from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving.server import create_server
 
 STRATEGIES = RequestStrategies(SYNTHETIC_ITEMS, sorted({a for v in SYNTHETIC_ATTRIBUTES.values() for a in v}))

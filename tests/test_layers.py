@@ -30,7 +30,7 @@ LAYERS: dict[str, set[str]] = {
 BASE_MODULES = {"retrieval.config", "retrieval.environment"}
 """Modules at the top of :mod:`retrieval` that every layer may import; they import no layer."""
 
-LIBRARIES = ("retrieval", "towers", "rankers", "index", "proto")
+LIBRARIES = ("retrieval", "towers", "rankers", "index")
 
 
 def python_files(*tops: str) -> Iterator[Path]:

@@ -21,7 +21,6 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from index import FaissIndex
-from proto import retrieval_pb2
 from retrieval.api.client import RetrievalClient
 from retrieval.api.convert import SERVICE_NAME
 from retrieval.api.errors import (
@@ -33,6 +32,7 @@ from retrieval.api.errors import (
     Unavailable,
 )
 from retrieval.api.types import MAX_HISTORY, MAX_K, Query, Retrieved
+from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model, load_index, save_index
 from retrieval.artifacts.model import ModelArtifact
 from retrieval.serving.retriever import Retriever

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from index.merge import diversity, round_robin
-from proto import retrieval_pb2
 from retrieval.api.client import RetrievalClient
 from retrieval.api.types import MAX_BATCH, MAX_FILTER_IDS, MAX_PER_INTEREST_K, MergeStrategy, Query
+from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.artifacts.model import ModelArtifact
 from retrieval.serving.retriever import Retriever

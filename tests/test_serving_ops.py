@@ -15,9 +15,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from proto import retrieval_pb2
 from retrieval.api.client import RetrievalClient
 from retrieval.api.types import Query
+from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.server import RetrievalServicer, TlsFiles, create_server

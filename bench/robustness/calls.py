@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from proto import retrieval_pb2
+from retrieval.api.v1 import retrieval_pb2
 
 FUZZ_MAX_MESSAGE_BYTES = 1 << 20
 """Request and response limit of the fuzzed server: small, so oversized requests are cheap to make."""

@@ -22,7 +22,7 @@ from bench.robustness.server import (
     synthetic_retriever,
 )
 from bench.robustness.strategies import calls
-from proto import retrieval_pb2
+from retrieval.api.v1 import retrieval_pb2
 
 
 class FuzzClient:

@@ -25,7 +25,7 @@ from bench.robustness.calls import (
     ROUND_ROBIN,
     Call,
 )
-from proto import retrieval_pb2
+from retrieval.api.v1 import retrieval_pb2
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import grpc
 
 from bench.data import REPO
 from bench.robustness.calls import SERVICE
-from proto import retrieval_pb2
+from retrieval.api.v1 import retrieval_pb2
 
 
 def tool_env() -> dict[str, str]:

@@ -33,7 +33,7 @@ from bench.robustness.processes import (
     tool_env,
 )
 from bench.robustness.soak_report import RSS_GROWTH_LIMIT, SoakTrace, soak_table, summarise_soak
-from proto import retrieval_pb2
+from retrieval.api.v1 import retrieval_pb2
 
 log = logging.getLogger("bench.robustness")
 

@@ -22,7 +22,7 @@ from bench.robustness.calls import (
     Call,
     make_call,
 )
-from proto import retrieval_pb2
+from retrieval.api.v1 import retrieval_pb2
 
 ODD_IDS = (
     "", " ", "item01 ", "ITEM01", "item1", "item01\x00", "\u200bitem01", "item01\n", "🙂", "é" * 200,

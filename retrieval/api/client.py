@@ -13,7 +13,6 @@ from typing import Any, Self
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from proto import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.api.convert import (
     DEFAULT_MAX_MESSAGE_BYTES,
     SERVICE_NAME,
@@ -21,6 +20,7 @@ from retrieval.api.convert import (
     result_from_response,
 )
 from retrieval.api.types import MergeStrategy, Query, Rerank, Retrieved
+from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 
 def service_config(retries: int) -> str:

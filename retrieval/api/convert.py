@@ -9,11 +9,11 @@ import numpy as np
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import DecodeError, Message
 
-from proto import retrieval_pb2
 from retrieval.api.errors import (
     InvalidArgument,
 )
 from retrieval.api.types import MergeStrategy, ModelInfo, Query, Rerank, Retrieved
+from retrieval.api.v1 import retrieval_pb2
 
 M = TypeVar("M", bound=Message)
 

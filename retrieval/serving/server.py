@@ -27,7 +27,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from proto import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.api.convert import (
     DEFAULT_MAX_MESSAGE_BYTES,
     SERVICE_NAME,
@@ -45,6 +44,7 @@ from retrieval.api.errors import (
     Unavailable,
 )
 from retrieval.api.types import MAX_BATCH
+from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.serving.batching import MicroBatcher
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.reload import RetrieverSlot

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto import retrieval_pb2 as proto_dot_retrieval__pb2
+from retrieval.api.v1 import retrieval_pb2 as retrieval_dot_api_dot_v1_dot_retrieval__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/retrieval_pb2_grpc.py depends on'
+        + ' but the generated code in retrieval/api/v1/retrieval_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class RetrievalServiceStub:
         """
         self.Retrieve = channel.unary_unary(
                 '/retrieval.v1.RetrievalService/Retrieve',
-                request_serializer=proto_dot_retrieval__pb2.RetrieveRequest.SerializeToString,
-                response_deserializer=proto_dot_retrieval__pb2.RetrieveResponse.FromString,
+                request_serializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.RetrieveRequest.SerializeToString,
+                response_deserializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.RetrieveResponse.FromString,
                 _registered_method=True)
         self.BatchRetrieve = channel.unary_unary(
                 '/retrieval.v1.RetrievalService/BatchRetrieve',
-                request_serializer=proto_dot_retrieval__pb2.BatchRetrieveRequest.SerializeToString,
-                response_deserializer=proto_dot_retrieval__pb2.BatchRetrieveResponse.FromString,
+                request_serializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.BatchRetrieveRequest.SerializeToString,
+                response_deserializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.BatchRetrieveResponse.FromString,
                 _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/retrieval.v1.RetrievalService/GetModelInfo',
-                request_serializer=proto_dot_retrieval__pb2.GetModelInfoRequest.SerializeToString,
-                response_deserializer=proto_dot_retrieval__pb2.ModelInfo.FromString,
+                request_serializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.GetModelInfoRequest.SerializeToString,
+                response_deserializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.ModelInfo.FromString,
                 _registered_method=True)
 
 
@@ -82,18 +82,18 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Retrieve': grpc.unary_unary_rpc_method_handler(
                     servicer.Retrieve,
-                    request_deserializer=proto_dot_retrieval__pb2.RetrieveRequest.FromString,
-                    response_serializer=proto_dot_retrieval__pb2.RetrieveResponse.SerializeToString,
+                    request_deserializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.RetrieveRequest.FromString,
+                    response_serializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.RetrieveResponse.SerializeToString,
             ),
             'BatchRetrieve': grpc.unary_unary_rpc_method_handler(
                     servicer.BatchRetrieve,
-                    request_deserializer=proto_dot_retrieval__pb2.BatchRetrieveRequest.FromString,
-                    response_serializer=proto_dot_retrieval__pb2.BatchRetrieveResponse.SerializeToString,
+                    request_deserializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.BatchRetrieveRequest.FromString,
+                    response_serializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.BatchRetrieveResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
-                    request_deserializer=proto_dot_retrieval__pb2.GetModelInfoRequest.FromString,
-                    response_serializer=proto_dot_retrieval__pb2.ModelInfo.SerializeToString,
+                    request_deserializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.GetModelInfoRequest.FromString,
+                    response_serializer=retrieval_dot_api_dot_v1_dot_retrieval__pb2.ModelInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -121,8 +121,8 @@ class RetrievalService:
             request,
             target,
             '/retrieval.v1.RetrievalService/Retrieve',
-            proto_dot_retrieval__pb2.RetrieveRequest.SerializeToString,
-            proto_dot_retrieval__pb2.RetrieveResponse.FromString,
+            retrieval_dot_api_dot_v1_dot_retrieval__pb2.RetrieveRequest.SerializeToString,
+            retrieval_dot_api_dot_v1_dot_retrieval__pb2.RetrieveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -148,8 +148,8 @@ class RetrievalService:
             request,
             target,
             '/retrieval.v1.RetrievalService/BatchRetrieve',
-            proto_dot_retrieval__pb2.BatchRetrieveRequest.SerializeToString,
-            proto_dot_retrieval__pb2.BatchRetrieveResponse.FromString,
+            retrieval_dot_api_dot_v1_dot_retrieval__pb2.BatchRetrieveRequest.SerializeToString,
+            retrieval_dot_api_dot_v1_dot_retrieval__pb2.BatchRetrieveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -175,8 +175,8 @@ class RetrievalService:
             request,
             target,
             '/retrieval.v1.RetrievalService/GetModelInfo',
-            proto_dot_retrieval__pb2.GetModelInfoRequest.SerializeToString,
-            proto_dot_retrieval__pb2.ModelInfo.FromString,
+            retrieval_dot_api_dot_v1_dot_retrieval__pb2.GetModelInfoRequest.SerializeToString,
+            retrieval_dot_api_dot_v1_dot_retrieval__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,9 +77,12 @@ def build_milvus_index_from_model(
     """:func:`build_index_from_model` into a Milvus collection (a milvus-lite file or a server).
 
     Args:
-        uri, collection: where (``"runs/items.db"`` or ``"http://host:19530"``) and under which name.
-        index_type, index_params, search_params: Milvus' index (``HNSW``, ``IVF_FLAT``, ...), its
-            build parameters and its search parameters.
+        model: the model whose item embeddings are indexed.
+        uri: where (``"runs/items.db"`` or ``"http://host:19530"``).
+        collection: under which name.
+        index_type: Milvus' index (``HNSW``, ``IVF_FLAT``, ...).
+        index_params: its build parameters.
+        search_params: its search parameters.
         token_env: the environment variable holding the server's token (``MILVUS_TOKEN`` by
             default); the artifact records its name, never the token.
         overwrite: replace an existing collection of that name.

@@ -155,10 +155,11 @@ class RetrievalTask:
 class SampledSoftmaxTask(RetrievalTask):
     """Sampled softmax with log-Q correction against ``num_negatives`` shared negatives.
 
+    The other arguments are those of :class:`RetrievalTask`.
+
     Args:
         sampler: negative sampler over the catalogue.
         num_negatives: negatives drawn per batch (shared by its rows).
-        other arguments: as :class:`RetrievalTask`.
     """
 
     def __init__(
@@ -218,6 +219,8 @@ def build_task(
     * ``bce`` / ``gbce``: binary cross-entropy against sampled negatives; gBCE with calibration
       ``gbce_t`` (gSASRec).
 
+    The other arguments are those of :class:`RetrievalTask`.
+
     Args:
         sampler: the sampled negatives' distribution (sampled_softmax, mixed, bce, gbce).
         num_negatives: sampled negatives per batch, shared by its targets.
@@ -227,7 +230,6 @@ def build_task(
             ``num_negatives`` shared ones.
         in_batch_candidates: cap on the in-batch candidates (None = every target of the batch).
         gbce_t: gSASRec's ``t`` in ``[0, 1]`` (``gbce`` only).
-        other arguments: as :class:`RetrievalTask`.
     """
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")

@@ -31,6 +31,7 @@ setup(
         "pyyaml>=6.0",  # config files: tools/train.py --config run.yaml (retrieval.config)
         "lazy_loader>=0.6,<1",  # the layers load their names on first use (SPEC 1, __init__.pyi)
     ],
+    entry_points={"console_scripts": ["mitt = retrieval.cli:main"]},
     extras_require={
         "dev": [
             "pytest>=8",

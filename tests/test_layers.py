@@ -24,6 +24,8 @@ LAYERS: dict[str, set[str]] = {
     "evaluation": {"serving", "api", "artifacts", "data", "storage"},
     "training": {"evaluation", "serving", "api", "artifacts", "data", "storage"},
     "ranking": {"training", "evaluation", "serving", "api", "artifacts", "data", "storage"},
+    # The command lines: the top layer, which no other imports (only tools/ and the tests do).
+    "cli": {"ranking", "training", "evaluation", "serving", "api", "artifacts", "data", "storage"},
 }
 """Each subpackage of :mod:`retrieval` -> the subpackages it may import (besides itself)."""
 
@@ -108,6 +110,14 @@ def test_no_library_imports_tools_or_bench() -> None:
             assert top not in ("tools", "bench"), f"{path.relative_to(REPO)}:{line} imports {module}"
 
 
+def test_only_tools_import_the_command_lines() -> None:
+    """``retrieval.cli`` is the top layer: the layers below never import it (the test above), and
+    neither do ``towers``, ``rankers``, ``index`` or the benchmarks."""
+    for path in python_files("towers", "rankers", "index", "bench"):
+        for line, module, _ in imported_modules(path):
+            assert layer_of(module) != "cli", f"{path.relative_to(REPO)}:{line} imports {module}"
+
+
 def public_names(package: str) -> set[str]:
     """The ``__all__`` of a package or base module, read from its source: a lazily loaded package's
     stub (``__init__.pyi``, which ``lazy_loader`` reads too), else its ``__init__.py`` or module file."""
@@ -147,7 +157,15 @@ def test_layers_load_their_names_on_first_use(package: str) -> None:
     ]
 
 
+def command_modules() -> set[str]:
+    """The modules of the ``mitt`` commands, each declaring its public names (``main``...) in ``__all__``."""
+    from retrieval.cli import COMMANDS
+
+    return {f"retrieval.cli.{command.module}" for command in COMMANDS.values()}
+
+
 def test_tools_and_bench_import_only_public_names() -> None:
+    """From a package's ``__all__``, a base module's, or (a tool running a command) the command's."""
     violations = []
     for path in python_files("tools", "bench"):
         for line, module, names in imported_modules(path):
@@ -155,7 +173,7 @@ def test_tools_and_bench_import_only_public_names() -> None:
                 continue
             where = f"{path.relative_to(REPO)}:{line}"
             init = REPO / module.replace(".", "/") / "__init__.py"
-            if not names or not (init.is_file() or module in BASE_MODULES):
+            if not names or not (init.is_file() or module in BASE_MODULES | command_modules()):
                 violations.append(f"{where}: import from a package or a base module, not {module}")
                 continue
             private = sorted(set(names) - public_names(module))
@@ -174,7 +192,9 @@ def loaded_heavy_modules(statement: str) -> list[str]:
     return list(ast.literal_eval(out.stdout.strip()))
 
 
-@pytest.mark.parametrize("module", ["retrieval.api", "retrieval.api.client", "retrieval.storage"])
+@pytest.mark.parametrize(
+    "module", ["retrieval.api", "retrieval.api.client", "retrieval.storage", "retrieval.cli.query"]
+)
 def test_a_grpc_client_is_light(module: str) -> None:
     assert loaded_heavy_modules(f"import {module}") == []
 

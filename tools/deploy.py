@@ -1,54 +1,10 @@
-r"""Publish a model and its index as the new current version of a deployment root.
+"""Runs ``mitt deploy`` (retrieval/cli/deploy.py): python tools/deploy.py --help."""
 
-    python tools/deploy.py --model runs/ml100k-sa --index runs/ml100k-sa-index --root runs/live \
-        [--ranker runs/ml100k-din]
-
-A server started with ``tools/serve.py --watch runs/live`` loads the new version in the
-background, warms it up and swaps it in without dropping a request; one that fails to load
-is refused and the old version keeps serving. Prints the new version folder.
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 
-from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
-from retrieval.storage import ArtifactError
+from retrieval.cli.deploy import main
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, type=Path, help="model artifact folder")
-    p.add_argument("--index", required=True, type=Path, help="index artifact folder built from that model")
-    p.add_argument("--root", required=True, type=Path, help="deployment root (created if missing)")
-    p.add_argument(
-        "--ranker",
-        type=Path,
-        action="append",
-        default=[],
-        help="a ranker artifact trained against that model (tools/train_ranker.py); repeatable",
-    )
-    p.add_argument("--keep", type=int, default=3, help="versions kept on disk (default %(default)s)")
-    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    args = p.parse_args(argv)
-    if args.keep < 1:
-        p.error("--keep must be >= 1")
-    quiet_tensorflow(args.verbose)
-    # Imported here, never for --help: the artifacts layer loads FAISS and pandas (and a ranker
-    # TensorFlow, once its logging is set).
-    from retrieval.artifacts import publish_deployment
-
-    try:
-        folder = publish_deployment(args.model, args.index, args.root, args.keep, ranker_dirs=args.ranker)
-    except ArtifactError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(folder)
-    return 0
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())

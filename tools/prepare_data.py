@@ -1,89 +1,10 @@
-"""Convert interactions into the partitioned Parquet layout that training streams from.
+"""Runs ``mitt prepare`` (retrieval/cli/prepare.py): python tools/prepare_data.py --help."""
 
-python tools/prepare_data.py --data data/ml-100k --out runs/ml100k-prepared
-python tools/prepare_data.py --data logs/interactions/ --out runs/big-prepared     # a Parquet folder
-python tools/prepare_data.py --data s3://bucket/logs/ --format dataset --out runs/big-prepared
-
-Inputs: every format tools/train.py reads (MovieLens folder, S3-Rec .txt, CSV/Parquet table),
-loaded in memory; or (``--format dataset``, the default for a folder that is not a MovieLens
-one and for a URI) a ``user,item,timestamp`` table of any size as a folder of Parquet or CSV
-files, read in record batches without loading it whole. The layout (vocabulary, per-user
-sequences partitioned by a hash of the user, the leave-one-out split) is described in
-retrieval/data/prepared/. Prints the prepared folder's metadata as JSON.
-"""
-
-from __future__ import annotations
-
-import argparse
-import json
-import logging
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 
-from retrieval.storage import ArtifactError
+from retrieval.cli.prepare import main, parse_args
 
-# retrieval.data's values, spelt out so that --help loads no pandas (a test checks that they agree).
-FORMATS = ("movielens", "s3rec", "table", "dataset")
-MAX_PARTITIONS = 4096
-EVENTS_PER_PARTITION = 2_000_000
-USERS_PER_ROW_GROUP = 1024
-BATCH_ROWS = 1 << 18
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="input: file, folder or URI")
-    p.add_argument("--format", choices=FORMATS, help="override format detection")
-    p.add_argument("--out", required=True, type=Path, help="prepared folder to create")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    p.add_argument(
-        "--partitions",
-        type=int,
-        help=f"partition files (1..{MAX_PARTITIONS}; default: events / --events-per-partition)",
-    )
-    p.add_argument(
-        "--events-per-partition",
-        type=int,
-        default=EVENTS_PER_PARTITION,
-        help=f"partition size aimed at; bounds memory (default {EVENTS_PER_PARTITION:,})",
-    )
-    p.add_argument(
-        "--users-per-row-group",
-        type=int,
-        default=USERS_PER_ROW_GROUP,
-        help=f"users per Parquet row group, the readers' unit (default {USERS_PER_ROW_GROUP})",
-    )
-    p.add_argument(
-        "--batch-rows", type=int, default=BATCH_ROWS, help=f"rows per record batch (default {BATCH_ROWS})"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    from retrieval.data import prepare  # here, never for --help: the data layer loads pandas
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        meta = prepare(
-            args.data,
-            args.out,
-            format=args.format,
-            partitions=args.partitions,
-            events_per_partition=args.events_per_partition,
-            users_per_row_group=args.users_per_row_group,
-            batch_rows=args.batch_rows,
-            overwrite=args.overwrite,
-            progress=not args.quiet,
-        )
-    except (ValueError, FileExistsError, ArtifactError) as e:  # DataError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps({"out": str(args.out), **meta.to_dict()}, indent=2))
-    return 0
-
+__all__ = ["main", "parse_args"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,167 @@
+r"""Serve a model and its index over gRPC until SIGTERM or SIGINT.
+
+mitt serve --model runs/ml100k-sa --index runs/ml100k-sa-index --port 50051
+mitt serve ... --ranker runs/ml100k-din        # requests may ask for a rerank
+mitt serve ... --max-concurrent 8 --metrics-port 9090 \
+    --tls-cert server.pem --tls-key server.key --tls-ca clients-ca.pem   # mutual TLS
+# hot reload: serve ROOT's current version, swap to each one mitt deploy publishes
+mitt serve --watch runs/live --log-format json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from retrieval.api import DEFAULT_MAX_MESSAGE_BYTES
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.serving import LOG_FORMATS  # loads retrieval.serving.logs only (the layer is lazy)
+from retrieval.storage import ArtifactError
+
+__all__ = ["main", "parse_args"]
+
+
+def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", type=Path, help="model artifact folder")
+    p.add_argument("--index", type=Path, help="index artifact folder built from that model")
+    p.add_argument(
+        "--ranker",
+        type=Path,
+        action="append",
+        default=[],
+        help="a ranker artifact for RetrieveRequest.rerank (mitt train-ranker); repeatable "
+        "(with --watch, the deployment's own rankers are used)",
+    )
+    p.add_argument(
+        "--xla",
+        action="store_true",
+        help="run the user tower and the rankers compiled by XLA (faster, compiled at start; not "
+        "with --watch: TensorFlow keeps every compiled version in memory)",
+    )
+    p.add_argument(
+        "--watch",
+        type=Path,
+        help="deployment root (mitt deploy): serve its current version, hot-reload new ones",
+    )
+    p.add_argument(
+        "--watch-interval", type=float, default=2.0, help="seconds between checks (default %(default)s)"
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="interface to bind, 0.0.0.0 for all (default %(default)s)"
+    )
+    p.add_argument("--port", type=int, default=50051, help="0 picks a free port (default %(default)s)")
+    p.add_argument("--workers", type=int, default=64, help="request threads (default %(default)s)")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=32,
+        help="Retrieve calls per micro-batch, 1 = off (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-wait-ms", type=float, default=0.0, help="wait for a fuller micro-batch (default %(default)s)"
+    )
+    p.add_argument(
+        "--search-threads", type=int, default=1, help="FAISS threads per search (default %(default)s)"
+    )
+    p.add_argument("--grace", type=float, default=5.0, help="seconds in-flight requests get on stop")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=0.0,
+        help="seconds still serving after SIGTERM while reporting NOT_SERVING, so load "
+        "balancers and health-watching clients move away first (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=0,
+        help="calls computing at once, more get RESOURCE_EXHAUSTED (0 = no bound but --workers)",
+    )
+    p.add_argument(
+        "--max-message-mb",
+        type=float,
+        default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
+        help="largest request or response in MiB (default %(default)s)",
+    )
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = off)")
+    p.add_argument("--tls-cert", type=Path, help="server certificate (PEM): serve TLS")
+    p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    p.add_argument("--tls-ca", type=Path, help="CA of client certificates (PEM): require mutual TLS")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="default %(default)s")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    args = p.parse_args(argv)
+    direct = (args.model is not None, args.index is not None)
+    if direct != ((False, False) if args.watch else (True, True)):
+        p.error("give --model and --index, or --watch alone")
+    if args.watch and args.ranker:
+        p.error("with --watch the rankers come with each deployment (mitt deploy --ranker)")
+    if args.watch and args.xla:
+        p.error("--xla is for a fixed model: each hot-reloaded version would stay in memory")
+    if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
+        p.error("TLS needs --tls-cert and --tls-key together (and --tls-ca only with them)")
+    if min(args.max_concurrent, args.metrics_port, args.max_wait_ms, args.drain, args.grace) < 0:
+        p.error("--max-concurrent, --metrics-port, --max-wait-ms, --drain and --grace must be >= 0")
+    if args.search_threads < 1 or args.watch_interval <= 0:
+        p.error("--search-threads must be >= 1 and --watch-interval > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    args = parse_args(argv, prog)
+    quiet_tensorflow(args.verbose)
+    # Imported here, once TensorFlow's logging is set and never for --help: the serving layer
+    # loads FAISS and pandas, and TensorFlow with the model.
+    from retrieval.serving import (
+        DeploymentWatcher,
+        Retriever,
+        RetrieverSlot,
+        TlsFiles,
+        configure_logging,
+        load_deployment,
+        serve_forever,
+        warm_up,
+    )
+
+    configure_logging(args.log_format)
+    try:
+        if args.watch:
+            retriever = load_deployment(args.watch)  # warmed up
+        else:
+            retriever = Retriever.from_dirs(args.model, args.index, args.ranker, xla=args.xla)
+            warm_up(retriever)  # XLA compiles here, before the server reports SERVING
+    except ArtifactError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    # Objects loaded so far live as long as the process: keep them out of every later
+    # collection, which would otherwise pause the request threads for much longer.
+    gc.freeze()
+    slot = RetrieverSlot(retriever)
+    watcher = DeploymentWatcher(args.watch, slot, args.watch_interval) if args.watch else None
+    tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
+    try:
+        serve_forever(
+            slot,
+            args.host,
+            args.port,
+            grace=args.grace,
+            drain=args.drain,
+            metrics_port=args.metrics_port or None,
+            on_start=None if watcher is None else lambda server: watcher.start(),
+            max_workers=args.workers,
+            max_batch=args.max_batch,
+            max_wait=args.max_wait_ms / 1000,
+            search_threads=args.search_threads,
+            max_concurrent=args.max_concurrent or None,
+            max_message_bytes=int(args.max_message_mb * 2**20),
+            tls=tls,
+        )
+    finally:
+        if watcher is not None:
+            watcher.stop()
+    return 0

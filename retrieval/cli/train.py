@@ -1,0 +1,209 @@
+r"""Train a two-tower retriever and write its model artifact.
+
+mitt train --data data/ml-100k --model sa --epochs 20 --out runs/ml100k-sa
+mitt train --preset beauty-sasrec --data-root /data --out runs/beauty-sasrec --loss gbce
+mitt train --config runs/beauty-sasrec/config.json --out runs/beauty-sasrec-again
+mitt train --preset ml100k-sa --set train.epochs=5 --print-config > ml100k-sa.json
+mitt train --data runs/big-prepared --out runs/big-sa     # a mitt prepare folder
+TF_CONFIG='{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}' \
+    mitt train --data runs/big-prepared --out /shared/runs/big-sa --strategy multi-worker
+
+Settings are applied in order: the defaults (retrieval/training/config.py), --preset, --config
+FILE (JSON or YAML, whole or partial; a model folder's config.json repeats its run exactly), the
+flags below, then every --set. A preset's dataset is looked up under --data-root (default
+$MITT_DATA) unless a later layer sets data.path. Every setting is checked before TensorFlow is
+loaded or any data read; --print-config prints the resolved configuration as JSON and exits
+(docs/configuration.md). An interrupted run continues with the same command plus --resume.
+
+--strategy multi-worker runs one process per host, each with its own TF_CONFIG (the cluster's
+workers and this one's index) and otherwise the same command; worker 0 (or the "chief" task)
+writes --out. --batch-size is the global batch, shared by the replicas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+# Configuration only (no TensorFlow, no data libraries): the training itself is imported in
+# main, once the configuration is known to be valid.
+from retrieval.config import apply_overrides, config_to_json, load_config_file, update_config
+from retrieval.data import DATA_ROOT_ENV
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.storage import ArtifactError
+from retrieval.training import (
+    DATA_FORMATS,
+    LOSSES,
+    LR_SCALINGS,
+    STRATEGIES,
+    TOWERS,
+    TRAINING_PROTOCOLS,
+    Config,
+    ModelConfig,
+    TrainConfig,
+    get_preset,
+    preset_names,
+)
+
+__all__ = ["main", "parse_args"]
+
+# flag dest -> config field; a flag overrides its field only when given.
+FLAG_FIELDS = {
+    "data": "data.path",
+    "format": "data.format",
+    "protocol": "data.protocol",
+    "model": "model.tower",
+    "dim": "model.dim",
+    "num_interests": "model.num_interests",
+    "max_len": "model.max_len",
+    "epochs": "train.epochs",
+    "batch_size": "train.batch_size",
+    "lr": "train.learning_rate",
+    "loss": "train.loss",
+    "negatives": "train.num_negatives",
+    "seed": "train.seed",
+    "lr_scaling": "train.lr_scaling",
+}
+
+
+def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Config, argparse.Namespace]:
+    """The resolved configuration and the parsed arguments; loads no TensorFlow and reads no data.
+
+    Raises:
+        ValueError: an unknown preset, a bad config file or ``--set``, an option value outside
+            its choices, no data given, or (a preset's dataset) no data root.
+    """
+    m, t = ModelConfig(), TrainConfig()
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--data", help="interactions: ML-100K/1M folder, S3-Rec .txt, CSV or Parquet")
+    p.add_argument(
+        "--format",
+        choices=DATA_FORMATS,
+        help="override format detection (prepared: a mitt prepare folder, streamed)",
+    )
+    p.add_argument(
+        "--protocol",
+        choices=TRAINING_PROTOCOLS,
+        help="split: leave-one-out (default), leave-one-out trained on the validation events too "
+        "(loo-refit: fixed epochs, no validation) or ComiRec's 8:1:1 users with 80/20 history/targets",
+    )
+    p.add_argument("--out", help="model artifact folder to create (required unless --print-config)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace --out (and an interrupted run) if it exists"
+    )
+    p.add_argument("--resume", action="store_true", help="continue the interrupted run in OUT.partial")
+    p.add_argument("--preset", help=f"named hyper-parameters (and dataset): {', '.join(preset_names())}")
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="settings from a JSON or YAML file (after --preset, before the flags and --set)",
+    )
+    p.add_argument(
+        "--data-root",
+        type=Path,
+        metavar="DIR",
+        help=f"where a preset's dataset is (default: ${DATA_ROOT_ENV})",
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved configuration as JSON and exit"
+    )
+    p.add_argument("--model", choices=TOWERS, help=f"user tower (default {m.tower})")
+    p.add_argument("--dim", type=int, help=f"embedding size (default {m.dim})")
+    p.add_argument(
+        "--num-interests", type=int, help="K (default: the tower's; 1 for sasrec, bert4rec, youtubednn)"
+    )
+    p.add_argument("--max-len", type=int, help=f"history length read (default {m.max_len})")
+    p.add_argument("--epochs", type=int, help=f"default {t.epochs}")
+    p.add_argument("--batch-size", type=int, help=f"default {t.batch_size}")
+    p.add_argument("--lr", type=float, help=f"peak learning rate (default {t.learning_rate})")
+    p.add_argument("--loss", choices=LOSSES, help=f"training loss (default {t.loss})")
+    p.add_argument("--negatives", type=int, help=f"sampled negatives per batch (default {t.num_negatives})")
+    p.add_argument("--seed", type=int, help=f"default {t.seed}")
+    p.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard logs to DIR")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="default",
+        help="tf.distribute: one device (default), the replicas of this machine (mirrored), "
+        "or one process per host configured by TF_CONFIG (multi-worker)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        help="mirrored: replicas on this machine (default: every GPU; without GPUs, this many logical "
+        "CPU devices, default 1)",
+    )
+    p.add_argument(
+        "--lr-scaling",
+        choices=LR_SCALINGS,
+        help="multiply the learning rate by the replicas (linear) or their square root (default none)",
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="any other config field"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    args = p.parse_args(argv)
+    preset = get_preset(args.preset) if args.preset else None
+    config = apply_overrides(Config(), preset.overrides) if preset else Config()
+    if args.config is not None:
+        config = update_config(config, load_config_file(args.config))
+    flags = [
+        f"{field}={getattr(args, dest)}"
+        for dest, field in FLAG_FIELDS.items()
+        if getattr(args, dest) is not None
+    ]
+    config = apply_overrides(config, [*flags, *args.set])
+    if preset is not None and not config.data.path:  # the preset's dataset, unless a later layer named data
+        config = apply_overrides(config, [f"data.path={preset.dataset_path(args.data_root)}"])
+    if args.replicas is not None and args.strategy != "mirrored":
+        raise ValueError("--replicas is for --strategy mirrored")
+    if not args.print_config:
+        if not config.data.path:
+            raise ValueError("no data: give --data (or a --preset, which names its dataset, or a --config)")
+        if not args.out:
+            raise ValueError("no --out: give the model artifact folder to create")
+    return config, args
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    try:
+        config, args = parse_args(argv, prog)
+    except ValueError as e:  # a DataError (no data root, no dataset) is one too
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config_to_json(config))
+        return 0
+    quiet_tensorflow(args.verbose)
+    from retrieval.training import is_chief, make_strategy, train  # TensorFlow, from here on
+
+    # After the imports: configured before, logging would show the libraries' own loading lines.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    try:
+        # The process's first TensorFlow op: a multi-worker strategy must precede all others.
+        strategy = make_strategy(args.strategy, args.replicas)
+        result = train(
+            config,
+            args.out,
+            overwrite=args.overwrite,
+            verbose=0 if args.quiet else "auto",
+            resume=args.resume,
+            tensorboard=args.tensorboard,
+            strategy=strategy,
+        )
+    except (ValueError, FileExistsError, ArtifactError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    keys = ("validation", "test", "baseline_popularity_test", "train_seconds", "epochs_trained", "best_epoch")
+    out = args.out if is_chief(strategy) else None  # other workers write nothing
+    print(json.dumps({"out": out, **{k: getattr(result, k) for k in keys}}, indent=2))
+    return 0

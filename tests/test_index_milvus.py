@@ -161,3 +161,29 @@ def test_a_model_indexed_in_milvus_answers_as_exact_search(uri: str, tmp_path: P
     np.testing.assert_array_equal(loaded.search(queries, 10)[1], expected)
     with pytest.raises(FileExistsError, match="already exists"):
         build_milvus_index_from_model(model, uri, "model_items")
+
+
+def test_build_index_tool_writes_a_milvus_artifact(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import retrieval.artifacts
+    from tests.helpers import FakeModel, run_tool
+
+    model = FakeModel.make(150, "model-v3")
+    monkeypatch.setattr(retrieval.artifacts, "load_model", lambda path, verify=True: model)
+    out = tmp_path / "index"
+    flags = ["--model", "unused", "--out", str(out), "--backend", "milvus", "--uri", uri, "--k", "10"]
+    assert run_tool("build_index", *flags, "--index-type", "FLAT", "--token-env", "TEAM_TOKEN") == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["backend"] == "milvus" and summary["recall@10_vs_exact"] == 1.0  # FLAT is exact
+    loaded, manifest = load_index(out, expected_model_version="model-v3")
+    assert isinstance(loaded, MilvusIndex) and loaded.collection == "items_model_v3"
+    assert json.loads((out / "milvus.json").read_text())["token_env"] == "TEAM_TOKEN"
+    for bad in (
+        ["--backend", "milvus"],
+        ["--uri", uri],
+        ["--backend", "milvus", "--uri", uri, "--factory", "auto"],
+    ):
+        with pytest.raises(SystemExit) as refused:
+            run_tool("build_index", "--model", "m", "--out", str(tmp_path / "x"), *bad)
+        assert refused.value.code == 2

@@ -9,6 +9,10 @@
         --target-recall 0.99 --k 50 --data data/ml-100k
     # re-index without downtime: ROOT/current is swapped atomically to the new version
     mitt build-index --model runs/big --out runs/big-index-root --publish --factory auto
+    # into Milvus (a milvus-lite file, or a server whose token is in $MILVUS_TOKEN):
+    mitt build-index --model runs/big --out runs/big-milvus --backend milvus \
+        --uri http://milvus.internal:19530 --index-type HNSW --index-params '{"M": 32}' \
+        --search-params '{"ef": 128}' --token-env MILVUS_TOKEN
 
 The memory estimate is printed before building; the chosen setting and its measured recall@k
 and latency go into the manifest. Prints one JSON line: the artifact, its shape, build time,
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -32,6 +37,7 @@ from retrieval.storage import ArtifactError
 if TYPE_CHECKING:
     import numpy as np
 
+    from index import VectorIndex
     from retrieval.artifacts import ModelArtifact
 
 __all__ = ["main", "parse_args"]
@@ -51,7 +57,29 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         help="FAISS factory string (HNSW32, IVF1024,Flat, OPQ16,IVF4096,PQ16) or auto",
     )
     p.add_argument(
-        "--search-params", default="", help="FAISS search parameters, e.g. nprobe=16, efSearch=128"
+        "--search-params",
+        default="",
+        help="search parameters: FAISS's (nprobe=16, efSearch=128), or Milvus' as JSON ({\"ef\": 128})",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("faiss", "milvus"),
+        default="faiss",
+        help="where the vectors live (default faiss)",
+    )
+    p.add_argument("--uri", help="milvus: a milvus-lite file (runs/items.db) or a server (http://host:19530)")
+    p.add_argument("--collection", help="milvus: the collection to create (default items_<model version>)")
+    p.add_argument(
+        "--index-type", default="HNSW", help="milvus: FLAT, HNSW, IVF_FLAT, IVF_PQ... (default HNSW)"
+    )
+    p.add_argument(
+        "--index-params", help='milvus: build parameters as JSON, e.g. {"M": 32, "efConstruction": 200}'
+    )
+    p.add_argument(
+        "--token-env",
+        metavar="VAR",
+        help="milvus: the environment variable holding the server's token (default MILVUS_TOKEN); "
+        "the artifact records its name, never the token",
     )
     p.add_argument(
         "--target-recall",
@@ -71,7 +99,28 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
     p.add_argument("--publish", action="store_true", help="write a new version under --out and swap to it")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.backend == "milvus":
+        if not args.uri:
+            p.error("--backend milvus needs --uri")
+        if args.factory != "Flat" or args.target_recall is not None:
+            p.error("--factory and --target-recall tune FAISS indexes; for Milvus give --index-type")
+        args.index_params = _json_object(p, "--index-params", args.index_params)
+        args.search_params = _json_object(p, "--search-params", args.search_params)
+    elif args.uri or args.collection or args.index_params or args.token_env:
+        p.error("--uri, --collection, --index-params and --token-env are for --backend milvus")
+    return args
+
+
+def _json_object(p: argparse.ArgumentParser, flag: str, text: str | None) -> dict[str, Any]:
+    """``text`` parsed as a JSON object (empty: ``{}``); a parser error otherwise."""
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        p.error(f"{flag} must be a JSON object: {e}")
+    if not isinstance(value, dict):
+        p.error(f"{flag} must be a JSON object, got {text}")
+    return value
 
 
 def tuning_queries(model: ModelArtifact, args: argparse.Namespace) -> np.ndarray:
@@ -103,6 +152,51 @@ def print_memory(factories: Sequence[str], n: int, d: int) -> None:
         print(f"memory estimate for {factory} over {n} x {d}: {estimate}", file=sys.stderr, flush=True)
 
 
+def build(model: ModelArtifact, queries: np.ndarray, args: argparse.Namespace) -> tuple[VectorIndex, Any]:
+    """The index the arguments ask for, and the tuner's record (``None`` when not tuned)."""
+    from retrieval.artifacts import (
+        build_index_from_model,
+        build_milvus_index_from_model,
+        tune_index_for_model,
+    )
+
+    if args.target_recall is not None:
+        result = tune_index_for_model(
+            model,
+            queries,
+            args.k,
+            args.target_recall,
+            args.factory,
+            train_size=args.train_size,
+            seed=args.seed,
+            max_build_seconds=args.max_build_seconds,
+        )
+        if not result.reached:
+            log.warning(
+                "%s reaches recall@%d %.4f at best, short of %.4f",
+                result.chosen.factory, args.k, result.chosen.recall, args.target_recall,
+            )  # fmt: skip
+        return result.index, result.summary()
+    if args.backend == "milvus":
+        # Milvus names hold letters, digits and underscores only.
+        collection = args.collection or "items_" + re.sub(r"\W", "_", model.version)
+        milvus = build_milvus_index_from_model(
+            model,
+            args.uri,
+            collection,
+            index_type=args.index_type,
+            index_params=args.index_params,
+            search_params=args.search_params,
+            token_env=args.token_env,
+            overwrite=args.overwrite,
+        )
+        return milvus, None
+    faiss = build_index_from_model(
+        model, args.factory, args.search_params, train_size=args.train_size, seed=args.seed
+    )
+    return faiss, None
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
     if args.factory == "auto" and args.target_recall is None:
@@ -111,14 +205,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     # Imported here, once TensorFlow's logging is set and never for --help: they load FAISS and
     # pandas, and TensorFlow with the model.
     from index import candidate_factories
-    from retrieval.artifacts import (
-        build_index_from_model,
-        load_model,
-        measure_index,
-        publish_index,
-        save_index,
-        tune_index_for_model,
-    )
+    from retrieval.artifacts import load_model, measure_index, publish_index, save_index
     from retrieval.data import DataError
 
     # Configured after the imports: FAISS's loader logs at INFO every build of it that it tries.
@@ -133,28 +220,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print_memory(candidate_factories(n, d) if args.factory == "auto" else [args.factory], n, d)
         queries = tuning_queries(model, args)
         start = time.perf_counter()
-        tuning = None
-        if args.target_recall is not None:
-            result = tune_index_for_model(
-                model,
-                queries,
-                args.k,
-                args.target_recall,
-                args.factory,
-                train_size=args.train_size,
-                seed=args.seed,
-                max_build_seconds=args.max_build_seconds,
-            )
-            if not result.reached:
-                log.warning(
-                    "%s reaches recall@%d %.4f at best, short of %.4f",
-                    result.chosen.factory, args.k, result.chosen.recall, args.target_recall,
-                )  # fmt: skip
-            index, tuning = result.index, result.summary()
-        else:
-            index = build_index_from_model(
-                model, args.factory, args.search_params, train_size=args.train_size, seed=args.seed
-            )
+        index, tuning = build(model, queries, args)
         seconds = time.perf_counter() - start
         measured = measure_index(index, model, queries, args.k)
         measured["query_source"] = "users" if args.data else "items"
@@ -166,7 +232,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             version = save_index(index, out, model, args.overwrite, measured=measured, tuning=tuning)[
                 "version"
             ]
-    except (ArtifactError, DataError, ValueError, FileExistsError) as e:
+    except (ArtifactError, DataError, ValueError, FileExistsError, RuntimeError) as e:  # no pymilvus: Runtime
         print(f"error: {e}", file=sys.stderr)
         return 2
     summary = {

@@ -1,19 +1,30 @@
-"""Tests for retrieval.data: loaders, sequences, the leave-one-out split and training examples."""
+"""Tests for retrieval.data: loaders, sequences, the leave-one-out split, training examples and the
+download of MovieLens-100K."""
 
 from __future__ import annotations
 
+import hashlib
+import http.server
+import io
 import json
+import re
+import socket
+import threading
+import urllib.error
+import urllib.request
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from retrieval.data import movielens
 from retrieval.data.datasets import DATA_ROOT_ENV, dataset_at, dataset_path
 from retrieval.data.errors import DataError
 from retrieval.data.interactions import SequenceData, build_sequences
 from retrieval.data.loaders import load_interactions
-from retrieval.data.movielens import load_movielens, verify_movielens_100k
+from retrieval.data.movielens import download_movielens_100k, load_movielens, verify_movielens_100k
 from retrieval.data.s3rec import load_s3rec
 from retrieval.data.splits import leave_one_out
 from retrieval.data.tables import load_table
@@ -532,3 +543,168 @@ def test_vocab_maps_ids_both_ways_and_refuses_indices_outside_it() -> None:
     for bad in (0, 4, -1):  # 0 is padding, not an item
         with pytest.raises(IndexError, match=str(bad)):
             vocab.external([1, bad])
+
+
+# --- the download of MovieLens-100K: no network, retries, resumption, a wrong archive ------------
+
+
+def fake_ml100k_archive(events: int = 5) -> bytes:
+    """A zip laid out as GroupLens' ml-100k.zip, with other files (not the official release)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("ml-100k/u.data", "".join(f"1\t{i}\t5\t{880000000 + i}\n" for i in range(1, events + 1)))
+        zf.writestr("ml-100k/u.item", "1|Toy Story (1995)|x||url|0\n")
+        zf.writestr("ml-100k/u.user", "1|24|M|technician|85711\n")
+    return buffer.getvalue()
+
+
+def accept_as_official(monkeypatch: pytest.MonkeyPatch, archive: bytes) -> None:
+    """Makes the verification take ``archive``'s files for the official ones."""
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        sums = {n: hashlib.sha256(zf.read(f"ml-100k/{n}")).hexdigest() for n in ("u.item", "u.user")}
+        lines = zf.read("ml-100k/u.data").count(b"\n")
+    monkeypatch.setattr(movielens, "ML100K_SHA256", sums)
+    monkeypatch.setattr(movielens, "ML100K_EVENTS", lines)
+
+
+class ArchiveServer:
+    """An HTTP server on a free local port serving ``payload`` at ``/ml-100k.zip``.
+
+    Attributes:
+        ranges: the ``Range`` header of every request (None when absent), in order.
+        cut: the first this many responses stop halfway through the body (the connection drops).
+        ranged: whether ``Range`` requests are answered with ``206`` and the rest (else ``200``
+            and the whole file, as servers that ignore ranges do).
+        status: an error status every request gets instead (0: none).
+    """
+
+    def __init__(self, payload: bytes, cut: int = 0, ranged: bool = True, status: int = 0) -> None:
+        self.payload, self.cut, self.ranged, self.status = payload, cut, ranged, status
+        self.ranges: list[str | None] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server.ranges.append(self.headers.get("Range"))
+                if server.status:
+                    self.send_error(server.status)
+                    return
+                start = 0
+                match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
+                if match and server.ranged:
+                    start = int(match.group(1))
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(payload) - 1}/{len(payload)}")
+                else:
+                    self.send_response(200)
+                body = server.payload[start:]
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if server.cut > 0:
+                    server.cut -= 1
+                    body = body[: len(body) // 2]
+                    self.close_connection = True
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/ml-100k.zip"
+        payload = self.payload
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> ArchiveServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/ml-100k.zip"  # nothing listens once closed
+
+
+def test_a_download_without_network_says_what_to_do_in_one_line(tmp_path: Path) -> None:
+    url = closed_port_url()
+    with pytest.raises(DataError) as error:
+        download_movielens_100k(tmp_path, url, attempts=2, backoff=0, progress=False)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"cannot download MovieLens-100K from {url}: ")
+    assert "(after 2 attempts)" in message
+    assert (
+        f"put the official ml-100k files (u.data, u.item, u.user, ...) in {tmp_path / 'ml-100k'}" in message
+    )
+    assert "--data PATH" in message
+    assert all(digest in message for digest in movielens.ML100K_SHA256.values())
+    assert not (tmp_path / "ml-100k").exists()
+
+
+def test_urllib_failures_are_data_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(*args: object, **kwargs: object) -> None:
+        raise urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name resolution"))
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(DataError, match=r"Temporary failure in name resolution \(after 3 attempts\); put"):
+        download_movielens_100k(tmp_path, attempts=3, backoff=0, progress=False)
+
+
+def test_a_dropped_download_is_resumed_from_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = fake_ml100k_archive()
+    accept_as_official(monkeypatch, archive)
+    with ArchiveServer(archive, cut=1) as server:
+        folder = download_movielens_100k(tmp_path, server.url, attempts=2, backoff=0, progress=False)
+    assert server.ranges == [None, f"bytes={len(archive) // 2}-"]
+    assert folder == tmp_path / "ml-100k" and (folder / "u.data").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ml-100k"]  # no partial file left
+    assert download_movielens_100k(tmp_path, server.url, progress=False) == folder  # verified, not fetched
+    assert len(server.ranges) == 2
+
+
+def test_a_later_run_continues_a_failed_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = fake_ml100k_archive()
+    accept_as_official(monkeypatch, archive)
+    with ArchiveServer(archive, cut=1) as server:
+        with pytest.raises(DataError, match=r"connection closed after \d+ of \d+ bytes \(after 1 attempt\)"):
+            download_movielens_100k(tmp_path, server.url, attempts=1, progress=False)
+        assert (tmp_path / "ml-100k.zip.part").stat().st_size == len(archive) // 2
+        download_movielens_100k(tmp_path, server.url, attempts=1, progress=False)
+    assert server.ranges == [None, f"bytes={len(archive) // 2}-"]
+
+
+def test_a_server_that_ignores_ranges_gets_the_whole_file_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = fake_ml100k_archive()
+    accept_as_official(monkeypatch, archive)
+    with ArchiveServer(archive, cut=1, ranged=False) as server:
+        folder = download_movielens_100k(tmp_path, server.url, attempts=2, backoff=0, progress=False)
+    assert len(server.ranges) == 2 and (folder / "u.data").read_bytes().count(b"\n") == 5
+
+
+def test_a_wrong_archive_is_refused_and_not_kept(tmp_path: Path) -> None:
+    with ArchiveServer(fake_ml100k_archive()) as server, pytest.raises(DataError) as error:
+        download_movielens_100k(tmp_path, server.url, backoff=0, progress=False)
+    message = str(error.value)
+    assert "\n" not in message
+    assert re.search(
+        r"is not the official MovieLens-100K \(ml-100k/u\.item: SHA-256 [0-9a-f]{64} differs", message
+    )
+    assert "--data PATH" in message
+    assert list(tmp_path.iterdir()) == []  # neither a folder that looks complete nor the bad archive
+    refused = r"is not the official MovieLens-100K \(File is not a zip file\)"
+    with ArchiveServer(b"not a zip") as server, pytest.raises(DataError, match=refused):
+        download_movielens_100k(tmp_path, server.url, backoff=0, progress=False)
+
+
+def test_a_missing_file_is_not_retried(tmp_path: Path) -> None:
+    with ArchiveServer(b"", status=404) as server, pytest.raises(DataError, match=r"HTTP 404 .*; put the"):
+        download_movielens_100k(tmp_path, server.url, attempts=3, backoff=0, progress=False)
+    assert len(server.ranges) == 1

@@ -176,7 +176,7 @@ def test_build_index_tool_writes_a_milvus_artifact(
     assert run_tool("build_index", *flags, "--index-type", "FLAT", "--token-env", "TEAM_TOKEN") == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["backend"] == "milvus" and summary["recall@10_vs_exact"] == 1.0  # FLAT is exact
-    loaded, manifest = load_index(out, expected_model_version="model-v3")
+    loaded, _ = load_index(out, expected_model_version="model-v3")
     assert isinstance(loaded, MilvusIndex) and loaded.collection == "items_model_v3"
     assert json.loads((out / "milvus.json").read_text())["token_env"] == "TEAM_TOKEN"
     for bad in (

@@ -2,9 +2,11 @@
 exception and never data silently read as something else.
 
 Hand-written cases for each kind of damage (truncated lines, wrong column counts, non-numeric or
-out-of-range fields, non-UTF-8 bytes, empty files, users without items, duplicates), then a
-seeded property test that damages valid files at random (truncation, flipped and inserted bytes)
-and checks that each either loads or is refused with a DataError that names the file.
+out-of-range fields, non-UTF-8 bytes, empty files, users without items, duplicates) in every
+format (MovieLens, S3-Rec, SASRec pairs, CSV and Parquet tables under any column names, RecBole
+atomic files), then a seeded property test that damages valid files at random (truncation,
+flipped and inserted bytes) and checks that each either loads or is refused with a DataError
+that names the file.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from retrieval.data.errors import DataError
 from retrieval.data.interactions import Interactions
 from retrieval.data.loaders import load_interactions
 from retrieval.data.movielens import load_movielens
-from retrieval.data.s3rec import load_s3rec
+from retrieval.data.recbole import load_recbole
+from retrieval.data.s3rec import load_s3rec, load_sasrec
 from retrieval.data.tables import load_table
 
 ML100K = {
@@ -41,6 +44,14 @@ S3REC = {
     "Toy_item2attributes.json": '{"10": [1], "20": [1, 2]}',
 }
 CSV = {"log.csv": "user,item,timestamp,rating\nu1,a,10,4\nu1,b,20,5\nu2,a,15,3\n"}
+SASREC = {"pairs.txt": "1 10\n1 20\n2 10\n1 30\n2 40\n"}
+RECBOLE = {
+    "x.inter": "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+    "1\t10\t4\t5\n1\t20\t3\t6\n2\t10\t5\t7\n",
+    "x.item": "item_id:token\ttitle:token\tclass:token_seq\n10\tTen\tA B\n20\tTwenty\tB\n",
+}
+SHOP = {"shop.csv": "uid,sku,ts\nc1,a,2024-05-01T10:00:00Z\nc1,b,2024-05-01T10:00:01.5Z\nc2,a,2024-05-02\n"}
+SHOP_COLUMNS = {"user": "uid", "item": "sku", "timestamp": "ts"}
 
 
 def folder(tmp_path: Path, files: Mapping[str, str | bytes], **changes: str | bytes) -> Path:
@@ -294,6 +305,96 @@ def test_damaged_parquet_file(tmp_path: Path, damage: str) -> None:
     refused(lambda: load_table(path), r"log\.parquet: not a readable Parquet file")
 
 
+# --- SASRec pairs, RecBole atomic files, tables under their own column names -----------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "pattern"),
+    [
+        ("1 10\n1 20\n1\n", r"pairs\.txt, line 3: expected 2 fields \(user item\) .*found 1"),
+        ("1 10\n1 20 30\n", r"pairs\.txt, line 2: expected 2 fields \(user item\) .*found 3"),
+        ("1 10\n1 2x\n", r"pairs\.txt, line 2: item id '2x' is not a number"),
+        ("1 10\nu 20\n", r"pairs\.txt, line 2: user id 'u' is not a number"),
+        (b"1 10\n1 \xff\n", r"pairs\.txt, line 2: not UTF-8 text"),
+        ("\n", r"pairs\.txt: empty file"),
+    ],
+)
+def test_sasrec(tmp_path: Path, content: str | bytes, pattern: str) -> None:
+    refused(lambda: load_sasrec(folder(tmp_path, SASREC, **{"pairs.txt": content}) / "pairs.txt"), pattern)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "pattern"),
+    [
+        (
+            "x.inter",
+            "user_id:token\titem_id\n1\t10\n",
+            r"x\.inter, line 1: header field 'item_id' is not NAME:TYPE",
+        ),
+        (
+            "x.inter",
+            "user_id:token\tuser_id:float\n1\t10\n",
+            r"x\.inter, line 1: field\(s\) 'user_id' repeated",
+        ),
+        (
+            "x.inter",
+            "user_id:token\titem_id:token\n1\t10\n1\n",
+            r"x\.inter, line 3: expected 2 fields .*found 1",
+        ),
+        ("x.inter", "user_id:token\titem_id:token\n1\t10\n \t20\n", r"x\.inter, line 3: empty user id"),
+        (
+            "x.inter",
+            "user_id:token\titem_id:token\ttimestamp:float\n1\t10\tsoon\n",
+            r"x\.inter, line 2: timestamp 'soon' is not an integer",
+        ),
+        ("x.inter", b"user_id:token\titem_id:token\n1\t\xe9\n", r"x\.inter, line 2: not UTF-8 text"),
+        ("x.inter", "", r"x\.inter: empty file"),
+        (
+            "x.item",
+            "item_id:token\ttitle:token\n10\tTen\n10\tAgain\n",
+            r"x\.item, line 3: item id 10 already on line 2",
+        ),
+        ("x.item", "item_id:token\ttitle:token\n10\n", r"x\.item, line 2: expected 2 fields .*found 1"),
+        ("x.item", "item_id:token\ttitle:token\n\tTen\n", r"x\.item, line 2: empty item id"),
+    ],
+)
+def test_recbole(tmp_path: Path, name: str, content: str | bytes, pattern: str) -> None:
+    refused(lambda: load_recbole(folder(tmp_path, RECBOLE, **{name: content}) / "x.inter"), pattern)
+
+
+@pytest.mark.parametrize(
+    ("content", "columns", "pattern"),
+    [
+        (
+            "uid,sku,ts\nc1,a,1\n",
+            {"user": "customer"},
+            r"shop\.csv, line 1: no column 'customer' \(data\.columns",
+        ),
+        (
+            "uid,sku,ts\nc1,a,2024-05-01\nc1,b,May 2\n",
+            SHOP_COLUMNS,
+            r"line 3: timestamp 'May 2' is not an ISO-8601",
+        ),
+        (
+            "uid,sku,ts\nc1,a,2024-05-01\nc1,b,1714600000\n",
+            SHOP_COLUMNS,
+            r"line 3: timestamp '1714600000' is not",
+        ),
+        ("uid,sku,ts\nc1,a,2024-05-01\nc1,,2024-05-02\n", SHOP_COLUMNS, r"shop\.csv, line 3: empty item id"),
+        (
+            "uid,sku,ts\nc1,a,2024-05-01,x\n",
+            SHOP_COLUMNS,
+            r"shop\.csv, line 2: expected 3 fields \(uid, sku, ts\)",
+        ),
+    ],
+)
+def test_tables_under_their_own_names(
+    tmp_path: Path, content: str, columns: dict[str, str], pattern: str
+) -> None:
+    path = folder(tmp_path, {"shop.csv": content}) / "shop.csv"
+    refused(lambda: load_table(path, columns, "iso"), pattern)
+
+
 # --- documented skips ---------------------------------------------------------------------------
 
 
@@ -318,13 +419,32 @@ def test_blank_lines_are_skipped_and_counted_in_the_log(
 
 # --- random damage: load or a DataError naming the file, nothing else -----------------------------
 
-VALID = {"movielens": ML100K, "ml-1m": ML1M, "s3rec": S3REC, "csv": CSV}
-TARGET = {"movielens": "u.data", "ml-1m": "ratings.dat", "s3rec": "Toy.txt", "csv": "log.csv"}
+VALID = {
+    "movielens": ML100K,
+    "ml-1m": ML1M,
+    "s3rec": S3REC,
+    "csv": CSV,
+    "sasrec": SASREC,
+    "recbole": RECBOLE,
+    "shop": SHOP,
+}
+TARGET = {
+    "movielens": "u.data",
+    "ml-1m": "ratings.dat",
+    "s3rec": "Toy.txt",
+    "csv": "log.csv",
+    "sasrec": "pairs.txt",
+    "recbole": "x.inter",
+    "shop": "shop.csv",
+}
 LOADERS: dict[str, Callable[[Path], Interactions]] = {
     "movielens": load_movielens,
     "ml-1m": load_movielens,
     "s3rec": lambda p: load_s3rec(p / "Toy.txt"),
     "csv": lambda p: load_table(p / "log.csv"),
+    "sasrec": lambda p: load_interactions(p / "pairs.txt"),  # detected: pairs, or S3-Rec once damaged
+    "recbole": lambda p: load_recbole(p / "x.inter"),
+    "shop": lambda p: load_table(p / "shop.csv", SHOP_COLUMNS, "iso"),
 }
 
 

@@ -10,8 +10,8 @@
     # re-index without downtime: ROOT/current is swapped atomically to the new version
     mitt build-index --model runs/big --out runs/big-index-root --publish --factory auto
     # into Milvus (a milvus-lite file, or a server whose token is in $MILVUS_TOKEN):
-    mitt build-index --model runs/big --out runs/big-milvus --backend milvus \
-        --uri http://milvus.internal:19530 --index-type HNSW --index-params '{"M": 32}' \
+    mitt build-index --model runs/big --out runs/big-milvus --backend milvus \\
+        --uri http://milvus.internal:19530 --index-type HNSW --index-params '{"M": 32}' \\
         --search-params '{"ef": 128}' --token-env MILVUS_TOKEN
 
 The memory estimate is printed before building; the chosen setting and its measured recall@k

@@ -1,5 +1,6 @@
 """The public API of :mod:`retrieval.data` (loaded on first use by ``__init__.py``)."""
 
+from .columns import TIMESTAMP_UNITS, TimestampUnit, parse_columns
 from .datasets import DATA_ROOT_ENV, DATASETS, data_root, dataset_at, dataset_path
 from .errors import DataError
 from .features import (
@@ -33,7 +34,8 @@ from .prepared.writer import (
     prepare,
     prepare_dataset,
 )
-from .s3rec import load_s3rec
+from .recbole import load_recbole
+from .s3rec import load_s3rec, load_sasrec
 from .splits import (
     DEFAULT_SEED,
     PROTOCOLS,
@@ -45,7 +47,7 @@ from .splits import (
     leave_one_out,
     sample_negatives,
 )
-from .tables import load_table
+from .tables import frame_source, interactions_from_frame, load_table
 from .vocab import PAD, ItemVocab
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "PAD",
     "PROTOCOLS",
     "SIDE_FEATURES",
+    "TIMESTAMP_UNITS",
     "USERS_PER_ROW_GROUP",
     "ComirecSplit",
     "DataError",
@@ -71,6 +74,7 @@ __all__ = [
     "PreparedSummary",
     "SequenceData",
     "SideVocab",
+    "TimestampUnit",
     "build_sequences",
     "build_side_vocab",
     "comirec_split",
@@ -80,17 +84,22 @@ __all__ = [
     "dataset_path",
     "download_movielens_100k",
     "encode_events",
+    "frame_source",
     "gap_buckets",
     "history_features",
     "history_length",
+    "interactions_from_frame",
     "is_prepared",
     "iter_eval_batches",
     "leave_one_out",
     "load_interactions",
     "load_movielens",
+    "load_recbole",
     "load_s3rec",
+    "load_sasrec",
     "load_table",
     "open_prepared",
+    "parse_columns",
     "parse_side_features",
     "prepare",
     "prepare_dataset",

@@ -15,14 +15,15 @@ class Interactions:
     """Interactions in one common form, whatever file format they came from.
 
     Attributes:
-        events: one row per interaction, in file order: ``user`` (str), ``item`` (str),
-            ``timestamp`` (int64; the 0-based position in the user's line for order-only
-            formats) and any side columns (e.g. ``rating``).
+        events: one row per interaction, in file order (but for a table's timestamps finer
+            than seconds: each user's rows in exact time order): ``user`` (str), ``item`` (str),
+            ``timestamp`` (int64 Unix seconds; the 0-based position among the user's events
+            for order-only formats) and any side columns (e.g. ``rating``).
         items: one row per known item: ``item`` (str), optionally ``title`` (str) and
             ``attributes`` (list of str, e.g. genres or categories; ``None`` when unknown).
-        source: the path the data was read from.
-        has_time: False when ``timestamp`` is only the order of events (S3-Rec files), so
-            no time features can be derived from it.
+        source: the path the data was read from (``DataFrame`` for one given in memory).
+        has_time: False when ``timestamp`` is only the order of events (S3-Rec and SASRec
+            files, RecBole files without a time field), so no time features can be derived from it.
     """
 
     events: pd.DataFrame

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import tempfile
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import pandas as pd
 
+from retrieval.data.download import ATTEMPTS, BACKOFF_SECONDS, download_file
 from retrieval.data.errors import DataError
 from retrieval.data.interactions import Interactions
 from retrieval.data.parsing import parse_int, read_int_records, read_lines
@@ -68,32 +67,62 @@ def load_movielens(path: Path | str) -> Interactions:
     return Interactions(frame, items, str(path))
 
 
-def download_movielens_100k(dest: Path) -> Path:
+def download_movielens_100k(
+    dest: Path,
+    url: str = ML100K_URL,
+    *,
+    attempts: int = ATTEMPTS,
+    backoff: float = BACKOFF_SECONDS,
+    progress: bool = True,
+) -> Path:
     """Downloads and extracts MovieLens-100K into ``dest``, verified against the official release.
 
-    The archive is extracted beside ``dest/ml-100k`` and renamed into place only once it
-    verifies, so a failed or corrupted download never leaves a folder that looks complete.
+    The archive is downloaded to ``dest/ml-100k.zip.part`` with a progress bar, retried and
+    resumed (:func:`~retrieval.data.download.download_file`; a later run continues it), then
+    extracted beside ``dest/ml-100k`` and renamed into place only once it verifies, so a failed
+    or corrupted download never leaves a folder that looks complete.
 
     Returns:
         The ``dest/ml-100k`` folder (an existing one is verified and reused without downloading).
 
     Raises:
-        DataError: the files do not match the official release.
+        DataError: the download failed (no network, a server error) or the files do not match
+            the official release; one line saying what happened and what to do instead.
     """
     folder = Path(dest) / "ml-100k"
     if (folder / "u.data").is_file():
         verify_movielens_100k(folder)
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = folder.parent / "ml-100k.zip.part"
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        download_file(url, partial, attempts=attempts, backoff=backoff, progress=progress)
+    except OSError as e:  # DownloadError, or a folder that cannot be written
+        raise DataError(f"cannot download MovieLens-100K from {url}: {e}; {_instead(folder)}") from None
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        archive = Path(tmp) / "ml-100k.zip"
-        with urllib.request.urlopen(ML100K_URL, timeout=60) as response, open(archive, "wb") as f:
-            shutil.copyfileobj(response, f)
-        with zipfile.ZipFile(archive) as zf:
-            zf.extractall(tmp)
-        verify_movielens_100k(Path(tmp) / "ml-100k")
-        (Path(tmp) / "ml-100k").rename(folder)
+        try:
+            with zipfile.ZipFile(partial) as zf:
+                zf.extractall(tmp)
+            verify_movielens_100k(Path(tmp) / "ml-100k")
+            (Path(tmp) / "ml-100k").rename(folder)
+        except (zipfile.BadZipFile, DataError, OSError) as e:
+            partial.unlink(missing_ok=True)  # not the release: the next run downloads it afresh
+            what = str(e).replace(f"{tmp}/", "")  # the archive's own paths, not a deleted folder's
+            raise DataError(
+                f"the archive downloaded from {url} is not the official MovieLens-100K ({what}); "
+                + _instead(folder)
+            ) from None
+    partial.unlink()
     return folder
+
+
+def _instead(folder: Path) -> str:
+    """What to do when the download cannot be had: where to put the files, or the --data flag."""
+    sums = ", ".join(f"{name} {digest}" for name, digest in ML100K_SHA256.items())
+    return (
+        f"put the official ml-100k files (u.data, u.item, u.user, ...) in {folder}, or pass "
+        f"--data PATH to an ML-100K folder (expected SHA-256: {sums})"
+    )
 
 
 def verify_movielens_100k(folder: Path) -> None:

@@ -1,77 +1,198 @@
-"""CSV and Parquet tables of ``user, item, timestamp`` (+ ``title`` and side columns)."""
+"""Tables of interactions: CSV, TSV and Parquet files and pandas DataFrames with a user, an item
+and a timestamp column (+ ``title`` and side columns), under any column names a mapping gives.
+
+The same steps read every table, and RecBole's atomic files (:mod:`retrieval.data.recbole`):
+:func:`table_interactions` renames the columns (:mod:`retrieval.data.columns`), checks the ids
+and converts the timestamps to Unix seconds by the table's unit.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import io
+import json
 import logging
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from retrieval.data.columns import REQUIRED_COLUMNS, TIMESTAMP_UNITS, check_columns
 from retrieval.data.errors import DataError
 from retrieval.data.interactions import Interactions
 from retrieval.data.parsing import INT64_MAX, INT64_MIN, INTEGER, field_count_error, read_text
 
 log = logging.getLogger(__name__)
 
+TABLE_SUFFIXES = (".csv", ".tsv", ".parquet")
+"""Files read as tables: ``.csv`` (comma-separated, unless its header line holds no comma and a
+tab or a semicolon), ``.tsv`` (tab-separated) and ``.parquet``."""
 
-REQUIRED_COLUMNS = ("user", "item", "timestamp")
+FRAME_SOURCE = "<DataFrame"
+"""How a pandas DataFrame is named where a path would be (``data.path`` of a run trained on one):
+``<DataFrame 1000 rows, 3 columns, sha256 ...>`` (:func:`frame_source`)."""
+
+SECONDS_LOOK_LIKE_MS = 10**11
+"""Timestamps above this read as seconds are after the year 5138: likely milliseconds (and
+below it, read as milliseconds, before March 1973: likely seconds). Only logged: the unit given wins."""
 
 
-def load_table(path: Path | str) -> Interactions:
-    """Loads a CSV (UTF-8, with a header) or Parquet table with columns ``user, item, timestamp``.
+def load_table(
+    path: Path | str, columns: Mapping[str, str] | None = None, timestamp_unit: str = "s"
+) -> Interactions:
+    """Loads a CSV or TSV file (UTF-8, with a header) or a Parquet file of interactions.
 
-    Other columns are kept in the events as they are (CSV columns that are all numbers become
-    numeric); a ``title`` column moves to the items (the first non-empty title of each item).
-    Timestamps are integers (Unix seconds by convention; ``1e3`` is read as 1000); a Parquet
-    datetime column is converted to Unix seconds (naive times taken as UTC). Parquet ids that are
-    whole floats (integer columns with gaps become float) are written without ``.0``.
+    Columns ``user``, ``item`` and ``timestamp`` are required, under these names or those
+    ``columns`` maps them to (``{"user": "uid", "timestamp": "ts"}``, our name -> the file's);
+    see :func:`table_interactions` for the rest: side columns, titles, timestamps.
+
+    A ``.tsv`` file is tab-separated; a ``.csv`` file comma-separated, unless its header line
+    holds no comma and a tab (or a semicolon): then that is the separator. Fields are quoted
+    as in CSV.
 
     Raises:
         DataError: unreadable file, missing or duplicate columns, wrong field count, empty or
-            non-scalar ids, or a timestamp that is not an integer in the int64 range.
+            non-scalar ids, or a timestamp that the unit does not read.
     """
     path = Path(path)
     if path.suffix.lower() == ".parquet":
-        frame, lines = _read_parquet(path), None
-        header_at = str(path)
-    else:
-        frame, lines, header_line = _read_csv(path)
-        header_at = f"{path}, line {header_line}"
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+        frame = _read_parquet(path)
+        return table_interactions(
+            frame, str(path), str(path), lambda row: f"{path}, row {row + 1}", False, columns, timestamp_unit
+        )
+    frame, lines, header_line = _read_csv(path, "\t" if path.suffix.lower() == ".tsv" else None)
+    return table_interactions(
+        frame,
+        str(path),
+        f"{path}, line {header_line}",
+        lambda row: f"{path}, line {lines[row]}",
+        True,
+        columns,
+        timestamp_unit,
+    )
+
+
+def interactions_from_frame(
+    frame: pd.DataFrame, columns: Mapping[str, str] | None = None, timestamp_unit: str = "s"
+) -> Interactions:
+    """Interactions from a pandas DataFrame, read as a Parquet table is (:func:`table_interactions`);
+    the frame itself is not modified. Errors name the row by its position (``row 1`` is the first).
+
+    Example:
+        >>> frame = pd.DataFrame({"uid": ["a", "a"], "sku": [7, 9], "ts": ["2024-05-01", "2024-05-02"]})
+        >>> data = interactions_from_frame(frame, {"user": "uid", "item": "sku", "timestamp": "ts"}, "iso")
+        >>> data.events["timestamp"].tolist()
+        [1714521600, 1714608000]
+
+    Raises:
+        DataError: not a DataFrame, repeated column names, or what :func:`table_interactions` refuses.
+    """
+    if not isinstance(frame, pd.DataFrame):
+        raise DataError(f"expected a pandas DataFrame of interactions, got {type(frame).__name__}")
+    source = "DataFrame"
+    names = [str(c) for c in frame.columns]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise DataError(f"{source}: column(s) {', '.join(map(repr, repeated))} repeated")
+    frame = frame.reset_index(drop=True)
+    frame.columns = pd.Index(names, dtype=object)
+    return table_interactions(
+        frame, source, source, lambda row: f"{source}, row {row + 1}", False, columns, timestamp_unit
+    )
+
+
+def frame_source(frame: pd.DataFrame) -> str:
+    """What stands for a DataFrame where a path would be: its shape and a SHA-256 of its column
+    names, dtypes and values (``<DataFrame 1000 rows, 3 columns, sha256 9f2c...>``), so that a
+    saved configuration says which data it was trained on, and differs when the data does."""
+    digest = hashlib.sha256(json.dumps([[str(c), str(t)] for c, t in frame.dtypes.items()]).encode())
+    try:
+        digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    except TypeError:  # cells pandas cannot hash (lists): their text
+        digest.update(frame.to_csv(index=False).encode())
+    rows, width = frame.shape
+    return f"{FRAME_SOURCE} {rows} rows, {width} columns, sha256 {digest.hexdigest()}>"
+
+
+def table_interactions(
+    frame: pd.DataFrame,
+    source: str,
+    header_at: str,
+    where: Callable[[int], str],
+    from_text: bool,
+    columns: Mapping[str, str] | None = None,
+    timestamp_unit: str = "s",
+    *,
+    need_time: bool = True,
+) -> Interactions:
+    """A table read from a file or given in memory -> :class:`Interactions`.
+
+    1. ``columns`` (our name -> the table's column) renames the table's columns: ``user``,
+       ``item``, ``timestamp``, ``title`` or any side column (``rating`` or ``action`` is the
+       action feature). A column of the table already named like one of ours that the mapping
+       gives another column is dropped (logged).
+    2. ``user`` and ``item`` are ids, kept as text (whole-float ids lose their ``.0``).
+    3. ``timestamp`` becomes int64 Unix seconds by ``timestamp_unit``: ``s`` (integers; ``1e3`` is
+       1000), ``ms`` (integers, floored to seconds) or ``iso`` (ISO-8601 text; no offset = UTC);
+       datetime columns are converted whatever the unit (naive times taken as UTC). When the
+       unit is finer than seconds, a user's events within one second keep their exact order.
+    4. Other columns are kept with the events (text columns that are all numbers become
+       numeric); ``title`` moves to the items (the first non-empty title of each item).
+
+    Args:
+        frame: the table, string columns when ``from_text`` (CSV), typed otherwise.
+        source: the path (or ``DataFrame``) named in errors and kept as the data's source.
+        header_at: where the column names are (``log.csv, line 1``), named in errors.
+        where: row position -> where it is (``log.csv, line 7``), named in errors.
+        from_text: the values are text as written in a file (parsed exactly).
+        columns: the column mapping (:func:`~retrieval.data.columns.check_columns`).
+        timestamp_unit: one of :data:`~retrieval.data.columns.TIMESTAMP_UNITS`.
+        need_time: refuse a table without a timestamp column; else its events are ordered as
+            they come (the position is the timestamp, ``has_time`` false), as RecBole does.
+
+    Raises:
+        DataError: what the steps above refuse, naming the column, row or line.
+    """
+    if timestamp_unit not in TIMESTAMP_UNITS:
+        raise DataError(
+            f"unknown timestamp unit {timestamp_unit!r}; expected one of {', '.join(TIMESTAMP_UNITS)}"
+        )
+    try:
+        mapping = check_columns(columns)
+    except ValueError as e:
+        raise DataError(f"{header_at}: {e}") from None
+    frame = _renamed(frame, mapping, header_at)
+    has_time = "timestamp" in frame.columns
+    required = REQUIRED_COLUMNS if need_time else tuple(c for c in REQUIRED_COLUMNS if c != "timestamp")
+    missing = [c for c in required if c not in frame.columns]
     if missing:
+        hint = "" if mapping else "; name yours with data.columns (e.g. data.columns.user=COLUMN)"
         raise DataError(
             f"{header_at}: missing column(s) {', '.join(missing)}; "
-            f"found: {', '.join(map(str, frame.columns))}"
+            f"found: {', '.join(map(str, frame.columns))}{hint}"
         )
     if frame.empty:
-        raise DataError(f"{path}: empty file (no rows)")
-
-    def where(row: int) -> str:
-        return f"{path}, line {lines[row]}" if lines is not None else f"{path}, row {row + 1}"
-
+        raise DataError(f"{source}: empty file (no rows)")
     for column in ("user", "item"):
-        if lines is None:
+        if not from_text:
             frame[column] = _scalar_ids(frame[column], column, where)
         values = frame[column].astype(str).str.strip()
         bad = frame[column].isna().to_numpy() | (values == "").to_numpy()
         if bad.any():
             raise DataError(f"{where(int(np.argmax(bad)))}: empty {column} id")
         frame[column] = values
-    timestamps, bad = _integer_timestamps(frame["timestamp"], from_text=lines is not None)
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise DataError(
-            f"{where(row)}: timestamp '{frame['timestamp'].iloc[row]}' is not an integer "
-            "(or is outside the int64 range)"
-        )
-    frame["timestamp"] = timestamps
-    if lines is not None:
+    if has_time:
+        frame["timestamp"], exact = _read_timestamps(frame["timestamp"], from_text, timestamp_unit, where)
+        if exact is not None:
+            frame = _exact_order_within_users(frame, exact)
+    else:  # the order of the events as they come, per user
+        frame.insert(2, "timestamp", frame.groupby("user", sort=False).cumcount().astype(np.int64))
+    if from_text:
         for column in frame.columns.difference([*REQUIRED_COLUMNS, "title"]):
             with contextlib.suppress(ValueError, TypeError):  # not all numbers: keep the text
                 frame[column] = pd.to_numeric(frame[column])
@@ -81,7 +202,109 @@ def load_table(path: Path | str) -> Interactions:
         frame = frame.drop(columns="title")
     else:
         items = pd.DataFrame({"item": frame["item"].unique()})
-    return Interactions(frame.reset_index(drop=True), items, str(path))
+    return Interactions(frame.reset_index(drop=True), items, source, has_time=has_time)
+
+
+def _renamed(frame: pd.DataFrame, mapping: dict[str, str], header_at: str) -> pd.DataFrame:
+    """``frame`` (a copy) with the mapping's columns under our names."""
+    absent = [(ours, theirs) for ours, theirs in mapping.items() if theirs not in frame.columns]
+    if absent:
+        named = ", ".join(f"{theirs!r} (data.columns.{ours})" for ours, theirs in absent)
+        found = ", ".join(map(str, frame.columns))
+        raise DataError(f"{header_at}: no column{'s' if len(absent) > 1 else ''} {named}; found: {found}")
+    renamed = {theirs: ours for ours, theirs in mapping.items() if theirs != ours}
+    shadowed = [c for c in frame.columns if c in mapping and mapping[c] != c and c not in renamed]
+    if shadowed:
+        log.info(
+            "%s: column(s) %s left out: data.columns names other columns so", header_at, ", ".join(shadowed)
+        )
+    return frame.drop(columns=shadowed).rename(columns=renamed)
+
+
+def _read_timestamps(
+    values: pd.Series, from_text: bool, unit: str, where: Callable[[int], str]
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Timestamps as int64 Unix seconds ``[n]``, and their exact values (int64 ``[n]`` in the
+    unit's resolution) when it is finer than seconds, else ``None``.
+
+    Raises:
+        DataError: the first value the unit does not read, with a hint when another unit would.
+    """
+    exact: np.ndarray | None = None
+    if pd.api.types.is_datetime64_any_dtype(values):
+        micros, bad = _utc_micros(pd.to_datetime(values, utc=True))
+        seconds, exact = np.floor_divide(micros, 10**6), micros
+    elif unit == "iso":
+        text = values.astype(str).str.strip()
+        numeric = not from_text and (
+            pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values)
+        )
+        parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
+        micros, bad = _utc_micros(parsed)
+        bad |= values.isna().to_numpy(bool) | numeric
+        seconds, exact = np.floor_divide(micros, 10**6), micros
+    else:
+        seconds, bad = _integer_timestamps(values, from_text)
+        if unit == "ms":
+            seconds, exact = np.floor_divide(seconds, 1000), seconds
+    if bad.any():
+        row = int(np.argmax(bad))
+        value = values.iloc[row]
+        if unit == "iso":
+            raise DataError(f"{where(row)}: timestamp '{value}' is not an ISO-8601 date and time")
+        raise DataError(
+            f"{where(row)}: timestamp '{value}' is not an integer (or is outside the int64 range)"
+            + _unit_hint(value)
+        )
+    _check_magnitude(seconds, exact, unit)
+    return seconds.astype(np.int64), exact
+
+
+def _utc_micros(utc: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """UTC datetimes -> int64 microseconds since the epoch ``[n]`` and a bool mask of the missing."""
+    micros = utc.dt.tz_localize(None).to_numpy(dtype="datetime64[us]")
+    bad = np.isnat(micros)
+    return np.where(bad, 0, micros.astype(np.int64)), bad
+
+
+def _unit_hint(value: Any) -> str:
+    """Why an integer timestamp failed, when the value reads as a date: the option to set."""
+    text = str(value).strip()
+    if text.isdigit() or pd.isna(pd.to_datetime(text, format="ISO8601", errors="coerce", utc=True)):
+        return ""
+    return "; it reads as an ISO-8601 date: set data.timestamp_unit=iso"
+
+
+def _check_magnitude(seconds: np.ndarray, exact: np.ndarray | None, unit: str) -> None:
+    """Logs a warning when integer timestamps look like another unit than the one given: a wrong
+    unit shifts every time gap 1000-fold without any error."""
+    if unit == "s" and len(seconds) and np.median(seconds) > SECONDS_LOOK_LIKE_MS:
+        log.warning(
+            "timestamps read as seconds are after the year 5138 (median %d): if they are "
+            "milliseconds, set data.timestamp_unit=ms",
+            int(np.median(seconds)),
+        )
+    elif unit == "ms" and exact is not None and len(exact) and 0 < np.median(exact) < SECONDS_LOOK_LIKE_MS:
+        log.warning(
+            "timestamps read as milliseconds are before March 1973 (median %d): if they are "
+            "seconds, set data.timestamp_unit=s",
+            int(np.median(exact)),
+        )
+
+
+def _exact_order_within_users(frame: pd.DataFrame, exact: np.ndarray) -> pd.DataFrame:
+    """``frame`` with each user's rows put in the order of their exact times, on the rows that
+    user already holds: whole seconds would tie events a millisecond apart, and ties keep the
+    order of the rows (:func:`~retrieval.data.interactions.build_sequences`). Every user keeps
+    the position of its first row, so users stay in order of appearance."""
+    users = pd.factorize(frame["user"])[0]
+    by_time = np.lexsort((exact, users))  # rows grouped by user, each user's by exact time
+    slots = np.lexsort((np.arange(len(frame)), users))  # each user's rows, in row order
+    order = np.empty(len(frame), np.int64)
+    order[slots] = by_time
+    if (order == np.arange(len(frame))).all():
+        return frame
+    return frame.take(order).reset_index(drop=True)
 
 
 def _text_to_int(value: Any) -> int | None:
@@ -109,17 +332,12 @@ def _integer_timestamps(values: pd.Series, from_text: bool) -> tuple[np.ndarray,
 
     Args:
         values: the column as read.
-        from_text: the values are CSV text (parsed exactly); else a Parquet column, where
-            datetimes become Unix seconds and booleans are refused.
+        from_text: the values are CSV text (parsed exactly); else a typed column (Parquet, a
+            DataFrame), where booleans are refused (datetimes are read before, whatever the unit).
     """
     n = len(values)
     if not from_text and pd.api.types.is_bool_dtype(values):
         return np.zeros(n, np.int64), np.ones(n, bool)
-    if not from_text and pd.api.types.is_datetime64_any_dtype(values):
-        utc = pd.to_datetime(values, utc=True)
-        bad = utc.isna().to_numpy()
-        seconds = (utc - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(seconds=1)
-        return np.where(bad, 0, seconds.fillna(0).to_numpy()).astype(np.int64), bad
     numeric = pd.to_numeric(values, errors="coerce")
     if pd.api.types.is_integer_dtype(numeric):
         bad = numeric.isna().to_numpy(bool).copy()
@@ -158,10 +376,16 @@ def _scalar_ids(values: pd.Series, column: str, where: Any) -> pd.Series:
     return values
 
 
-def _read_csv(path: Path) -> tuple[pd.DataFrame, list[int], int]:
+def _read_csv(path: Path, delimiter: str | None) -> tuple[pd.DataFrame, list[int], int]:
     """A CSV with a header -> string columns, the 1-based line where each row starts, and the
-    header's line (blank lines before it are skipped)."""
-    reader = csv.reader(io.StringIO(read_text(path, "utf-8-sig"), newline=""))
+    header's line (blank lines before it are skipped).
+
+    ``delimiter`` None: a comma, unless the header line holds none and a tab or a semicolon.
+    """
+    text = read_text(path, "utf-8-sig")
+    if delimiter is None:
+        delimiter = _sniff_delimiter(text)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     rows: list[list[str]] = []
     lines: list[int] = []
     blank, pending = -1, 0  # blank lines before the last row (the loop below counts the header)
@@ -197,6 +421,15 @@ def _read_csv(path: Path) -> tuple[pd.DataFrame, list[int], int]:
     if blank:
         log.info("%s: skipped %d blank line(s)", path, blank)
     return pd.DataFrame(rows, columns=header, dtype=object), lines, header_line
+
+
+def _sniff_delimiter(text: str) -> str:
+    """A ``.csv`` file's separator, read from its header line: a comma, unless the line holds
+    none and a tab or a semicolon (a tab first)."""
+    header = next((line for line in text.split("\n") if line.strip()), "")
+    if "," not in header:
+        return next((d for d in ("\t", ";") if d in header), ",")
+    return ","
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from .config import (
 )
 from .distribute import is_chief, make_strategy
 from .examples import make_examples, mask_items
-from .inputs import InMemoryData, PreparedData, TrainingData, open_training_data
+from .inputs import InMemoryData, PreparedData, TrainingData, open_training_data, read_interactions
 from .model import TwoTowerModel, build_model, export_user_tower, takes_side_information
 from .optimizer import make_optimizer
 from .presets import PRESETS, TOWERS, Preset, apply_preset, get_preset, preset_for, preset_names
@@ -64,6 +64,7 @@ __all__ = [
     "plot_user_attention",
     "preset_for",
     "preset_names",
+    "read_interactions",
     "run_folder",
     "save_model",
     "streaming_dataset",

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from retrieval.config import check_fields, config_from_dict, config_to_dict, config_to_json
+from retrieval.data.columns import TimestampUnit, check_columns
 
 TrainingProtocol = Literal["loo", "loo-refit", "comirec"]
 """``DataConfig.protocol``: how a run splits its data (:mod:`retrieval.training.protocols`)."""
-DataFormat = Literal["movielens", "s3rec", "table", "prepared"]
+DataFormat = Literal["movielens", "s3rec", "sasrec", "table", "recbole", "prepared"]
 """``DataConfig.format``: the loaders' formats (:data:`retrieval.data.loaders.FORMATS`) and ``prepared``."""
 Fusion = Literal["none", "sum", "concat", "gated", "nova"]
 """``ModelConfig.fusion``: how sasrec and bert4rec fuse side information (``towers.side.FUSIONS``)."""
@@ -64,6 +65,13 @@ class DataConfig:
     validation/test users' first 80% of events predict the remaining 20%). ``shuffle_buffer``:
     ``prepared`` only, the examples gathered before each shuffle (memory ~ ``shuffle_buffer``
     × ``max_len`` × 4 bytes per input).
+
+    Tables (CSV, TSV, Parquet, a DataFrame) and RecBole files name their columns as they like:
+    ``columns`` maps ours (``user``, ``item``, ``timestamp``, ``title``, side columns such as
+    ``rating``) to theirs, e.g. ``{"user": "uid", "item": "product_id", "timestamp": "ts"}``
+    (``--set data.columns.user=uid``), and ``timestamp_unit`` says how their times are
+    written: ``s`` (integer Unix seconds, the default), ``ms`` (integer milliseconds) or
+    ``iso`` (ISO-8601 text) (:func:`retrieval.data.tables.table_interactions`).
     """
 
     path: str = ""
@@ -71,9 +79,12 @@ class DataConfig:
     protocol: TrainingProtocol = "loo"
     split_seed: int = 42
     shuffle_buffer: int = 100_000
+    columns: dict[str, str] = field(default_factory=dict)
+    timestamp_unit: TimestampUnit = "s"
 
     def __post_init__(self) -> None:
         check_fields(self)
+        object.__setattr__(self, "columns", check_columns(self.columns))  # names as text
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Two sources implement it: the interactions loaded in memory (:class:`InMemoryData`, every format
 of :mod:`retrieval.data`, split and scored by a :class:`Protocol`) or streamed from a prepared
 folder (:class:`PreparedData`, :mod:`retrieval.data.prepared`, leave-one-out only);
-:func:`open_training_data` picks the one a configuration names.
+:func:`open_training_data` picks the one a configuration names (or a pandas DataFrame given to
+:func:`~retrieval.training.run.train`), :func:`read_interactions` reads the in-memory ones.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import tensorflow as tf
 
 from retrieval.artifacts.model import ModelArtifact
+from retrieval.data.errors import DataError
 from retrieval.data.features import (
     SideVocab,
     attribute_table,
@@ -24,9 +27,10 @@ from retrieval.data.features import (
     parse_side_features,
     user_event_features,
 )
-from retrieval.data.interactions import build_sequences
+from retrieval.data.interactions import Interactions, build_sequences
 from retrieval.data.loaders import load_interactions
 from retrieval.data.prepared import reader as pdata
+from retrieval.data.tables import interactions_from_frame
 from retrieval.data.vocab import ItemVocab
 from retrieval.evaluation.evaluate import (
     full_ranking_top_k,
@@ -34,7 +38,7 @@ from retrieval.evaluation.evaluate import (
 )
 from retrieval.evaluation.prepared import evaluate_prepared, popularity_prepared
 from retrieval.training.batches import epoch_batches
-from retrieval.training.config import Config
+from retrieval.training.config import Config, DataConfig
 from retrieval.training.examples import make_examples
 from retrieval.training.protocols import BASELINE_K, LOO_SHOWN, make_protocol
 from retrieval.training.streaming import streaming_dataset
@@ -109,10 +113,12 @@ class InMemoryData(TrainingData):
 
     Args:
         config: the run's configuration (``data`` and ``model.side_features`` are read).
+        frame: the interactions as a pandas DataFrame (columns named per ``data.columns``),
+            read instead of ``data.path``.
     """
 
-    def __init__(self, config: Config) -> None:
-        data = build_sequences(load_interactions(config.data.path, config.data.format))
+    def __init__(self, config: Config, frame: pd.DataFrame | None = None) -> None:
+        data = build_sequences(read_interactions(config.data, frame))
         self.rules = make_protocol(config.data, data)
         side = build_side_vocab(data, parse_side_features(config.model.side_features))
         external = None
@@ -240,13 +246,33 @@ class PreparedData(TrainingData):
         return popularity_prepared(self.prepared, split)
 
 
-def open_training_data(config: Config) -> TrainingData:
+def open_training_data(config: Config, frame: pd.DataFrame | None = None) -> TrainingData:
     """The data ``config.data`` names: :class:`PreparedData` for format ``prepared`` (or, with
-    no format given, a path holding a prepared folder), else :class:`InMemoryData`."""
+    no format given, a path holding a prepared folder), else :class:`InMemoryData` (of
+    ``frame`` when one is given)."""
+    if frame is not None:
+        return InMemoryData(config, frame)
     data_format = config.data.format
     if data_format is None and pdata.is_prepared(config.data.path):
         data_format = "prepared"
     return PreparedData(config) if data_format == "prepared" else InMemoryData(config)
+
+
+def read_interactions(data: DataConfig, frame: pd.DataFrame | None = None) -> Interactions:
+    """The interactions ``data`` names, read in memory with its column mapping and timestamp
+    unit: ``frame`` when given (a table, :func:`~retrieval.data.tables.interactions_from_frame`),
+    else the file or folder at ``data.path`` (:func:`~retrieval.data.loaders.load_interactions`).
+
+    Raises:
+        DataError: what the loader refuses; a frame with a format other than ``table``.
+    """
+    if frame is None:
+        return load_interactions(
+            data.path, data.format, columns=data.columns, timestamp_unit=data.timestamp_unit
+        )
+    if data.format not in (None, "table"):
+        raise DataError(f"a DataFrame is a table: data.format {data.format!r} does not apply to it")
+    return interactions_from_frame(frame, data.columns, data.timestamp_unit)
 
 
 def item_counts(sequences: Sequence[np.ndarray], num_embeddings: int) -> np.ndarray:

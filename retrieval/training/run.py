@@ -14,16 +14,18 @@ import logging
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
+import pandas as pd
 import tensorflow as tf
 
 from retrieval.artifacts.model import KIND, SIDE_FILE
 from retrieval.data.features import SideVocab
+from retrieval.data.tables import frame_source
 from retrieval.data.vocab import ItemVocab
 from retrieval.storage.folders import remove_folder, remove_stale_temporaries, write_artifact
 from retrieval.storage.manifest import ArtifactError, read_manifest
@@ -209,8 +211,20 @@ def train(
     resume: bool = False,
     tensorboard: Path | None = None,
     strategy: tf.distribute.Strategy | None = None,
+    data: pd.DataFrame | str | Path | None = None,
 ) -> TrainResult:
     """Trains the configured towers and writes the model artifact to ``out``.
+
+    The interactions are ``config.data.path``, or ``data``: a path (which replaces it) or a
+    pandas DataFrame, read as a table with ``config.data.columns`` and ``timestamp_unit``. The
+    artifact's ``config.json`` then names the frame by its shape and SHA-256 in ``data.path``
+    (:func:`~retrieval.data.tables.frame_source`): honest about what trained it, and refused
+    by the loaders if given again as a path (pass the frame again, or ``--data``).
+
+    Example:
+        >>> frame = pd.DataFrame({"user": [...], "item": [...], "timestamp": [...]})
+        >>> result = train(Config(), "runs/mine", data=frame)
+        >>> result.test["ndcg@10"]
 
     The run keeps a checkpoint of every epoch in ``out.partial/`` (removed once ``out`` is
     written); ``resume`` continues an interrupted run from its last checkpoint (same
@@ -232,10 +246,15 @@ def train(
         tensorboard: write TensorBoard logs (loss, learning rate, validation metrics) there (chief only).
         strategy: a ``tf.distribute`` strategy (:func:`~retrieval.training.distribute.make_strategy`);
             None = the current one.
+        data: the interactions, instead of ``config.data.path``: a path, or a DataFrame.
 
     Returns:
         What the run measured, also written to ``out/metrics.json``.
     """
+    frame = data if isinstance(data, pd.DataFrame) else None
+    if data is not None:
+        path = frame_source(frame) if frame is not None else str(data)
+        config = replace(config, data=replace(config.data, path=path))
     if not config.data.path:
         raise ValueError("config.data.path is empty: give the interactions to train on")
     if config.data.protocol == "loo-refit" and config.train.patience > 0:
@@ -253,7 +272,7 @@ def train(
     elif resume and not overwrite and (finished := _finished_run(config, Path(out))) is not None:
         return finished
     with _outputs(config, Path(out), strategy, resume, overwrite) as where:
-        return _train(config, where, overwrite, verbose, tensorboard, strategy)
+        return _train(config, where, overwrite, verbose, tensorboard, strategy, frame)
 
 
 def _train(
@@ -263,10 +282,11 @@ def _train(
     verbose: int | str,
     tensorboard: Path | None,
     strategy: tf.distribute.Strategy,
+    frame: pd.DataFrame | None = None,
 ) -> TrainResult:
     """:func:`train` once the outputs are settled."""
     keras.utils.set_random_seed(config.train.seed)
-    data = open_training_data(config)
+    data = open_training_data(config, frame)
     t, max_len, replicas = config.train, config.model.max_len, int(strategy.num_replicas_in_sync)
     # Variables (weights, optimizer slots, the sampler's seed counters) are created in the
     # strategy's scope: mirrored on every replica.

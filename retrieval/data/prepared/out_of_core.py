@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from retrieval.data.columns import REQUIRED_COLUMNS
 from retrieval.data.errors import DataError
 from retrieval.data.prepared.partitions import (
     ROW_COLUMN,
@@ -30,7 +31,6 @@ from retrieval.data.prepared.partitions import (
     user_table,
 )
 from retrieval.data.prepared.reader import COUNTS_FILE, VOCAB_FILE, resolve
-from retrieval.data.tables import REQUIRED_COLUMNS
 from retrieval.data.vocab import ItemVocab
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ formats :func:`~retrieval.data.loaders.load_interactions` reads, out of core for
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,9 @@ def prepare(
     batch_rows: int = BATCH_ROWS,
     overwrite: bool = False,
     progress: bool = True,
+    *,
+    columns: Mapping[str, str] | None = None,
+    timestamp_unit: str = "s",
 ) -> PreparedSummary:
     """Converts interactions into the prepared layout (:mod:`retrieval.data.prepared`) at ``out``.
 
@@ -90,14 +93,19 @@ def prepare(
         path: the input: anything :func:`~retrieval.data.loaders.load_interactions` reads, or (format
             ``dataset``) a folder of Parquet/CSV files, one such file, or a URI Arrow reads.
         out: the folder to write (local).
-        format: one of :data:`FORMATS`; None = a folder without MovieLens files or a URI is a
-            ``dataset``, anything else is detected by :func:`~retrieval.data.loaders.load_interactions`.
+        format: one of :data:`FORMATS`; None = a folder without MovieLens or RecBole files, or a
+            URI, is a ``dataset``, anything else is detected by
+            :func:`~retrieval.data.loaders.load_interactions`.
         partitions: number of partition files; None = :func:`partitions_for` the input's events.
         events_per_partition: the partition size aimed at when ``partitions`` is None.
         users_per_row_group: users per Parquet row group (the readers' unit).
         batch_rows: rows per record batch read from a ``dataset`` input.
         overwrite: replace an existing ``out``.
         progress: show progress bars (on stderr).
+        columns: how a table or RecBole input names its columns (our name -> its own,
+            :func:`~retrieval.data.loaders.load_interactions`); in-memory formats only.
+        timestamp_unit: how a table or RecBole input writes its times (``s``, ``ms``, ``iso``);
+            in-memory formats only.
 
     Returns:
         What was written (the manifest's metadata).
@@ -119,7 +127,15 @@ def prepare(
         raise FileExistsError(f"{out} already exists (pass overwrite to replace it)")
     # The input is read (and checked) before the artifact is started, for in-memory formats;
     # the dataset path is checked as it streams, inside the temporary folder.
-    data = build_sequences(load_interactions(path, format)) if format != "dataset" else None
+    if format == "dataset" and (columns or timestamp_unit != "s"):
+        raise DataError(
+            f"{path}: a column mapping or timestamp unit is not read out of core (format dataset) "
+            "yet: name the columns user, item, timestamp (Unix seconds), or prepare a single file"
+        )
+    data = None
+    if format != "dataset":
+        loaded = load_interactions(path, format, columns=columns, timestamp_unit=timestamp_unit)
+        data = build_sequences(loaded)
     meta: dict[str, Any] = {
         "source": str(path),
         "format": format or "detected",
@@ -158,7 +174,8 @@ def _detect_format(path: str | Path) -> str | None:
     if "://" in text:
         return "dataset"
     folder = Path(text)
-    if folder.is_dir() and not ((folder / "u.data").is_file() or (folder / "ratings.dat").is_file()):
+    known = ("u.data", "ratings.dat", f"{folder.name}.inter")  # MovieLens and RecBole folders
+    if folder.is_dir() and not any((folder / name).is_file() for name in known):
         return "dataset"
     return None  # load_interactions detects it (or says why it cannot)
 

@@ -85,7 +85,7 @@ def test_save_and_load_round_trip(tmp_path) -> None:
 # --- Literal options, checked when a config is built ------------------------------------------------
 
 OPTIONS = {
-    DataConfig: {"format", "protocol"},
+    DataConfig: {"format", "protocol", "timestamp_unit"},
     ModelConfig: {"fusion"},
     TrainConfig: {"objective", "loss", "sampler", "interest_selection", "lr_schedule", "lr_scaling"},
     RankerConfig: {"item_init", "unclicked", "retrieval_fit"},
@@ -139,7 +139,7 @@ def test_a_bad_option_value_is_refused_when_the_config_is_built(cls: type, name:
             "data.protocol=loo-full",
             "data.protocol: unknown protocol 'loo-full'; expected one of loo, loo-refit, comirec",
         ),
-        ("data.format=csv", "expected one of movielens, s3rec, table, prepared"),
+        ("data.format=csv", "expected one of movielens, s3rec, sasrec, table, recbole, prepared"),
         (
             "model.fusion=add",
             "model.fusion: unknown fusion 'add'; expected one of none, sum, concat, gated, nova",

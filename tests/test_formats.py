@@ -430,6 +430,34 @@ def test_a_csv_with_other_column_names_trains_with_one_command(tmp_path: Path) -
     assert set(json.loads((tmp_path / "m" / "vocab.json").read_text())["ids"]) <= {f"p{i}" for i in range(40)}
 
 
+def test_the_columns_flag_and_the_tools_after_training_read_the_table_as_training_did(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--columns`` is the mapping in one flag; evaluate and build-index read the same mapped table
+    with the model's own mapping and unit (from its config.json), with no flag of their own."""
+    csv = shop_log(tmp_path / "shop.csv")
+    model = tmp_path / "m"
+    flags = ["--columns", "user=uid,item=product_id,timestamp=ts,rating=stars", "--timestamp-unit", "ms"]
+    assert run_tool("train", "--data", str(csv), *flags, "--out", str(model), *TINY) == 0
+    config = json.loads((model / "config.json").read_text())["data"]
+    assert config["columns"] == {"user": "uid", "item": "product_id", "timestamp": "ts", "rating": "stars"}
+    assert config["timestamp_unit"] == "ms"
+    capsys.readouterr()
+    assert run_tool("evaluate", "--model", str(model), "--data", str(csv)) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    trained = json.loads((model / "metrics.json").read_text())["test"]  # the same split and model
+    assert evaluated["users"] > 0
+    assert evaluated["ndcg@10"] == pytest.approx(trained["ndcg@10"]) and evaluated["hr@10"] == pytest.approx(
+        trained["hr@10"]
+    )
+    index = tmp_path / "index"
+    assert (
+        run_tool("build_index", "--model", str(model), "--out", str(index), "--data", str(csv), "--k", "5")
+        == 0
+    )
+    assert json.loads((index / "manifest.json").read_text())["measured"]["query_source"] == "users"
+
+
 def test_a_missing_mapped_column_fails_the_command_with_the_file_and_column(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

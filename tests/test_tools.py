@@ -254,7 +254,8 @@ def test_spelt_out_values_agree_with_the_library() -> None:
     import retrieval.cli.prepare as prepare
     import retrieval.data
 
-    for name in ("FORMATS", "MAX_PARTITIONS", "EVENTS_PER_PARTITION", "USERS_PER_ROW_GROUP", "BATCH_ROWS"):
+    names = ("FORMATS", "TIMESTAMP_UNITS", "MAX_PARTITIONS", "EVENTS_PER_PARTITION", "USERS_PER_ROW_GROUP")
+    for name in (*names, "BATCH_ROWS"):
         assert getattr(prepare, name) == getattr(retrieval.data, name), name
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from index import FaissIndex, VectorIndex, exact_neighbours, recall_of, tune
 from index.tuning import TuningResult, measure_latency
-from retrieval.artifacts.model import ModelArtifact
+from retrieval.artifacts.model import ModelArtifact, data_options
 from retrieval.storage.folders import write_artifact
 from retrieval.storage.manifest import ArtifactError, contained_file, derived_version, read_manifest
 from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current
@@ -125,7 +125,7 @@ def user_interest_queries(
     from retrieval.data.splits import leave_one_out
     from retrieval.data.vocab import PAD
 
-    data = build_sequences(load_interactions(data_path, data_format))
+    data = build_sequences(load_interactions(data_path, data_format, **data_options(model.path)))
     to_model = np.concatenate([[PAD], model.vocab.lookup(list(data.vocab.ids))])
     histories = [to_model[h] for h in leave_one_out(data).test_histories]
     histories = [h[h != PAD] for h in histories if (h != PAD).any()]

@@ -352,6 +352,19 @@ def encode_histories(
     return out
 
 
+def data_options(model_dir: Path | None) -> dict[str, Any]:
+    """How a model's training read its table (``columns``, ``timestamp_unit``, from the model
+    folder's ``config.json``), to read other data of the same shape alike; the defaults for a
+    model in memory (``None``) or a folder written before the options existed.
+
+    Example:
+        >>> load_interactions(path, format, **data_options(model.path))
+    """
+    path = None if model_dir is None else Path(model_dir) / CONFIG_FILE
+    data = json.loads(path.read_text(encoding="utf-8")).get("data", {}) if path and path.is_file() else {}
+    return {"columns": dict(data.get("columns") or {}), "timestamp_unit": data.get("timestamp_unit", "s")}
+
+
 def read_item_attributes(model_dir: Path) -> dict[str, list[str]] | None:
     """A model folder's ``item_attributes.json`` (external id -> attributes); ``None`` without one."""
     path = Path(model_dir) / ATTRIBUTES_FILE

@@ -26,7 +26,8 @@ from retrieval.storage import ArtifactError
 __all__ = ["main", "parse_args"]
 
 # retrieval.data's values, spelt out so that --help loads no pandas (a test checks that they agree).
-FORMATS = ("movielens", "s3rec", "table", "dataset")
+FORMATS = ("movielens", "s3rec", "sasrec", "table", "recbole", "dataset")
+TIMESTAMP_UNITS = ("s", "ms", "iso")
 MAX_PARTITIONS = 4096
 EVENTS_PER_PARTITION = 2_000_000
 USERS_PER_ROW_GROUP = 1024
@@ -39,6 +40,17 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
     )
     p.add_argument("--data", required=True, help="input: file, folder or URI")
     p.add_argument("--format", choices=FORMATS, help="override format detection")
+    p.add_argument(
+        "--columns",
+        metavar="NAME=COLUMN,...",
+        help="a table's column names for ours, e.g. user=uid,item=product_id",
+    )
+    p.add_argument(
+        "--timestamp-unit",
+        choices=TIMESTAMP_UNITS,
+        default="s",
+        help="a table's timestamps (default %(default)s)",
+    )
     p.add_argument("--out", required=True, type=Path, help="prepared folder to create")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument(
@@ -67,7 +79,7 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
-    from retrieval.data import prepare  # here, never for --help: the data layer loads pandas
+    from retrieval.data import parse_columns, prepare  # here, never for --help: prepare loads pandas
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -75,6 +87,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             args.data,
             args.out,
             format=args.format,
+            columns=parse_columns(args.columns) if args.columns else None,
+            timestamp_unit=args.timestamp_unit,
             partitions=args.partitions,
             events_per_partition=args.events_per_partition,
             users_per_row_group=args.users_per_row_group,

@@ -32,7 +32,7 @@ from pathlib import Path
 # Configuration only (no TensorFlow, no data libraries): the training itself is imported in
 # main, once the configuration is known to be valid.
 from retrieval.config import apply_overrides, config_to_json, load_config_file, update_config
-from retrieval.data import DATA_ROOT_ENV
+from retrieval.data import DATA_ROOT_ENV, TIMESTAMP_UNITS, parse_columns
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.storage import ArtifactError
 from retrieval.training import (
@@ -55,6 +55,7 @@ __all__ = ["main", "parse_args"]
 FLAG_FIELDS = {
     "data": "data.path",
     "format": "data.format",
+    "timestamp_unit": "data.timestamp_unit",
     "protocol": "data.protocol",
     "model": "model.tower",
     "dim": "model.dim",
@@ -81,7 +82,21 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
     p = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--data", help="interactions: ML-100K/1M folder, S3-Rec .txt, CSV or Parquet")
+    p.add_argument(
+        "--data",
+        help="interactions: ML-100K/1M folder, S3-Rec or SASRec .txt, CSV/TSV/Parquet, RecBole .inter",
+    )
+    p.add_argument(
+        "--columns",
+        metavar="NAME=COLUMN,...",
+        help="the table's column names for ours, e.g. user=uid,item=product_id,timestamp=ts,rating=stars "
+        "(replaces data.columns)",
+    )
+    p.add_argument(
+        "--timestamp-unit",
+        choices=TIMESTAMP_UNITS,
+        help="how the table's timestamps are written: Unix seconds (default), milliseconds, ISO-8601",
+    )
     p.add_argument(
         "--format",
         choices=DATA_FORMATS,
@@ -155,6 +170,8 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
     config = apply_overrides(Config(), preset.overrides) if preset else Config()
     if args.config is not None:
         config = update_config(config, load_config_file(args.config))
+    if args.columns is not None:
+        config = update_config(config, {"data": {"columns": parse_columns(args.columns)}})
     flags = [
         f"{field}={getattr(args, dest)}"
         for dest, field in FLAG_FIELDS.items()

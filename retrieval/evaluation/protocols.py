@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from index import VectorIndex
-from retrieval.artifacts.model import ModelArtifact
+from retrieval.artifacts.model import ModelArtifact, data_options
 from retrieval.data.features import history_features, user_event_features
 from retrieval.data.interactions import Interactions, build_sequences
 from retrieval.data.loaders import load_interactions
@@ -115,7 +115,7 @@ def evaluate_protocol(
         raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
     if protocol == "loo-sampled" and index is not None:
         raise ValueError("loo-sampled scores the target and its negatives exactly: an index does not apply")
-    interactions = load_interactions(data_path, data_format)
+    interactions = load_interactions(data_path, data_format, **data_options(model.path))
     data = build_sequences(interactions)
     to_model = np.concatenate([[PAD], model.vocab.lookup(list(data.vocab.ids))])  # data id -> model id
     per_user = user_event_features(data, model.side)  # encoded with the model's vocabularies

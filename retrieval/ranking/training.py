@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from rankers import Ranker, build_ranker, ranker_class
+from retrieval.artifacts.model import data_options
 from retrieval.artifacts.ranker import UNCLICKED_RANKERS, save_ranker
 from retrieval.artifacts.ranker_inputs import AttributeTable
 from retrieval.artifacts.ranker_scorer import RankerScorer, with_attributes
@@ -454,6 +455,7 @@ def train_ranker_from_dirs(
             "%s reads per-event side features %s: retrieval for the ranking examples gives it item "
             "ids only (unknown events)", model_dir, list(retriever.model.side.event_features),
         )  # fmt: skip
-    sequences = build_sequences(load_interactions(data_path, data_format))
+    options = data_options(retriever.model.path)
+    sequences = build_sequences(load_interactions(data_path, data_format, **options))
     data = build_ranking_data(retriever.model, retriever.index, sequences, config)
     return train_ranker(config, data, out, overwrite=overwrite, verbose=verbose).metrics

@@ -7,28 +7,34 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from retrieval.artifacts.model import data_options
 from retrieval.data.interactions import build_sequences
 from retrieval.data.loaders import load_interactions
 from retrieval.data.vocab import ItemVocab
 
 
 def user_history(
-    data_path: str | Path, user: str, vocab: ItemVocab, data_format: str | None = None
+    data_path: str | Path,
+    user: str,
+    vocab: ItemVocab,
+    data_format: str | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> np.ndarray:
     """The user's whole sequence in ``data_path``, oldest first, as dense ids of the model's ``vocab``.
 
-    Items the model does not know are dropped (the tower could not embed them).
+    Items the model does not know are dropped (the tower could not embed them). ``options``: the
+    table's column mapping and timestamp unit (:func:`~retrieval.artifacts.model.data_options`).
 
     Raises:
         ValueError: the user is not in the data, or none of their items is in the vocabulary.
     """
-    data = build_sequences(load_interactions(data_path, data_format))
+    data = build_sequences(load_interactions(data_path, data_format, **(options or {})))
     if user not in data.users:
         raise ValueError(f"user {user!r} is not in {data_path}")
     sequence = data.sequences[data.users.index(user)]
@@ -110,7 +116,7 @@ def plot_user_attention(
     model_dir = Path(model_dir)
     model = keras.saving.load_model(model_dir / "model.keras")
     vocab = ItemVocab.load(model_dir / "vocab.json")
-    history = user_history(data_path, user, vocab, data_format)
+    history = user_history(data_path, user, vocab, data_format, data_options(model_dir))
     maps = attention_for_history(model, history)
     shown = history[-next(iter(maps.values())).shape[1] :]
     tower = type(model.user_tower).__name__

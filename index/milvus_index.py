@@ -183,10 +183,13 @@ class MilvusIndex(VectorIndex):
         token: str | None = None,
         token_env: str = TOKEN_ENV,
     ) -> MilvusIndex:
-        """Opens an existing collection (or alias); the token as in :meth:`create`."""
+        """Opens an existing collection (or alias) and loads it for search (a collection written
+        by another process, or by a server that restarted since, is released until loaded); the
+        token as in :meth:`create`."""
         client = cls._client_for(uri, token, token_env)
         if not client.has_collection(collection):
             raise FileNotFoundError(f"Milvus collection {collection!r} not found at {uri}")
+        client.load_collection(collection)
         return cls(client, collection, uri=uri, search_params=search_params, token_env=token_env)
 
     def point_alias(self, alias: str) -> None:

@@ -167,6 +167,7 @@ def test_build_index_tool_writes_a_milvus_artifact(
     uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import retrieval.artifacts
+    from retrieval.artifacts import build_index_from_model
     from tests.helpers import FakeModel, run_tool
 
     model = FakeModel.make(150, "model-v3")
@@ -176,7 +177,13 @@ def test_build_index_tool_writes_a_milvus_artifact(
     assert run_tool("build_index", *flags, "--index-type", "FLAT", "--token-env", "TEAM_TOKEN") == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["backend"] == "milvus" and summary["recall@10_vs_exact"] == 1.0  # FLAT is exact
+    # As a server starting later finds it: written by another client, released since.
+    MilvusIndex.connect(uri, "items_model_v3")._client.release_collection("items_model_v3")
     loaded, _ = load_index(out, expected_model_version="model-v3")
+    queries = model.item_embeddings[1:6] + 0.1
+    np.testing.assert_array_equal(
+        loaded.search(queries, 5)[1], build_index_from_model(model).search(queries, 5)[1]
+    )
     assert isinstance(loaded, MilvusIndex) and loaded.collection == "items_model_v3"
     assert json.loads((out / "milvus.json").read_text())["token_env"] == "TEAM_TOKEN"
     for bad in (

@@ -428,6 +428,7 @@ def test_a_preset_needs_a_data_root_unless_the_data_is_given(
     assert printed["data"]["path"] == str(tmp_path / "amazon-beauty" / "Beauty.txt")
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_a_trained_models_config_json_repeats_its_run(
     synthetic_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

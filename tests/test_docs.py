@@ -298,6 +298,7 @@ def command_name(what: str) -> str | None:
 # ---------------------------------------------------------------- the site
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_site_builds_strict(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings_handlers.python")
@@ -349,6 +350,7 @@ def test_commands_name_existing_programs_and_flags() -> None:
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_quick_commands_run(tmp_path: Path) -> None:
     """``--help`` of every named command, and training configurations through ``--print-config``."""
     root = tmp_path / "data-root"  # the public datasets' layout, empty: --print-config reads no data
@@ -401,6 +403,7 @@ def test_quick_commands_run(tmp_path: Path) -> None:
     assert ran >= 10, f"only {ran} training commands ran through --print-config"
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_python_blocks_compile_and_import_what_exists() -> None:
     griffe = pytest.importorskip("griffe")
     loader = griffe.GriffeLoader(search_paths=[str(REPO_ROOT)])

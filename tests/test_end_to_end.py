@@ -122,6 +122,7 @@ def test_evaluate_through_flat_index_equals_exact(trained, synthetic_csv, capsys
     assert exact["ndcg@10"] == pytest.approx(trained_test["ndcg@10"], abs=1e-6)
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_item_attributes_and_titles_travel_into_the_artifact(tmp_path) -> None:
     lines = [f"{u} " + " ".join(str(1 + (u + i) % 9) for i in range(6)) for u in range(1, 13)]
     (tmp_path / "Toy.txt").write_text("\n".join(lines) + "\n")
@@ -202,6 +203,7 @@ def test_evaluate_tool_reproduces_training_metrics_with_side_features(side_info_
     assert evaluated["ndcg@50"] == pytest.approx(trained_test["ndcg@50"], abs=1e-6)
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_gap_to_request_time_is_the_same_in_training_evaluation_and_serving(
     synthetic_csv, tmp_path, capsys
 ) -> None:

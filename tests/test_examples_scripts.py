@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # each runs an example script end to end: 5-8 s
 
 EXAMPLES = REPO_ROOT / "examples"
 RECOMMENDED = re.compile(r"^ +(\S+) +score +-?\d+\.\d{3} +interest \d+$", re.MULTILINE)

@@ -430,6 +430,7 @@ def test_a_csv_with_other_column_names_trains_with_one_command(tmp_path: Path) -
     assert set(json.loads((tmp_path / "m" / "vocab.json").read_text())["ids"]) <= {f"p{i}" for i in range(40)}
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_the_columns_flag_and_the_tools_after_training_read_the_table_as_training_did(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -469,6 +470,7 @@ def test_a_missing_mapped_column_fails_the_command_with_the_file_and_column(
     assert "shop.csv, line 1: no column 'customer' (data.columns.user)" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_a_sasrec_file_trains_with_one_command(synthetic_csv: Path, tmp_path: Path) -> None:
     ours = sequences_of(load_interactions(synthetic_csv))
     pairs = write(tmp_path / "pairs.txt", "".join(f"{u} {i}\n" for u, items in ours.items() for i in items))
@@ -477,6 +479,7 @@ def test_a_sasrec_file_trains_with_one_command(synthetic_csv: Path, tmp_path: Pa
     assert json.loads((tmp_path / "m" / "config.json").read_text())["data"]["format"] is None  # detected
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_a_recbole_inter_file_trains_with_one_command(synthetic_csv: Path, tmp_path: Path) -> None:
     events = load_interactions(synthetic_csv).events
     inter = ["user_id:token\titem_id:token\ttimestamp:float"]
@@ -492,6 +495,7 @@ def test_a_recbole_inter_file_trains_with_one_command(synthetic_csv: Path, tmp_p
     assert attributes["i12"] == ["s1"]
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_train_from_python_on_a_dataframe(
     synthetic_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

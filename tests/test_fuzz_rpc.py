@@ -57,6 +57,7 @@ def answer(client: FuzzClient, served: Served, call: Call) -> list[str]:
     return check_call(call, code, details, response, served)
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 @settings(FUZZ_SETTINGS, max_examples=300)
 @given(call=STRATEGIES.calls())
 def test_every_rpc_answers_a_valid_result_or_a_documented_status(

@@ -15,6 +15,7 @@ from retrieval.training.losses.logits import (
 )
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import LOSSES, RetrievalTask, SampledSoftmaxTask, build_task
+from tests.helpers import tiered
 
 
 def numpy_sampled_softmax(q, pos, pos_ids, neg, neg_ids, pos_logq, neg_logq, temperature, remove_hits):
@@ -219,6 +220,7 @@ def test_task_takes_the_interest_selection_by_name() -> None:
         SampledSoftmaxTask(sampler, 3, interest_selection="label_aware", label_aware_power=-2.0)
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_training_builds_the_task_with_the_configured_selection(synthetic_csv, tmp_path, monkeypatch) -> None:
     import retrieval.training.run
     from retrieval.config import apply_overrides
@@ -566,7 +568,9 @@ def test_build_task_rejects_unknown_names() -> None:
         task_for("in_batch", np.ones(5), np.array([1, 2]), temperature=0.0)
 
 
-@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize(
+    "loss", tiered(LOSSES, slow=set(LOSSES) - {"sampled_softmax", "full_softmax"})
+)  # 1-2 s each
 def test_a_few_steps_reduce_every_loss(loss: str) -> None:
     """A mean-pool tower learns 'next item = the history's item + 1' (tiny synthetic data)."""
     import keras

@@ -297,6 +297,7 @@ def test_runners_are_standalone() -> None:
     assert {p.name for p in peers.RUNNERS.glob("*_runner.py")} == {e.runner for e in peers.PEER_ENVS.values()}
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_ours_worker_trains_on_the_benchmark_split_and_times_each_epoch(
     log_csv: Path, data, tmp_path: Path
 ) -> None:

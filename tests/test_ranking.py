@@ -466,6 +466,7 @@ def test_train_ranker_learns_better_than_random(setup) -> None:
     assert trained.metrics.reranked["auc"] > 0.6
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_item_table_starts_from_the_retrievers_embeddings(setup) -> None:
     data, model, index = setup
     config = RankerConfig(
@@ -540,6 +541,7 @@ def assert_exported_blend(metrics: RankerMetrics, best: dict) -> None:
     )
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_retrieval_fit_on_lists_fits_the_blend_on_the_validation_users_whole_lists(setup) -> None:
     data, model, index = setup
     config = RankerConfig(
@@ -568,6 +570,7 @@ def test_retrieval_fit_on_lists_fits_the_blend_on_the_validation_users_whole_lis
     )
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_retrieval_fit_on_clicks_trains_the_ranker_alone_then_fits_the_blend(setup) -> None:
     data, model, index = setup
     config = RankerConfig(
@@ -607,6 +610,7 @@ def retriever_dirs(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory
     return model_dir, index_dir
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_cli_trains_evaluates_and_writes_a_loadable_artifact(
     synthetic_csv: Path, retriever_dirs: tuple[Path, Path], tmp_path: Path, capsys
 ) -> None:

@@ -179,7 +179,9 @@ def full_softmax_task() -> SampledSoftmaxTask:
     return task
 
 
-@pytest.mark.parametrize("name", tiered(tower_names(), slow={"bert4rec", "sasrec", "din"}))  # 2-4 s each
+@pytest.mark.parametrize(
+    "name", tiered(tower_names(), slow={"bert4rec", "sasrec", "din", "dr", "mind"})
+)  # 2-4 s each
 def test_a_few_training_steps_reduce_the_loss(name: str) -> None:
     keras.utils.set_random_seed(0)
     config = dataclasses.replace(ModelConfig(tower=name, dim=DIM, max_len=MAX_LEN), **KWARGS.get(name, {}))

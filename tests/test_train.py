@@ -77,6 +77,7 @@ def test_same_seed_gives_the_same_loss_trajectory(synthetic_csv, tmp_path, expor
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_resume_finishes_an_interrupted_run_like_an_uninterrupted_one(
     synthetic_csv, tmp_path, monkeypatch, exported, full_run
 ) -> None:
@@ -326,7 +327,7 @@ def planted_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    "tower", tiered(["sasrec", "bert4rec", "youtubednn"], slow={"bert4rec"})
+    "tower", tiered(["sasrec", "bert4rec", "youtubednn"], slow={"bert4rec", "youtubednn"})
 )  # 2-6 s each
 def test_every_objective_learns_a_planted_order_with_length_buckets(
     planted_csv, tmp_path, tower: str
@@ -406,6 +407,7 @@ def test_a_trimmed_batch_has_the_loss_of_the_padded_one(tower: str, objective: s
     assert loss(trimmed, trimmed_y) == pytest.approx(loss(x, y), rel=1e-5)
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path, exported) -> None:
     from retrieval.data.interactions import build_sequences
     from retrieval.data.loaders import load_interactions
@@ -426,6 +428,7 @@ def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path,
         )
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_per_user_test_metrics_average_to_the_runs_own(synthetic_csv, tmp_path) -> None:
     from retrieval.artifacts.model import load_model
     from retrieval.training.inputs import InMemoryData
@@ -440,6 +443,7 @@ def test_per_user_test_metrics_average_to_the_runs_own(synthetic_csv, tmp_path) 
         assert values.mean() == pytest.approx(metrics.test[name], abs=1e-9), name
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv, tmp_path, exported) -> None:
     from retrieval.data.interactions import build_sequences
     from retrieval.data.loaders import load_interactions

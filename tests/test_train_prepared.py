@@ -68,6 +68,7 @@ def test_detection(prepared: Path, synthetic_csv: Path) -> None:
     assert isinstance(opened(config_for(synthetic_csv)), retrieval.training.inputs.InMemoryData)
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_one_batch_per_epoch_trains_as_the_csv_does(
     synthetic_csv: Path, prepared: Path, tmp_path: Path, weights: list[list[np.ndarray]]
 ) -> None:
@@ -88,6 +89,7 @@ def test_one_batch_per_epoch_trains_as_the_csv_does(
         assert a == pytest.approx(b, abs=1e-9)
 
 
+@pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_resume_from_a_prepared_folder(
     prepared: Path, synthetic_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

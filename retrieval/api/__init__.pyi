@@ -1,6 +1,6 @@
 """The public API of :mod:`retrieval.api` (loaded on first use by ``__init__.py``)."""
 
-from .client import RetrievalClient, channel_target, service_config
+from .client import REQUEST_ID, TOKEN_ENV, RetrievalClient, channel_target, request_id, service_config
 from .convert import (
     DEFAULT_MAX_MESSAGE_BYTES,
     SERVICE_NAME,
@@ -42,7 +42,9 @@ __all__ = [
     "MAX_K",
     "MAX_PER_INTEREST_K",
     "MAX_USER_ID",
+    "REQUEST_ID",
     "SERVICE_NAME",
+    "TOKEN_ENV",
     "DeadlineExceeded",
     "InvalidArgument",
     "MergeStrategy",
@@ -59,6 +61,7 @@ __all__ = [
     "model_info_message",
     "query_from_request",
     "request_from_query",
+    "request_id",
     "response_from_result",
     "result_from_response",
     "service_config",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,13 @@ from retrieval.api.convert import (
 )
 from retrieval.api.types import MergeStrategy, Query, Rerank, Retrieved
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
+
+TOKEN_ENV = "MITT_TOKEN"
+"""The environment variable a client reads its bearer token from when given none."""
+
+REQUEST_ID = "x-request-id"
+"""The metadata key of a call's request id: sent by the caller (optional), returned by a server
+that keeps an access log in the call's trailing metadata."""
 
 
 def service_config(retries: int) -> str:
@@ -104,6 +112,8 @@ class RetrievalClient:
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        token: str | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Opens a channel to ``address``: ``host:port``, or a list of replicas' ``ip:port``.
 
@@ -115,6 +125,11 @@ class RetrievalClient:
                 ``tls_key``, both or neither; they need ``tls_ca``).
             tls_key: the client certificate's key.
             max_message_bytes: largest response accepted.
+            token: bearer token sent with every call (``authorization: Bearer <token>``) to a
+                server with access control; ``None`` reads :data:`TOKEN_ENV` (``MITT_TOKEN``)
+                if set, ``""`` sends none. Send it over TLS only, outside a trusted network.
+            metadata: more ``(key, value)`` metadata sent with every call, e.g.
+                ``[("x-request-id", "...")]``.
 
         Raises:
             ValueError: only one of ``tls_cert`` and ``tls_key``, or either without ``tls_ca``;
@@ -141,6 +156,9 @@ class RetrievalClient:
                 certificate_chain=None if tls_cert is None else Path(tls_cert).read_bytes(),
             )
             self._channel = grpc.secure_channel(self.address, credentials, options=options)
+        token = os.environ.get(TOKEN_ENV, "") if token is None else token
+        sent = [*metadata, *([("authorization", f"Bearer {token}")] if token else [])]
+        self._metadata = tuple(sent) or None
         self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -176,7 +194,9 @@ class RetrievalClient:
             history, k, timestamps, actions, merge, diversity_lambda,  # type: ignore[arg-type]
             per_interest_k, exclude, allow, return_interests, user_id, category, request_time, rerank,
         )  # fmt: skip
-        response = self._stub.Retrieve(request_from_query(query), timeout=self.timeout)
+        response = self._stub.Retrieve(
+            request_from_query(query), timeout=self.timeout, metadata=self._metadata
+        )
         return result_from_response(response)
 
     def batch_retrieve(self, queries: Sequence[Query]) -> list[Retrieved]:
@@ -186,13 +206,15 @@ class RetrievalClient:
             >>> client.batch_retrieve([Query(["B0001"], k=10), Query(["B0042"], k=5, merge="round_robin")])
         """
         request = retrieval_pb2.BatchRetrieveRequest(requests=[request_from_query(q) for q in queries])
-        response = self._stub.BatchRetrieve(request, timeout=self.timeout)
+        response = self._stub.BatchRetrieve(request, timeout=self.timeout, metadata=self._metadata)
         return [result_from_response(r) for r in response.responses]
 
     def model_info(self) -> retrieval_pb2.ModelInfo:
         """The server's ``ModelInfo``: model version and shape, index description, start time."""
         request = retrieval_pb2.GetModelInfoRequest()
-        info: retrieval_pb2.ModelInfo = self._stub.GetModelInfo(request, timeout=self.timeout)
+        info: retrieval_pb2.ModelInfo = self._stub.GetModelInfo(
+            request, timeout=self.timeout, metadata=self._metadata
+        )
         return info
 
     def health(self) -> str:
@@ -231,3 +253,19 @@ class RetrievalClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def request_id(error: grpc.RpcError) -> str | None:
+    """The id a server with an access log gave a failed call (the line to look for in its log).
+
+    Example:
+        >>> try:
+        ...     client.retrieve(["B0001"], 10)
+        ... except grpc.RpcError as e:
+        ...     print(e.code(), request_id(e))
+    """
+    trailing = getattr(error, "trailing_metadata", None)  # a failed call's error is also its grpc.Call
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == REQUEST_ID:
+            return str(value)
+    return None

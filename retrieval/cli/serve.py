@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from retrieval.api import DEFAULT_MAX_MESSAGE_BYTES
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.serving import LOG_FORMATS  # loads retrieval.serving.logs only (the layer is lazy)
 from retrieval.storage import ArtifactError
 
-__all__ = ["main", "parse_args"]
+if TYPE_CHECKING:
+    from retrieval.serving import AccessControl
+
+__all__ = ["access_control", "main", "parse_args"]
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.Namespace:
@@ -89,6 +94,7 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
         help="largest request or response in MiB (default %(default)s)",
     )
+    _add_access_control(p)
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = off)")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM): serve TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
@@ -109,7 +115,107 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         p.error("--max-concurrent, --metrics-port, --max-wait-ms, --drain and --grace must be >= 0")
     if args.search_threads < 1 or args.watch_interval <= 0:
         p.error("--search-threads must be >= 1 and --watch-interval > 0")
+    _check_access_control(p, args)
     return args
+
+
+def _add_access_control(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group(
+        "access control",
+        "who may call, how often, and what they asked; all off by default (docs/serving.md)",
+    )
+    group.add_argument(
+        "--access-file",
+        type=Path,
+        metavar="FILE",
+        help="identities with their tokens, client certificate names, permissions and rate limits "
+        "(TOML), re-read when it changes; without it anyone may call",
+    )
+    group.add_argument(
+        "--rate-limit",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="requests/s per identity (per client IP without --access-file), more get "
+        "RESOURCE_EXHAUSTED (0 = no limit)",
+    )
+    group.add_argument(
+        "--rate-burst",
+        type=float,
+        metavar="N",
+        help="most requests an identity may send at once (default: one second's worth)",
+    )
+    group.add_argument(
+        "--access-log-sample",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of requests in the access log, logger retrieval.access (0 = off, 1 = every one)",
+    )
+    group.add_argument(
+        "--access-log-user-ids", action="store_true", help="log the requests' user_id in the access log"
+    )
+    group.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="also serve the health service alone, in plaintext and without credentials, on this "
+        "port, for probes (0 = off)",
+    )
+    group.add_argument("--no-reflection", action="store_true", help="do not serve gRPC server reflection")
+    group.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="interface of the metrics endpoint (default %(default)s: this machine only)",
+    )
+    credentials = group.add_mutually_exclusive_group()
+    credentials.add_argument(
+        "--metrics-auth-file",
+        type=Path,
+        metavar="FILE",
+        help="file holding user:password that /metrics asks for",
+    )
+    credentials.add_argument(
+        "--metrics-auth-env", metavar="VAR", help="environment variable holding that user:password"
+    )
+
+
+def _check_access_control(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.rate_limit < 0 or (args.rate_burst is not None and (args.rate_burst < 1 or not args.rate_limit)):
+        p.error("--rate-limit must be >= 0, and --rate-burst >= 1 only with a --rate-limit")
+    if not 0 <= args.access_log_sample <= 1 or (args.access_log_user_ids and not args.access_log_sample):
+        p.error("--access-log-sample must be in [0, 1], and > 0 for --access-log-user-ids")
+    if args.health_port < 0:
+        p.error("--health-port must be >= 0")
+    if (args.metrics_auth_file or args.metrics_auth_env) and not args.metrics_port:
+        p.error("--metrics-auth-file and --metrics-auth-env need --metrics-port")
+
+
+def access_control(args: argparse.Namespace) -> AccessControl:
+    """The :class:`~retrieval.serving.AccessControl` the "access control" flags ask for.
+
+    Raises:
+        OSError: the access file or the metrics credentials file cannot be read.
+        ValueError: one of them is invalid, or the credentials variable is not set.
+    """
+    from retrieval.serving import AccessControl, AccessFile, AccessLog, BasicAuth, RateLimiter
+
+    metrics_auth = None
+    if args.metrics_auth_file:
+        metrics_auth = BasicAuth.parse(args.metrics_auth_file.read_text(), str(args.metrics_auth_file))
+    elif args.metrics_auth_env:
+        metrics_auth = BasicAuth.parse(os.environ.get(args.metrics_auth_env, ""), f"${args.metrics_auth_env}")
+    sample = args.access_log_sample
+    return AccessControl(
+        identities=AccessFile(args.access_file) if args.access_file else None,
+        rate_limit=RateLimiter(args.rate_limit, args.rate_burst) if args.rate_limit else None,
+        access_log=AccessLog(sample, args.access_log_user_ids) if sample else None,
+        reflection=not args.no_reflection,
+        health_port=args.health_port or None,
+        metrics_auth=metrics_auth,
+    )
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -129,6 +235,11 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     )
 
     configure_logging(args.log_format)
+    try:
+        access = access_control(args)  # before loading the model: a bad file fails at once
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         if args.watch:
             retriever = load_deployment(args.watch)  # warmed up
@@ -152,6 +263,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             grace=args.grace,
             drain=args.drain,
             metrics_port=args.metrics_port or None,
+            metrics_host=args.metrics_host,
+            access=access,
             on_start=None if watcher is None else lambda server: watcher.start(),
             max_workers=args.workers,
             max_batch=args.max_batch,

@@ -1,17 +1,31 @@
 """The public API of :mod:`retrieval.serving` (loaded on first use by ``__init__.py``)."""
 
+from .access import AccessControl, AccessInterceptor
+from .access_log import AccessLog
+from .auth import PERMISSIONS, AccessFile, Identity
 from .batching import MicroBatcher
 from .logs import LOG_FORMATS, configure_logging
-from .metrics import Metrics
+from .metrics import BasicAuth, Metrics
+from .ratelimit import RateLimiter
 from .reload import DeploymentWatcher, RetrieverSlot, load_deployment, warm_up
 from .retriever import Retriever
 from .server import RetrievalServer, RetrievalServicer, TlsFiles, create_server, serve_forever, status_for
+from .tls import CertificateFiles
 
 __all__ = [
     "LOG_FORMATS",
+    "PERMISSIONS",
+    "AccessControl",
+    "AccessFile",
+    "AccessInterceptor",
+    "AccessLog",
+    "BasicAuth",
+    "CertificateFiles",
     "DeploymentWatcher",
+    "Identity",
     "Metrics",
     "MicroBatcher",
+    "RateLimiter",
     "RetrievalServer",
     "RetrievalServicer",
     "Retriever",

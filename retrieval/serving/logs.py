@@ -12,7 +12,9 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """``{"time", "level", "logger", "message", ["exception"]}`` per record, one line each."""
+    """``{"time", "level", "logger", "message", ["exception"]}`` per record, one line each, plus
+    the record's structured ``fields`` if it has them (``extra={"fields": {...}}``, as the access
+    log's)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -21,6 +23,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        entry.update(getattr(record, "fields", {}))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

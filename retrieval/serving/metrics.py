@@ -1,12 +1,77 @@
-"""Prometheus metrics of one server, in their own registry."""
+"""Prometheus metrics of one server, in their own registry, served over HTTP (optionally behind
+basic authentication)."""
 
 from __future__ import annotations
 
+import base64
+import hmac
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from retrieval.serving.retriever import Retriever
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+@dataclass(frozen=True)
+class BasicAuth:
+    """The user and password of HTTP basic authentication.
+
+    Example:
+        >>> BasicAuth.parse("prometheus:s3cret").user
+        'prometheus'
+    """
+
+    user: str
+    password: str = field(repr=False)
+
+    @classmethod
+    def parse(cls, text: str, source: str = "credentials") -> BasicAuth:
+        """Reads ``user:password`` (surrounding whitespace ignored), as a file or variable holds it.
+
+        Raises:
+            ValueError: no ``:``, or an empty user or password.
+        """
+        user, colon, password = text.strip().partition(":")
+        if not (colon and user and password):
+            raise ValueError(f"{source}: expected user:password")
+        return cls(user, password)
+
+    def allows(self, header: str | None) -> bool:
+        """Whether an ``Authorization`` header carries these credentials (compared in constant time)."""
+        scheme, _, encoded = (header or "").partition(" ")
+        try:
+            given = base64.b64decode(encoded.strip(), validate=True)
+        except ValueError:
+            return False
+        expected = f"{self.user}:{self.password}".encode()
+        return scheme.lower() == "basic" and hmac.compare_digest(given, expected)
+
+    def protect(self, app: WsgiApp) -> WsgiApp:
+        """``app`` answering 401 to requests without these credentials."""
+
+        def protected(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            if self.allows(environ.get("HTTP_AUTHORIZATION")):
+                return app(environ, start_response)
+            start_response(
+                "401 Unauthorized",
+                [("WWW-Authenticate", 'Basic realm="metrics"'), ("Content-Type", "text/plain")],
+            )
+            return [b"401 Unauthorized\n"]
+
+        return protected
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Logs nothing: scrapes every few seconds would flood the log."""
 
 
 class Metrics:
@@ -48,13 +113,22 @@ class Metrics:
         )
         self._http: Any = None
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serves ``/metrics`` on ``host:port`` (0 picks a free port) in a daemon thread.
+    def serve(self, port: int, host: str = "127.0.0.1", auth: BasicAuth | None = None) -> int:
+        """Serves ``/metrics`` on ``host:port`` (0 picks a free port) in a daemon thread,
+        asking for ``auth`` if given.
 
         Returns:
             The bound port.
         """
-        self._http, _ = start_http_server(port, host, registry=self.registry)
+        app = make_wsgi_app(self.registry)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self._http = make_server(
+            host.strip("[]"), port, app if auth is None else auth.protect(app), Server, _QuietHandler
+        )
+        threading.Thread(target=self._http.serve_forever, name="metrics", daemon=True).start()
         return int(self._http.server_port)
 
     def swapped(self, old: Retriever, new: Retriever) -> None:

@@ -45,10 +45,12 @@ from retrieval.api.errors import (
 )
 from retrieval.api.types import MAX_BATCH
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
+from retrieval.serving.access import AccessControl, start_health_server
 from retrieval.serving.batching import MicroBatcher
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.reload import RetrieverSlot
 from retrieval.serving.retriever import Retriever
+from retrieval.serving.tls import CertificateFiles
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,11 +85,8 @@ class TlsFiles:
     ca: Path | None = None
 
     def credentials(self) -> grpc.ServerCredentials:
-        return grpc.ssl_server_credentials(
-            [(Path(self.key).read_bytes(), Path(self.cert).read_bytes())],
-            root_certificates=None if self.ca is None else Path(self.ca).read_bytes(),
-            require_client_auth=self.ca is not None,
-        )
+        """Credentials that re-read the files when they change (:class:`CertificateFiles`)."""
+        return CertificateFiles(self.cert, self.key, self.ca).credentials()
 
 
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
@@ -191,6 +190,7 @@ class RetrievalServer:
         port: the bound port.
         slot: the retriever in service; :meth:`RetrieverSlot.swap` (or a
             :class:`~retrieval.serving.reload.DeploymentWatcher` on it) replaces it while serving.
+        health_port: the bound plaintext health port (:attr:`AccessControl.health_port`), if any.
     """
 
     def __init__(
@@ -200,8 +200,11 @@ class RetrievalServer:
         slot: RetrieverSlot,
         health_servicer: health.HealthServicer,
         batcher: MicroBatcher | None,
+        health_server: tuple[grpc.Server, int] | None = None,
     ) -> None:
         self._server = server
+        self._health_server = None if health_server is None else health_server[0]
+        self.health_port = None if health_server is None else health_server[1]
         self.port = port
         self.slot = slot
         self._health = health_servicer
@@ -240,6 +243,8 @@ class RetrievalServer:
     def _shut_down(self, grace: float | None) -> threading.Event:
         if self._batcher is not None:
             self._batcher.close()  # calls already in it are still answered
+        if self._health_server is not None:
+            self._health_server.stop(grace)
         return self._server.stop(grace)
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
@@ -260,6 +265,7 @@ def create_server(
     tls: TlsFiles | None = None,
     metrics: Metrics | None = None,
     search_threads: int | None = None,
+    access: AccessControl | None = None,
 ) -> tuple[RetrievalServer, int]:
     """Starts a server for ``retriever`` with health checking and reflection.
 
@@ -282,6 +288,9 @@ def create_server(
         search_threads: FAISS (OpenMP) threads per search, set in every request thread (the
             setting is per thread, and searches run on the request threads); ``None`` leaves
             FAISS's default, one per core.
+        access: who may call (tokens, certificates, permissions, rate limits), the access log,
+            reflection and a plaintext health port (:class:`AccessControl`); ``None``: anyone
+            may call anything, with reflection and no health port.
 
     Returns:
         ``(server, bound port)``; the server is started and reports SERVING.
@@ -307,6 +316,7 @@ def create_server(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ],
+        interceptors=None if access is None else access.interceptors(),
     )
     if metrics is not None:
         metrics.model.labels(slot.current.model_version).set(1)
@@ -320,10 +330,15 @@ def create_server(
     health_servicer = health.HealthServicer()
     add_servicer(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if access is None or access.reflection:
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
     address = f"{host}:{port}"
     bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
-    running = RetrievalServer(server, bound, slot, health_servicer, batcher)
+    health_port = None if access is None else access.health_port
+    health_server = None if health_port is None else start_health_server(health_servicer, host, health_port)
+    running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)
     running.set_serving(False)
     server.start()
     running.set_serving(True)
@@ -338,8 +353,10 @@ def serve_forever(
     *,
     drain: float = 0.0,
     metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
     search_threads: int | None = 1,
     on_start: Callable[[RetrievalServer], None] | None = None,
+    access: AccessControl | None = None,
     **options: Any,
 ) -> None:
     """Serves until SIGTERM or SIGINT, then stops gracefully.
@@ -347,15 +364,17 @@ def serve_forever(
     On the signal the health status turns NOT_SERVING, calls are still answered for ``drain``
     seconds (while load balancers move away), then new calls are refused and in-flight ones get
     ``grace`` seconds to finish. Must run in the main thread (Python delivers signals only
-    there). ``metrics_port`` (``None`` = no metrics) serves Prometheus metrics on ``host``;
+    there). ``metrics_port`` (``None`` = no metrics) serves Prometheus metrics on
+    ``metrics_host`` (loopback unless asked), behind ``access.metrics_auth`` if set;
     ``search_threads`` sets FAISS's threads per search (see :func:`create_server`; one thread
     each is faster and steadier with concurrent requests, see the index benchmark);
     ``on_start`` is called with the started server (e.g. to start a
-    :class:`~retrieval.serving.reload.DeploymentWatcher`); ``options`` go to :func:`create_server`.
+    :class:`~retrieval.serving.reload.DeploymentWatcher`); ``access`` and ``options`` go to
+    :func:`create_server`.
     """
     metrics = None if metrics_port is None else Metrics()
     server, bound = create_server(
-        retriever, host, port, metrics=metrics, search_threads=search_threads, **options
+        retriever, host, port, metrics=metrics, search_threads=search_threads, access=access, **options
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -365,10 +384,15 @@ def serve_forever(
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     if metrics is not None and metrics_port is not None:
-        logger.info("metrics on http://%s:%d/metrics", host, metrics.serve(metrics_port, host))
+        auth = None if access is None else access.metrics_auth
+        logger.info(
+            "metrics on http://%s:%d/metrics", metrics_host, metrics.serve(metrics_port, metrics_host, auth)
+        )
     tls = " with TLS" if options.get("tls") else ""
     version = server.slot.current.model_version
     logger.info("serving %s (model %s) on %s:%d%s", SERVICE_NAME, version, host, bound, tls)
+    if server.health_port is not None:
+        logger.info("health checks in plaintext on %s:%d", host, server.health_port)
     if on_start is not None:
         on_start(server)
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
 import shutil
 import urllib.error
 import urllib.request
@@ -245,6 +246,12 @@ def test_reflection_can_be_switched_off(retriever: Retriever) -> None:
         assert reflection_code(f"127.0.0.1:{server.port}") == grpc.StatusCode.OK
 
 
+def rotate(new: Path, live: Path) -> None:
+    """Puts ``new`` in place of ``live`` as secret managers do: written aside, renamed over."""
+    shutil.copy(new, live.with_suffix(".new"))
+    os.replace(live.with_suffix(".new"), live)
+
+
 def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_path: Path) -> None:
     for name in ("first", "second", "live"):
         (tmp_path / name).mkdir()
@@ -263,10 +270,10 @@ def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_pa
         assert code_trusting(second["ca.pem"]) == grpc.StatusCode.UNAVAILABLE
         with RetrievalClient(address, retries=0, tls_ca=first["ca.pem"]) as kept:
             kept.model_info()  # a connection made before the rotation
-            shutil.copy(second["server.pem"], live / "server.pem")
+            rotate(second["server.pem"], live / "server.pem")
             # Half written: the new certificate with the old key, which gRPC refuses to load.
             assert code_trusting(first["ca.pem"]) == grpc.StatusCode.OK
-            shutil.copy(second["server.key"], live / "server.key")
+            rotate(second["server.key"], live / "server.key")
             assert code_trusting(second["ca.pem"]) == grpc.StatusCode.OK
             assert code_trusting(first["ca.pem"]) == grpc.StatusCode.UNAVAILABLE
             assert code_of(kept.model_info) == grpc.StatusCode.OK  # keeps its session

@@ -10,6 +10,7 @@ import pytest
 
 from retrieval.artifacts.deployment import INDEX_DIR, MODEL_DIR, deployment_dirs, publish_deployment
 from retrieval.serving.metrics import Metrics
+from retrieval.serving.reload import DeploymentWatcher, RetrieverSlot, load_deployment
 from retrieval.storage.manifest import ArtifactError, read_manifest
 from retrieval.storage.versions import publish
 from tests.helpers import ReloadUnderLoad, connected, run_tool, scrape
@@ -85,6 +86,23 @@ def test_swap_under_load_fails_no_request(
                     assert client.retrieve(live.history, k=5).model_version == v2
     finally:
         metrics.close()
+
+
+def test_a_version_published_while_the_server_starts_is_served_at_the_first_poll(
+    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
+) -> None:
+    """The watcher compares ``current`` with the folder the slot's retriever was loaded from, not
+    with what ``current`` named when the watcher was made."""
+    (model_1, index_1, v1), (model_2, index_2, v2) = model_versions
+    root = tmp_path / "live"
+    first = publish_deployment(model_1, index_1, root)
+    slot = RetrieverSlot(load_deployment(root))  # the server's load...
+    new = publish_deployment(model_2, index_2, root)  # ...a publication before its watcher starts...
+    watcher = DeploymentWatcher(root, slot)
+    assert slot.folder == first.resolve() and slot.current.model_version == v1
+    assert watcher.check()  # ...is loaded at the first poll
+    assert slot.folder == new.resolve() and slot.current.model_version == v2
+    assert not watcher.check()  # and only once
 
 
 def test_serve_tool_takes_a_model_and_index_or_a_watched_root() -> None:

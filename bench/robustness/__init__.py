@@ -3,6 +3,7 @@
     python -m bench.robustness --fuzz 10000                 # synthetic model, server in a child process
     python -m bench.robustness --fuzz 1000 --model MODEL_DIR --index INDEX_DIR --max-message-mb 4
     python -m bench.robustness --soak 600                   # 10 min at 80% of max QPS, a reload halfway
+    python -m bench.robustness --deploys                    # bad versions deployed, served, restarted
 
 Requests come from one Hypothesis generator (:func:`~bench.robustness.strategies.calls`, shared
 with ``tests/test_fuzz_rpc.py``): ``Retrieve``, ``BatchRetrieve`` and ``GetModelInfo`` with
@@ -36,16 +37,28 @@ calls answered within the run: on a shared machine the capacity measured by the 
 last); writes ``soak-<SECONDS>s.json`` and ``.md`` to ``--out`` (default
 ``runs/bench-robustness``). Exits 1 if a check fails.
 
+``--deploys`` (:func:`~bench.robustness.deploys.run_deploys`, on the soak's two versions, cached):
+copies of the second version that pass every checksum but cannot serve (a NaN item embedding, a
+NaN index vector, a user tower that does not load) go through ``tools/deploy.py`` while
+``tools/serve.py --watch`` serves the first: each must be refused (exit code 2, one line,
+``current`` unchanged) and the server must keep answering. The broken one, published without
+the deploy's check, must be refused by the running server (``GetModelInfo.reload_refusals``), and
+a restart on it must start, serving the first version with an ERROR line naming both. A version
+published between a server's load and its watcher's start must be served within two polls.
+Prints one row per case with its figures; exits 1 if a case fails.
+
 Modules: :mod:`~bench.robustness.calls` (the documented limits, one call),
 :mod:`~bench.robustness.strategies` (the generator), :mod:`~bench.robustness.oracle` (what an
 answer must be), :mod:`~bench.robustness.server` (the fuzzed server), :mod:`~bench.robustness.fuzz`
 (sending and reporting), :mod:`~bench.robustness.processes` (the tools and the watching server in
 child processes), :mod:`~bench.robustness.soak` and :mod:`~bench.robustness.soak_report` (the
-soak), :mod:`~bench.robustness.cli` (the command line).
+soak), :mod:`~bench.robustness.deploys` (the deploy cases), :mod:`~bench.robustness.cli` (the
+command line).
 """
 
 from bench.robustness.calls import FUZZ_MAX_MESSAGE_BYTES, Call, make_call
 from bench.robustness.cli import main, parse_args
+from bench.robustness.deploys import Case, broken_tower, nan_embeddings, nan_index, resign, run_deploys
 from bench.robustness.fuzz import FuzzClient, FuzzReport, run_fuzz
 from bench.robustness.oracle import Served, check_call, check_result, expected_codes, invalid_reason
 from bench.robustness.processes import model_version_of, rss_kb, start_watching_server
@@ -59,12 +72,14 @@ __all__ = [
     "SYNTHETIC_ATTRIBUTES",
     "SYNTHETIC_ITEMS",
     "Call",
+    "Case",
     "FuzzClient",
     "FuzzReport",
     "RequestStrategies",
     "Served",
     "SoakTrace",
     "Version",
+    "broken_tower",
     "build_versions",
     "calls",
     "check_call",
@@ -75,8 +90,12 @@ __all__ = [
     "main",
     "make_call",
     "model_version_of",
+    "nan_embeddings",
+    "nan_index",
     "parse_args",
+    "resign",
     "rss_kb",
+    "run_deploys",
     "run_fuzz",
     "run_soak",
     "served_by",

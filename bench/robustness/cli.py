@@ -1,4 +1,5 @@
-"""The command line of ``python -m bench.robustness``: ``--fuzz N`` (the default) or ``--soak SECONDS``."""
+"""The command line of ``python -m bench.robustness``: ``--fuzz N`` (the default), ``--soak SECONDS``
+or ``--deploys``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import bench.robustness
 from bench.data import REPO, add_data_root_argument
 from bench.robustness.calls import FUZZ_MAX_MESSAGE_BYTES
+from bench.robustness.deploys import deploys_main
 from bench.robustness.fuzz import fuzz_main
 from bench.robustness.soak import soak_main
 
@@ -34,6 +36,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--violations", type=Path, help="write every violation and its request bytes (hex) to this file"
+    )
+    p.add_argument(
+        "--deploys",
+        action="store_true",
+        help="instead of fuzzing: the abuse cases of deploys and hot reload, on the soak's two versions",
     )
     soak = p.add_argument_group("soak (instead of fuzzing)")
     soak.add_argument(
@@ -79,4 +86,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.deploys:
+        return deploys_main(args)
     return soak_main(args) if args.soak is not None else fuzz_main(args)

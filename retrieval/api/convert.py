@@ -183,6 +183,8 @@ def model_info_message(info: ModelInfo) -> retrieval_pb2.ModelInfo:
         side_features=list(info.side_features),
         start_time=start,
         rankers=list(info.rankers),
+        reload_refusals=info.reload_refusals,
+        last_refusal=info.last_refusal,
     )
 
 

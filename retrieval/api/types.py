@@ -104,6 +104,9 @@ class ModelInfo:
         index: the index's ``describe()`` (factory, search_params, is_exact, ...) plus, when its
             manifest has a measurement, ``recall`` and ``recall_k`` (recall@k against exact).
         start_time: when the retriever was created, seconds since the Unix epoch.
+        reload_refusals: deployment versions the server refused (failed to load, warm up or
+            answer) since it started.
+        last_refusal: why the latest one was refused, one line, at most 300 characters.
     """
 
     model_version: str
@@ -116,6 +119,8 @@ class ModelInfo:
     side_features: tuple[str, ...]
     start_time: float
     rankers: tuple[str, ...] = ()
+    reload_refusals: int = 0
+    last_refusal: str = ""
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,21 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from retrieval.artifacts.index import KIND as INDEX_KIND
 from retrieval.artifacts.model import KIND as MODEL_KIND
 from retrieval.artifacts.model import VOCAB_FILE
 from retrieval.data.vocab import ItemVocab
-from retrieval.storage.manifest import ArtifactError, read_manifest
+from retrieval.storage.manifest import (
+    MANIFEST,
+    ArtifactError,
+    contained_file,
+    read_manifest,
+    refuse_outside_links,
+)
 from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current
 
 MODEL_DIR = "model"
@@ -30,12 +37,21 @@ INDEX_DIR = "index"
 RANKERS_DIR = "rankers"
 
 
-def _link_or_copy(src: str, dst: str) -> None:
+def _link_or_copy(src: Path, dst: Path) -> None:
     """Hard-links a file (artifacts are never modified in place), copying across filesystems."""
     try:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def _copy_listed(src: Path, manifest: Mapping[str, Any], dst: Path) -> None:
+    """Links or copies ``src``'s manifest and the files it lists into the new folder ``dst``, and
+    nothing else: a file added after writing, or a folder linked in, stays behind."""
+    for name in [MANIFEST, *manifest["files"]]:
+        target = dst / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _link_or_copy(contained_file(src, name), target)
 
 
 def publish_deployment(
@@ -45,11 +61,14 @@ def publish_deployment(
     keep: int = 3,
     grace: float = PUBLISH_GRACE,
     ranker_dirs: Sequence[Path] = (),
+    check: Callable[[Path], object] | None = None,
 ) -> Path:
     """Publishes a model, its index and optional rankers as the new current version of ``root``.
 
-    Every artifact is verified (checksums, the index built from this very model, each ranker
-    trained against this model's item vocabulary) before anything is written.
+    Every artifact is verified (checksums, no symlink leading out of its folder, the index built
+    from this very model, each ranker trained against this model's item vocabulary) before
+    anything is written; only the files each manifest lists are copied. ``check`` then tries the
+    complete version before it can become current.
 
     Args:
         model_dir: a model artifact folder.
@@ -58,6 +77,10 @@ def publish_deployment(
             (:func:`retrieval.storage.versions.publish`).
         grace: seconds an older version stays on disk after it stopped being current (idem).
         ranker_dirs: ranker artifact folders (``tools/train_ranker.py``), one per ranker name.
+        check: called with the new version's folder before it is renamed into ``versions/``
+            (``mitt deploy`` loads it as a server would:
+            :func:`retrieval.serving.reload.load_deployment`); whatever it raises refuses the
+            version, which is removed, and ``current`` stays as it was.
 
     Returns:
         The new version folder.
@@ -67,10 +90,12 @@ def publish_deployment(
             model, a ranker has another item vocabulary, or two rankers share a name.
     """
     model_dir, index_dir = Path(model_dir), resolve_current(Path(index_dir))
-    model_version = read_manifest(model_dir, MODEL_KIND)["version"]
-    index_version = read_manifest(index_dir, INDEX_KIND)["model_version"]
+    model_manifest = read_manifest(model_dir, MODEL_KIND)
+    index_manifest = read_manifest(index_dir, INDEX_KIND)
+    model_version, index_version = model_manifest["version"], index_manifest["model_version"]
     if index_version != model_version:
         raise ArtifactError(f"{index_dir} was built from model {index_version!r}, not {model_version!r}")
+    parts = [(model_dir, model_manifest, Path(MODEL_DIR)), (index_dir, index_manifest, Path(INDEX_DIR))]
     rankers: dict[str, Path] = {}
     if ranker_dirs:
         from retrieval.artifacts.ranker import KIND as RANKER_KIND  # TensorFlow: only with rankers
@@ -87,13 +112,16 @@ def publish_deployment(
             if name in rankers:
                 raise ArtifactError(f"two rankers are named {name!r}: {rankers[name]}, {ranker_dir}")
             rankers[name] = ranker_dir
+            parts.append((ranker_dir, manifest, Path(RANKERS_DIR) / name))
+    for src, _, _ in parts:
+        refuse_outside_links(src)
 
     def write(folder: Path) -> None:
         folder.mkdir()
-        shutil.copytree(model_dir, folder / MODEL_DIR, copy_function=_link_or_copy)
-        shutil.copytree(index_dir, folder / INDEX_DIR, copy_function=_link_or_copy)
-        for name, ranker_dir in rankers.items():
-            shutil.copytree(ranker_dir, folder / RANKERS_DIR / name, copy_function=_link_or_copy)
+        for src, manifest, sub in parts:
+            _copy_listed(src, manifest, folder / sub)
+        if check is not None:
+            check(folder)
 
     return publish(root, write, keep, grace)
 

@@ -3,9 +3,11 @@ r"""Publish a model and its index as the new current version of a deployment roo
     mitt deploy --model runs/ml100k-sa --index runs/ml100k-sa-index --root runs/live \
         [--ranker runs/ml100k-din]
 
-A server started with ``mitt serve --watch runs/live`` loads the new version in the
-background, warms it up and swaps it in without dropping a request; one that fails to load
-is refused and the old version keeps serving. Prints the new version folder.
+Only the files each artifact's manifest lists are copied, and before the new version becomes
+current it is loaded as a server would load it (warm-up, finite vectors, one retrieval): one
+that fails is refused with exit code 2 and the root is left unchanged. A server started with
+``mitt serve --watch runs/live`` loads the new version in the background, warms it up and swaps
+it in without dropping a request. Prints the new version folder.
 """
 
 from __future__ import annotations
@@ -41,14 +43,17 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if args.keep < 1:
         p.error("--keep must be >= 1")
     quiet_tensorflow(args.verbose)
-    # Imported here, never for --help: the artifacts layer loads FAISS and pandas (and a ranker
-    # TensorFlow, once its logging is set).
+    # Imported here, never for --help: the artifacts layer loads FAISS and pandas, and the
+    # check TensorFlow, once its logging is set.
     from retrieval.artifacts import publish_deployment
+    from retrieval.serving import load_deployment
 
     try:
-        folder = publish_deployment(args.model, args.index, args.root, args.keep, ranker_dirs=args.ranker)
+        folder = publish_deployment(
+            args.model, args.index, args.root, args.keep, ranker_dirs=args.ranker, check=load_deployment
+        )
     except ArtifactError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: not published, {args.root} unchanged: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(folder)
     return 0

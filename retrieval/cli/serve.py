@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         RetrieverSlot,
         TlsFiles,
         configure_logging,
-        load_deployment,
+        open_deployment,
         serve_forever,
         warm_up,
     )
@@ -241,18 +241,18 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        if args.watch:
-            retriever = load_deployment(args.watch)  # warmed up
+        if args.watch:  # the current version, or the newest one that loads (logged as an error)
+            slot = open_deployment(args.watch)
         else:
             retriever = Retriever.from_dirs(args.model, args.index, args.ranker, xla=args.xla)
             warm_up(retriever)  # XLA compiles here, before the server reports SERVING
+            slot = RetrieverSlot(retriever)
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     # Objects loaded so far live as long as the process: keep them out of every later
     # collection, which would otherwise pause the request threads for much longer.
     gc.freeze()
-    slot = RetrieverSlot(retriever)
     watcher = DeploymentWatcher(args.watch, slot, args.watch_interval) if args.watch else None
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     try:

@@ -7,7 +7,7 @@ from .batching import MicroBatcher
 from .logs import LOG_FORMATS, configure_logging
 from .metrics import BasicAuth, Metrics
 from .ratelimit import RateLimiter
-from .reload import DeploymentWatcher, RetrieverSlot, load_deployment, warm_up
+from .reload import DeploymentWatcher, RetrieverSlot, load_deployment, open_deployment, warm_up
 from .retriever import Retriever
 from .server import RetrievalServer, RetrievalServicer, TlsFiles, create_server, serve_forever, status_for
 from .tls import CertificateFiles
@@ -34,6 +34,7 @@ __all__ = [
     "configure_logging",
     "create_server",
     "load_deployment",
+    "open_deployment",
     "serve_forever",
     "status_for",
     "warm_up",

@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -80,8 +81,8 @@ class Metrics:
     ``retrieval_requests_total`` and ``retrieval_request_seconds`` by ``method`` and ``code``
     (the gRPC status name), ``retrieval_batch_size`` (queries per user-tower call: a
     micro-batch of ``Retrieve`` calls, or one ``BatchRetrieve``),
-    ``retrieval_index_search_seconds`` and ``retrieval_model_info{model_version}`` = 1 for the
-    version in service.
+    ``retrieval_index_search_seconds``, ``retrieval_model_info{model_version}`` = 1 for the
+    version in service, and ``retrieval_reload_refusals_total`` (deployment versions refused).
     """
 
     def __init__(self) -> None:
@@ -111,6 +112,11 @@ class Metrics:
         self.model = Gauge(
             "retrieval_model_info", "The served model (value 1)", ["model_version"], registry=self.registry
         )
+        self.reload_refusals = Counter(
+            "retrieval_reload_refusals",
+            "Deployment versions refused: failed to load, warm up or answer",
+            registry=self.registry,
+        )
         self._http: Any = None
 
     def serve(self, port: int, host: str = "127.0.0.1", auth: BasicAuth | None = None) -> int:
@@ -136,6 +142,10 @@ class Metrics:
         if old.model_version != new.model_version:
             self.model.remove(old.model_version)
         self.model.labels(new.model_version).set(1)
+
+    def refused(self, folder: Path, reason: str) -> None:
+        """Counts a refused version (a :class:`RetrieverSlot` hook)."""
+        self.reload_refusals.inc()
 
     def close(self) -> None:
         """Stops the HTTP server, if any."""

@@ -1,47 +1,90 @@
 """Hot reload: the retriever in service is swapped for a new model+index version without downtime.
 
 A :class:`DeploymentWatcher` polls a deployment root (:mod:`retrieval.artifacts.deployment`); when its
-``current`` version changes it loads the new model and index in the background (the index must
-have been built from that model), warms them up, and swaps them into the :class:`RetrieverSlot`
-the server reads. A batch already computing finishes on the old version; the next one uses the
-new. A version that fails to load or to answer the warm-up is refused and logged, and the old
-one keeps serving. Both versions are in memory for the moment of the swap.
+``current`` version is not the one in service it loads it in the background
+(:func:`load_deployment`: the index must have been built from that model, the vectors must be
+finite, the version must warm up and answer), and swaps it into the :class:`RetrieverSlot` the
+server reads. A batch already computing finishes on the old version; the next one uses the new.
+A version that fails is refused once, logged as an error and counted on the slot (``GetModelInfo``,
+``retrieval_reload_refusals_total``), and the old one keeps serving. Both versions are in memory
+for the moment of the swap. A server starting on a root whose current version fails serves the
+newest version on disk that loads (:func:`open_deployment`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from retrieval.api.types import Query, Rerank
+import numpy as np
+
+from index import FaissIndex
+from retrieval.api.types import ModelInfo, Query, Rerank
 from retrieval.artifacts.deployment import deployment_dirs, deployment_rankers
 from retrieval.serving.retriever import Retriever
-from retrieval.storage.versions import resolve_current
+from retrieval.storage.manifest import ArtifactError
+from retrieval.storage.versions import resolve_current, version_folders
 
 logger = logging.getLogger(__name__)
 
 SwapHook = Callable[[Retriever, Retriever], None]
 """Called with ``(old, new)`` after each swap."""
 
+RefusalHook = Callable[[Path, str], None]
+"""Called with ``(version folder, reason)`` after each refusal."""
+
+REFUSAL_CHARS = 300
+"""Longest reason kept for a refused version (TensorFlow's errors run to pages)."""
+
+_CHECK_ROWS = 65536
+"""Index vectors decoded at a time by the finiteness check."""
+
+
+def describe_error(error: BaseException, limit: int = REFUSAL_CHARS) -> str:
+    """``error`` on one line (whitespace collapsed), at most ``limit`` characters: an
+    :class:`ArtifactError`'s message, which says what is wrong, or ``Type: message``."""
+    text = str(error) if isinstance(error, ArtifactError) else f"{type(error).__name__}: {error}"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 class RetrieverSlot:
-    """Holds the retriever in service; readers take :attr:`current` once per batch."""
+    """Holds the retriever in service; readers take :attr:`current` once per batch. Also counts
+    the versions refused instead of it (:meth:`refuse`)."""
 
     def __init__(self, retriever: Retriever) -> None:
         self._current = retriever
         self._lock = threading.Lock()
         self._hooks: list[SwapHook] = []
+        self._refusal_hooks: list[RefusalHook] = []
+        self._refused: set[Path] = set()
+        self.refusals = 0
+        """Versions refused: at start (:func:`open_deployment`) or by a watcher."""
+        self.last_refusal = ""
+        """Why the latest version was refused, at most :data:`REFUSAL_CHARS` characters."""
 
     @property
     def current(self) -> Retriever:
         return self._current
 
+    @property
+    def folder(self) -> Path | None:
+        """The deployment version folder in service: the one its model was loaded from
+        (``None`` for a model built in memory)."""
+        path = self._current.model.path
+        return None if path is None else path.resolve().parent
+
     def on_swap(self, hook: SwapHook) -> None:
         """Registers ``hook(old, new)``, called after every swap (e.g. to update metrics)."""
         self._hooks.append(hook)
+
+    def on_refuse(self, hook: RefusalHook) -> None:
+        """Registers ``hook(folder, reason)``, called after every refusal (e.g. to count it)."""
+        self._refusal_hooks.append(hook)
 
     def swap(self, new: Retriever) -> Retriever:
         """Puts ``new`` in service (it inherits the old one's search hook); returns the old one."""
@@ -52,6 +95,26 @@ class RetrieverSlot:
         for hook in self._hooks:
             hook(old, new)
         return old
+
+    def refuse(self, folder: Path, error: BaseException) -> None:
+        """Records that the version ``folder`` was refused because of ``error``."""
+        reason = describe_error(error)
+        with self._lock:
+            self._refused.add(folder.resolve())
+            self.refusals += 1
+            self.last_refusal = reason
+        for hook in self._refusal_hooks:
+            hook(folder, reason)
+
+    def was_refused(self, folder: Path) -> bool:
+        """Whether the version ``folder`` was refused already (it is not tried again)."""
+        return folder.resolve() in self._refused
+
+    def model_info(self) -> ModelInfo:
+        """The retriever's :meth:`~Retriever.model_info` with this slot's refusals."""
+        return dataclasses.replace(
+            self._current.model_info(), reload_refusals=self.refusals, last_refusal=self.last_refusal
+        )
 
 
 def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = (1, 8, 32)) -> None:
@@ -72,56 +135,134 @@ def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = (1, 8, 32)) -> 
             retriever.retrieve_many([Query(history, k, rerank=Rerank(name))] * size)
 
 
-def load_deployment(root: Path, xla: bool = False) -> Retriever:
-    """A retriever for the current version of the deployment ``root`` (or for one version
-    folder), warmed up.
+def check_answers(retriever: Retriever) -> None:
+    """Checks what loading does not: every vector of a FAISS index is finite (a Milvus index
+    keeps its vectors in its own store), and a one-item history retrieves items (NaN scores, for
+    one, are dropped from answers).
 
     Raises:
-        retrieval.storage.manifest.ArtifactError: a missing, corrupted or mismatched artifact.
+        ArtifactError: NaN or infinite index vectors, or an empty answer.
     """
-    retriever = Retriever.from_dirs(*deployment_dirs(root), deployment_rankers(root), xla=xla)
-    warm_up(retriever)
+    index = retriever.index
+    if isinstance(index, FaissIndex) and not _finite_vectors(index):
+        raise ArtifactError(f"index {index.factory!r} holds NaN or infinite vectors")
+    vocab = retriever.model.vocab
+    if len(vocab) > 1 and not retriever.retrieve(list(vocab.ids[:1]), k=min(10, len(vocab) - 1)).items:
+        raise ArtifactError("a one-item history retrieves nothing (NaN scores?)")
+
+
+def _finite_vectors(index: FaissIndex) -> bool:
+    """Whether every stored vector is finite (decoded :data:`_CHECK_ROWS` at a time); ``True``
+    for an index type that cannot decode them (the answer check still runs)."""
+    inner = index.faiss_index.index
+    try:
+        for start in range(0, inner.ntotal, _CHECK_ROWS):
+            if not np.isfinite(inner.reconstruct_n(start, min(_CHECK_ROWS, inner.ntotal - start))).all():
+                return False
+    except RuntimeError as e:  # FAISS: "reconstruct not implemented" for this index type
+        logger.info("index vectors not checked: %s", describe_error(e))
+    return True
+
+
+def load_deployment(root: Path, xla: bool = False) -> Retriever:
+    """A retriever for the current version of the deployment ``root`` (or for one version
+    folder), warmed up and checked (:func:`check_answers`). The version is resolved once: the
+    model, the index and the rankers all come from it (:attr:`RetrieverSlot.folder`).
+
+    Raises:
+        retrieval.storage.manifest.ArtifactError: a missing, corrupted or mismatched artifact, or
+            a version that fails to warm up or to answer; the message names the version.
+    """
+    folder = resolve_current(Path(root))
+    try:
+        model_dir, index_dir = deployment_dirs(folder)
+        retriever = Retriever.from_dirs(model_dir, index_dir, deployment_rankers(folder), xla=xla)
+        warm_up(retriever)
+        check_answers(retriever)
+    except Exception as e:  # whatever fails, the version cannot serve
+        raise ArtifactError(f"version {folder.name}: {describe_error(e, limit=2000)}") from e
     return retriever
+
+
+def open_deployment(root: Path) -> RetrieverSlot:
+    """A slot serving the current version of the deployment ``root`` (:func:`load_deployment`).
+
+    If that version fails, the newest other version on disk that loads is served instead: an
+    error is logged naming both, and the refusal is counted on the slot (a watcher does not try
+    that version again). One bad publication cannot stop a restart while good ones are on disk.
+
+    Raises:
+        retrieval.storage.manifest.ArtifactError: no version loads (the current one's error).
+    """
+    current = resolve_current(Path(root))
+    try:
+        return RetrieverSlot(load_deployment(current))
+    except ArtifactError as e:
+        refused = e
+    for folder in reversed(version_folders(root)):
+        if folder.resolve() == current:
+            continue
+        try:
+            retriever = load_deployment(folder)
+        except ArtifactError as e:
+            logger.warning("version %s does not load either: %s", folder.name, describe_error(e))
+            continue
+        logger.error(
+            "refused the current %s; serving version %s (model %s), the newest one on disk that loads",
+            describe_error(refused, limit=2000),
+            folder.name,
+            retriever.model_version,
+        )
+        slot = RetrieverSlot(retriever)
+        slot.refuse(current, refused)
+        return slot
+    raise refused
 
 
 class DeploymentWatcher:
     """Swaps each new version of a deployment root into a slot (see the module docstring).
 
     Example:
-        >>> slot = RetrieverSlot(load_deployment(root))
+        >>> slot = open_deployment(root)
         >>> server, port = create_server(slot)
         >>> watcher = DeploymentWatcher(root, slot)
         >>> watcher.start()  # polls every 2 s until watcher.stop()
     """
 
     def __init__(self, root: Path, slot: RetrieverSlot, interval: float = 2.0) -> None:
-        """Watches ``root``, whose current version is taken to be the one ``slot`` serves."""
+        """Watches ``root`` for versions other than the one ``slot`` serves (:attr:`RetrieverSlot.folder`),
+        so one published while the server started is loaded at the first poll."""
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval}")
         self.root = Path(root)
         self.slot = slot
         self.interval = interval
-        self.refused = 0
-        """Versions that failed to load or warm up."""
-        self._seen = resolve_current(self.root)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def check(self) -> bool:
-        """Loads and swaps in the current version if it is new; ``True`` when it swapped.
+    @property
+    def refused(self) -> int:
+        """Versions refused (:attr:`RetrieverSlot.refusals`)."""
+        return self.slot.refusals
 
-        A version is tried once: a broken one is not reloaded on every poll, only the next
+    def check(self) -> bool:
+        """Loads and swaps in the current version if it is not in service; ``True`` when it swapped.
+
+        A version is tried once: a refused one is not reloaded on every poll, only the next
         published version is.
         """
-        folder = resolve_current(self.root)
-        if folder == self._seen:
+        folder = resolve_current(self.root).resolve()
+        if folder == self.slot.folder or self.slot.was_refused(folder):
             return False
-        self._seen = folder
         try:
             retriever = load_deployment(folder)  # the version folder itself: it cannot move
-        except Exception:  # any failure refuses the version; the old one keeps serving
-            self.refused += 1
-            logger.exception("refused %s; still serving model %s", folder, self.slot.current.model_version)
+        except ArtifactError as e:  # the old version keeps serving
+            self.slot.refuse(folder, e)
+            logger.error(
+                "refused the new %s; still serving model %s",
+                describe_error(e, limit=2000),
+                self.slot.current.model_version,
+            )
             return False
         old = self.slot.swap(retriever)
         logger.info(

@@ -147,7 +147,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     ) -> retrieval_pb2.ModelInfo:
         def work() -> retrieval_pb2.ModelInfo:
             parse(request, retrieval_pb2.GetModelInfoRequest)
-            return model_info_message(self._slot.current.model_info())
+            return model_info_message(self._slot.model_info())
 
         return self._call("GetModelInfo", context, work)
 
@@ -322,6 +322,8 @@ def create_server(
         metrics.model.labels(slot.current.model_version).set(1)
         slot.current.observe_search = metrics.search.observe
         slot.on_swap(metrics.swapped)
+        slot.on_refuse(metrics.refused)
+        metrics.reload_refusals.inc(slot.refusals)  # refused before the server started
     batcher = None
     if max_batch > 1:
         observe = None if metrics is None else metrics.batch_size.observe

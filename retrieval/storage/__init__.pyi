@@ -8,9 +8,10 @@ from .manifest import (
     contained_file,
     derived_version,
     read_manifest,
+    refuse_outside_links,
     sha256_file,
 )
-from .versions import CURRENT, PUBLISH_GRACE, VERSIONS, publish, resolve_current
+from .versions import CURRENT, PUBLISH_GRACE, VERSIONS, publish, resolve_current, version_folders
 
 __all__ = [
     "CURRENT",
@@ -23,9 +24,11 @@ __all__ = [
     "derived_version",
     "publish",
     "read_manifest",
+    "refuse_outside_links",
     "remove_folder",
     "remove_stale_temporaries",
     "resolve_current",
     "sha256_file",
+    "version_folders",
     "write_artifact",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,24 @@ def contained_file(path: Path, name: str, root: Path | None = None) -> Path:
     if root not in file.parents:
         raise ArtifactError(f"{Path(path) / MANIFEST} lists {name!r}, which is outside the artifact")
     return file
+
+
+def refuse_outside_links(path: Path) -> None:
+    """Refuses an artifact folder holding a symlink that leads outside it, listed or not: copied
+    as a folder, a link to ``/`` would take the whole file system along.
+
+    Links are looked at, never followed, so a link to ``/`` costs nothing to find.
+
+    Raises:
+        ArtifactError: names the first such link and where it leads.
+    """
+    root = Path(path).resolve()
+    for folder, dirs, files in os.walk(path):  # followlinks=False: a linked folder is not entered
+        for name in sorted([*dirs, *files]):
+            entry = Path(folder) / name
+            if entry.is_symlink():
+                target = entry.resolve()
+                if target != root and root not in target.parents:
+                    raise ArtifactError(
+                        f"{entry} is a symlink to {target}, outside the artifact folder {path}: refused"
+                    )

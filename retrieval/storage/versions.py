@@ -67,12 +67,21 @@ def publish(root: Path, write: Callable[[Path], object], keep: int = 3, grace: f
     if previous is not None and previous.is_dir():
         os.utime(previous)  # its mtime now says when it stopped being current
     retired = time.time() - grace
-    complete = sorted(p for p in versions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    complete = version_folders(root)
     leftovers = [p for p in versions.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
     for old in [*complete[:-keep], *leftovers]:
         if old.stat().st_mtime < retired:
             shutil.rmtree(old, ignore_errors=True)
     return versions / name
+
+
+def version_folders(root: Path) -> list[Path]:
+    """The complete version folders of ``root``, oldest first (their names start with the time
+    they were published); none when it has no ``versions/``."""
+    versions = Path(root) / VERSIONS
+    if not versions.is_dir():
+        return []
+    return sorted(p for p in versions.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def resolve_current(path: Path) -> Path:

@@ -10,7 +10,9 @@ does not pay for them.
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
+import ipaddress
 import threading
 import time
 import urllib.request
@@ -21,6 +23,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from prometheus_client.parser import text_string_to_metric_families
 
 from retrieval.api.client import RetrievalClient
@@ -122,11 +128,11 @@ class GatedRetriever(Retriever):
     def calls(self) -> int:
         return len(self.sizes)
 
-    def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
+    def retrieve_many(self, queries: Sequence[Query], deadline: float | None = None) -> list[Retrieved]:
         self.sizes.append(len(queries))
         self.entered.set()
         assert self.gate.wait(10)
-        return super().retrieve_many(queries)
+        return super().retrieve_many(queries, deadline)
 
 
 # --- a real server on port 0 ----------------------------------------------------------------------
@@ -333,3 +339,52 @@ class FakeModel:
         return ModelArtifact(
             None, {"version": version, "max_len": 8, "num_interests": 1}, vocab, table, user_vectors
         )
+
+
+# --- TLS ---------------------------------------------------------------------------------------------
+
+
+def write_certificates(folder: Path) -> dict[str, Path]:
+    """A self-signed CA, a server certificate for 127.0.0.1 and a client certificate, all PEM."""
+    now = datetime.datetime.now(datetime.UTC)
+
+    def certificate(
+        name: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, signer: Any, ca: bool, san: list
+    ) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    files: dict[str, Path] = {}
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = certificate("test CA", ca_key, ca_name, ca_key, True, [])
+    entities = {"ca": (ca_key, ca)}
+    for name, san in (
+        ("server", [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+        ("client", [x509.DNSName("client")]),
+    ):
+        key = ec.generate_private_key(ec.SECP256R1())
+        entities[name] = (key, certificate(name, key, ca_name, ca_key, False, san))
+    for name, (key, cert) in entities.items():
+        files[f"{name}.pem"] = folder / f"{name}.pem"
+        files[f"{name}.pem"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        files[f"{name}.key"] = folder / f"{name}.key"
+        files[f"{name}.key"].write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    return files

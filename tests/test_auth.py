@@ -30,8 +30,7 @@ from retrieval.serving.auth import AccessFile, parse_identities
 from retrieval.serving.metrics import BasicAuth, Metrics
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import RetrievalServer, TlsFiles, create_server
-from tests.helpers import assert_same, brute_force
-from tests.test_serving_ops import write_certificates
+from tests.helpers import assert_same, brute_force, write_certificates
 
 ACCESS = """
 [identities.team-a]

@@ -44,7 +44,9 @@ FUZZ_SETTINGS = settings(
 @pytest.fixture(scope="module")
 def target() -> Iterator[tuple[FuzzClient, Served]]:
     retriever = synthetic_retriever()
-    server, port = create_server(retriever, port=0, max_message_bytes=FUZZ_MAX_MESSAGE_BYTES)
+    server, port = create_server(
+        retriever, port=0, max_request_bytes=FUZZ_MAX_MESSAGE_BYTES, max_response_bytes=FUZZ_MAX_MESSAGE_BYTES
+    )
     client = FuzzClient(f"127.0.0.1:{port}")
     client.wait_ready(30)
     yield client, served_by(retriever, SYNTHETIC_ATTRIBUTES)

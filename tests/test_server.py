@@ -138,7 +138,7 @@ def test_status_for_anything_else_is_internal_and_logged(caplog: pytest.LogCaptu
 
 
 class BrokenRetriever(Retriever):
-    def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
+    def retrieve_many(self, queries: Sequence[Query], deadline: float | None = None) -> list[Retrieved]:
         raise RuntimeError("bug")
 
 

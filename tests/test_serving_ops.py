@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from retrieval.api.client import RetrievalClient
 from retrieval.api.types import Query
@@ -21,7 +15,7 @@ from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.server import RetrievalServicer, TlsFiles, create_server
-from tests.helpers import GatedRetriever, assert_same, brute_force, make_model, scrape
+from tests.helpers import GatedRetriever, assert_same, brute_force, make_model, scrape, write_certificates
 from tools import serve as serve_tool
 
 
@@ -35,7 +29,7 @@ def retriever() -> GatedRetriever:
 def serving(retriever: GatedRetriever) -> Iterator[tuple[RetrievalClient, Metrics, int]]:
     metrics = Metrics()
     metrics_port = metrics.serve(0)
-    server, port = create_server(retriever, port=0, max_concurrent=1, metrics=metrics, max_message_bytes=4096)
+    server, port = create_server(retriever, port=0, metrics=metrics, max_request_bytes=4096)
     with RetrievalClient(f"127.0.0.1:{port}") as client:
         client.wait_until_serving(timeout=10)
         yield client, metrics, metrics_port
@@ -68,28 +62,11 @@ def test_a_request_past_its_deadline_is_not_computed(retriever: GatedRetriever) 
     assert retriever.calls == 0
 
 
-def test_overload_is_resource_exhausted_and_passes(
-    serving: tuple[RetrievalClient, Metrics, int], retriever: GatedRetriever
-) -> None:
-    client, _, _ = serving
-    retriever.gate.clear()
-    retriever.entered.clear()
-    request = retrieval_pb2.RetrieveRequest(history=["item01"], k=3)
-    held = client._stub.Retrieve.future(request, timeout=10)
-    assert retriever.entered.wait(5)
-    with pytest.raises(grpc.RpcError) as error:  # the one slot is taken
-        client.retrieve(["item02"], 3)
-    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "1 requests in flight" in (error.value.details() or "")
-    retriever.gate.set()
-    assert len(held.result().items) == 3
-    assert len(client.retrieve(["item02"], 3).items) == 3  # the slot is free again
-
-
 def test_message_size_is_bounded(serving: tuple[RetrievalClient, Metrics, int]) -> None:
     client, _, _ = serving
-    with pytest.raises(grpc.RpcError) as error:
-        client.retrieve([f"item{i % 40:02d}" for i in range(1000)], 3)  # ~9 KB > 4096 bytes
+    request = retrieval_pb2.RetrieveRequest(history=[f"item{i % 40:02d}" for i in range(1000)], k=3)
+    with pytest.raises(grpc.RpcError) as error:  # ~9 KB > 4096 bytes, past the client's own check
+        client._stub.Retrieve(request, timeout=5)
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert len(client.retrieve(["item01"], 3).items) == 3
 
@@ -115,52 +92,6 @@ def test_metrics_count_requests_batches_and_searches(serving: tuple[RetrievalCli
     assert values[("retrieval_batch_size_sum", ())] == 6
     assert values[("retrieval_index_search_seconds_count", ())] == 3  # two requests, one batch
     assert values[("retrieval_model_info", (("model_version", "model-v1"),))] == 1
-
-
-def write_certificates(folder: Path) -> dict[str, Path]:
-    """A self-signed CA, a server certificate for 127.0.0.1 and a client certificate, all PEM."""
-    now = datetime.datetime.now(datetime.UTC)
-
-    def certificate(
-        name: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, signer: Any, ca: bool, san: list
-    ) -> x509.Certificate:
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if san:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        return builder.sign(signer, hashes.SHA256())
-
-    files: dict[str, Path] = {}
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
-    ca = certificate("test CA", ca_key, ca_name, ca_key, True, [])
-    entities = {"ca": (ca_key, ca)}
-    for name, san in (
-        ("server", [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-        ("client", [x509.DNSName("client")]),
-    ):
-        key = ec.generate_private_key(ec.SECP256R1())
-        entities[name] = (key, certificate(name, key, ca_name, ca_key, False, san))
-    for name, (key, cert) in entities.items():
-        files[f"{name}.pem"] = folder / f"{name}.pem"
-        files[f"{name}.pem"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        files[f"{name}.key"] = folder / f"{name}.key"
-        files[f"{name}.key"].write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-    return files
 
 
 @pytest.fixture(scope="module")
@@ -201,13 +132,20 @@ def test_tls_and_mutual_tls(retriever: GatedRetriever, certificates: dict[str, P
 
 @pytest.mark.parametrize(
     "extra",
-    [["--tls-cert", "a.pem"], ["--tls-ca", "ca.pem"], ["--max-concurrent", "-1"], ["--metrics-port", "-2"]],
+    [
+        ["--tls-cert", "a.pem"],
+        ["--tls-ca", "ca.pem"],
+        ["--max-queued", "-1"],
+        ["--max-cost", "0"],
+        ["--max-request-mb", "0"],
+        ["--metrics-port", "-2"],
+    ],
 )
 def test_serve_tool_refuses_inconsistent_options(extra: list[str]) -> None:
     with pytest.raises(SystemExit):
         serve_tool.parse_args(["--model", "m", "--index", "i", *extra])
-    args = serve_tool.parse_args(["--model", "m", "--index", "i", "--max-concurrent", "3"])
-    assert (args.max_concurrent, args.metrics_port, args.tls_cert) == (3, 0, None)
+    args = serve_tool.parse_args(["--model", "m", "--index", "i", "--max-queued", "3"])
+    assert (args.max_queued, args.metrics_port, args.tls_cert) == (3, 0, None)
 
 
 def test_a_request_that_waited_past_its_deadline_is_not_computed(retriever: GatedRetriever) -> None:

@@ -3,6 +3,7 @@
     python -m bench.robustness --fuzz 10000                 # synthetic model, server in a child process
     python -m bench.robustness --fuzz 1000 --model MODEL_DIR --index INDEX_DIR --max-message-mb 4
     python -m bench.robustness --soak 600                   # 10 min at 80% of max QPS, a reload halfway
+    python -m bench.robustness --abuse 10                   # oversized, heavy flood, deadlines
     python -m bench.robustness --deploys                    # bad versions deployed, served, restarted
 
 Requests come from one Hypothesis generator (:func:`~bench.robustness.strategies.calls`, shared
@@ -36,6 +37,17 @@ swap and only the old one before, RSS growth under 5%, and the rate held (95% of
 calls answered within the run: on a shared machine the capacity measured by the probe may not
 last); writes ``soak-<SECONDS>s.json`` and ``.md`` to ``--out`` (default
 ``runs/bench-robustness``). Exits 1 if a check fails.
+
+``--abuse SECONDS`` (:mod:`~bench.robustness.abuse`, on the soak's first version, cached): one
+``tools/serve.py`` child per case. Oversized repeated fields: 8 requests of 30 MiB and 8 of
+4 MiB (450,000 excluded ids) at once must all be refused and leave the server's resident memory
+within 10% of its idle value. Heavy-batch flood: a cheap ``Retrieve`` every 10 ms, idle and then
+for SECONDS while 8 threads send batches of 256 histories of 1,500 ids back to back and 200
+medium batches arrive at once: no cheap call may fail and its p99 must stay within 10x of idle;
+the server's peak memory is reported against its ``--max-memory-mb`` (``--abuse-ceiling-mb``).
+Deadline expiry: batches with a 0.2 s deadline must stop on the server (its CPU after them under
+half of one whole call's time) and be counted ``DEADLINE_EXCEEDED``. Prints one row per case;
+exits 1 if a case fails.
 
 ``--deploys`` (:func:`~bench.robustness.deploys.run_deploys`, on the soak's two versions, cached):
 copies of the second version that pass every checksum but cannot serve (a NaN item embedding, a

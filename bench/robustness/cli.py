@@ -9,6 +9,7 @@ from pathlib import Path
 
 import bench.robustness
 from bench.data import REPO, add_data_root_argument
+from bench.robustness.abuse import abuse_main
 from bench.robustness.calls import FUZZ_MAX_MESSAGE_BYTES
 from bench.robustness.deploys import deploys_main
 from bench.robustness.fuzz import fuzz_main
@@ -41,6 +42,21 @@ def parser() -> argparse.ArgumentParser:
         "--deploys",
         action="store_true",
         help="instead of fuzzing: the abuse cases of deploys and hot reload, on the soak's two versions",
+    )
+    p.add_argument(
+        "--abuse",
+        type=float,
+        nargs="?",
+        const=10.0,
+        metavar="SECONDS",
+        help="instead of fuzzing: oversized requests, a heavy-batch flood probed for SECONDS (10 if no "
+        "value) and deadline expiry, against the soak's first version",
+    )
+    p.add_argument(
+        "--abuse-ceiling-mb",
+        type=float,
+        default=2048.0,
+        help="the flooded server's --max-memory-mb (default %(default)s)",
     )
     soak = p.add_argument_group("soak (instead of fuzzing)")
     soak.add_argument(
@@ -86,6 +102,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.abuse is not None:
+        return abuse_main(args)
     if args.deploys:
         return deploys_main(args)
     return soak_main(args) if args.soak is not None else fuzz_main(args)

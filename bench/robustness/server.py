@@ -98,7 +98,9 @@ def serve(model_dir: str | None, index_dir: str | None, max_message_bytes: int, 
         retriever = Retriever.from_dirs(Path(model_dir), Path(index_dir))
     else:
         retriever = synthetic_retriever()
-    server, port = create_server(retriever, port=0, max_message_bytes=max_message_bytes)
+    server, port = create_server(
+        retriever, port=0, max_request_bytes=max_message_bytes, max_response_bytes=max_message_bytes
+    )
     ports.put(port)
     server.wait_for_termination()
 

@@ -2,8 +2,12 @@
 
 from .client import REQUEST_ID, TOKEN_ENV, RetrievalClient, channel_target, request_id, service_config
 from .convert import (
-    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
     SERVICE_NAME,
+    check_sizes,
+    largest_request_bytes,
+    largest_response_bytes,
     model_info_message,
     query_from_request,
     request_from_query,
@@ -17,13 +21,16 @@ from .errors import (
     ResourceExhausted,
     RetrievalError,
     Unavailable,
+    shorten,
 )
 from .types import (
     DEFAULT_RERANK_CANDIDATES,
+    ID_BYTES,
     MAX_BATCH,
     MAX_FILTER_IDS,
     MAX_HISTORY,
     MAX_K,
+    MAX_NAME,
     MAX_PER_INTEREST_K,
     MAX_USER_ID,
     MergeStrategy,
@@ -34,12 +41,15 @@ from .types import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_RERANK_CANDIDATES",
+    "ID_BYTES",
     "MAX_BATCH",
     "MAX_FILTER_IDS",
     "MAX_HISTORY",
     "MAX_K",
+    "MAX_NAME",
     "MAX_PER_INTEREST_K",
     "MAX_USER_ID",
     "REQUEST_ID",
@@ -58,6 +68,9 @@ __all__ = [
     "Retrieved",
     "Unavailable",
     "channel_target",
+    "check_sizes",
+    "largest_request_bytes",
+    "largest_response_bytes",
     "model_info_message",
     "query_from_request",
     "request_from_query",
@@ -65,4 +78,5 @@ __all__ = [
     "response_from_result",
     "result_from_response",
     "service_config",
+    "shorten",
 ]

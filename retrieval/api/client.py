@@ -9,19 +9,23 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from retrieval.api.convert import (
-    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
     SERVICE_NAME,
     request_from_query,
     result_from_response,
 )
 from retrieval.api.types import MergeStrategy, Query, Rerank, Retrieved
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
+
+M = TypeVar("M", bound=Message)
 
 TOKEN_ENV = "MITT_TOKEN"
 """The environment variable a client reads its bearer token from when given none."""
@@ -36,8 +40,9 @@ def service_config(retries: int) -> str:
     SERVING on the health service (client-side health checking: a draining replica gets no new
     calls), and up to ``retries`` retries (with exponential backoff) of calls refused with
     UNAVAILABLE (a replica stopping or restarting), CANCELLED (a call a stopping replica had
-    received but not started) or RESOURCE_EXHAUSTED (a replica's overload bound). Retrieval
-    calls are idempotent, and gRPC retries only calls that were not answered, within the call's
+    received but not started) or RESOURCE_EXHAUSTED (a replica's overload bound; a retry
+    waits the server's ``grpc-retry-pushback-ms`` hint when it sends one). Retrieval calls
+    are idempotent, and gRPC retries only calls that were not answered, within the call's
     deadline; calls the client cancels itself are never retried.
     """
     method: dict[str, Any] = {"name": [{"service": SERVICE_NAME}]}
@@ -111,7 +116,8 @@ class RetrievalClient:
         tls_ca: Path | None = None,
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         token: str | None = None,
         metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
@@ -124,7 +130,9 @@ class RetrievalClient:
             tls_cert: the client's certificate, for servers that require mutual TLS (with
                 ``tls_key``, both or neither; they need ``tls_ca``).
             tls_key: the client certificate's key.
-            max_message_bytes: largest response accepted.
+            max_request_bytes: largest request sent: a bigger one raises ``ValueError`` without
+                being sent (the server's default limit, which it refuses bigger ones with).
+            max_response_bytes: largest response accepted.
             token: bearer token sent with every call (``authorization: Bearer <token>``) to a
                 server with access control; ``None`` reads :data:`TOKEN_ENV` (``MITT_TOKEN``)
                 if set, ``""`` sends none. Send it over TLS only, outside a trusted network.
@@ -141,9 +149,10 @@ class RetrievalClient:
             raise ValueError(f"retries must be between 0 and 4, got {retries}")
         self.address = channel_target(address)
         self.timeout = timeout
+        self.max_request_bytes = max_request_bytes
         options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_response_bytes),
+            ("grpc.max_send_message_length", max_request_bytes),
             ("grpc.service_config", service_config(retries)),
             ("grpc.enable_retries", int(retries > 0)),
         ]
@@ -195,7 +204,7 @@ class RetrievalClient:
             per_interest_k, exclude, allow, return_interests, user_id, category, request_time, rerank,
         )  # fmt: skip
         response = self._stub.Retrieve(
-            request_from_query(query), timeout=self.timeout, metadata=self._metadata
+            self._sized(request_from_query(query)), timeout=self.timeout, metadata=self._metadata
         )
         return result_from_response(response)
 
@@ -206,8 +215,25 @@ class RetrievalClient:
             >>> client.batch_retrieve([Query(["B0001"], k=10), Query(["B0042"], k=5, merge="round_robin")])
         """
         request = retrieval_pb2.BatchRetrieveRequest(requests=[request_from_query(q) for q in queries])
-        response = self._stub.BatchRetrieve(request, timeout=self.timeout, metadata=self._metadata)
+        response = self._stub.BatchRetrieve(
+            self._sized(request), timeout=self.timeout, metadata=self._metadata
+        )
         return [result_from_response(r) for r in response.responses]
+
+    def _sized(self, request: M) -> M:
+        """``request``, checked against :attr:`max_request_bytes` before it is sent: a request
+        the server would refuse for its size is not sent, nor retried.
+
+        Raises:
+            ValueError: the request is too big; the message says by how much.
+        """
+        size = request.ByteSize()
+        if size > self.max_request_bytes:
+            raise ValueError(
+                f"the request is {size / 2**20:.2f} MiB, over the {self.max_request_bytes / 2**20:.2f} MiB "
+                "limit: send fewer ids or fewer requests per batch"
+            )
+        return request
 
     def model_info(self) -> retrieval_pb2.ModelInfo:
         """The server's ``ModelInfo``: model version and shape, index description, start time."""

@@ -12,7 +12,20 @@ from google.protobuf.message import DecodeError, Message
 from retrieval.api.errors import (
     InvalidArgument,
 )
-from retrieval.api.types import MergeStrategy, ModelInfo, Query, Rerank, Retrieved
+from retrieval.api.types import (
+    ID_BYTES,
+    MAX_BATCH,
+    MAX_FILTER_IDS,
+    MAX_HISTORY,
+    MAX_K,
+    MAX_NAME,
+    MAX_USER_ID,
+    MergeStrategy,
+    ModelInfo,
+    Query,
+    Rerank,
+    Retrieved,
+)
 from retrieval.api.v1 import retrieval_pb2
 
 M = TypeVar("M", bound=Message)
@@ -53,9 +66,14 @@ _MERGE_TO_PROTO: dict[MergeStrategy, str] = {m: m.name for m in MergeStrategy}
 def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
     """A ``RetrieveRequest`` as a :class:`Query` (the Retriever validates the values).
 
+    Lists and strings over the API's limits are refused here, before any is copied into
+    Python objects: a refused request costs no more memory than its message.
+
     Raises:
-        InvalidArgument: both history and events sent, or an unknown merge strategy number.
+        InvalidArgument: a list or string over its limit, both history and events sent, or an
+            unknown merge strategy number.
     """
+    check_sizes(request)
     if request.events and request.history:
         raise InvalidArgument("send the history either as history or as events, not both")
     if request.merge not in _MERGE_FROM_PROTO:
@@ -84,6 +102,32 @@ def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
         if request.HasField("rerank")
         else None,
     )
+
+
+def check_sizes(request: retrieval_pb2.RetrieveRequest) -> None:
+    """Refuses lists and strings over the API's limits (``len`` of a parsed message's fields
+    copies nothing). Strings are named, never echoed, so an error message stays short.
+
+    Raises:
+        InvalidArgument: the first field over its limit.
+    """
+    lists = (
+        ("history", len(request.history) or len(request.events), MAX_HISTORY),
+        ("exclude_ids", len(request.exclude_ids), MAX_FILTER_IDS),
+        ("allow_ids", len(request.allow_ids), MAX_FILTER_IDS),
+        ("rerank.unclicked", len(request.rerank.unclicked), MAX_FILTER_IDS),
+    )
+    for name, size, limit in lists:
+        if size > limit:
+            raise InvalidArgument(f"{name} has {size} ids, at most {limit} are accepted")
+    strings = (
+        ("user_id", request.user_id, MAX_USER_ID),
+        ("category", request.category, MAX_NAME),
+        ("rerank.ranker", request.rerank.ranker, MAX_NAME),
+    )
+    for name, text, limit in strings:
+        if len(text) > limit:
+            raise InvalidArgument(f"{name} has {len(text)} characters, at most {limit}")
 
 
 def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
@@ -188,6 +232,38 @@ def model_info_message(info: ModelInfo) -> retrieval_pb2.ModelInfo:
     )
 
 
-DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-"""Largest request or response: a full batch (256 requests of long histories, or of 1000 items
-each) exceeds gRPC's default of 4 MiB."""
+def _string_bytes(length: int) -> int:
+    """Wire bytes of a string (or message) field of ``length`` bytes: tag, length varint, bytes."""
+    return 1 + max(1, (length.bit_length() + 6) // 7) + length
+
+
+def largest_request_bytes(id_bytes: int = ID_BYTES) -> int:
+    """Wire size of the largest valid ``RetrieveRequest`` whose ids and actions have
+    ``id_bytes`` bytes: every list at its limit, the history as events, every string at its
+    longest (:mod:`retrieval.api.types`)."""
+    event = _string_bytes(id_bytes) + 11 + _string_bytes(id_bytes)  # item, int64 timestamp, action
+    filters = 3 * MAX_FILTER_IDS * _string_bytes(id_bytes)  # exclude, allow, rerank.unclicked
+    names = _string_bytes(MAX_USER_ID) + 2 * _string_bytes(MAX_NAME)  # user, category, ranker
+    return MAX_HISTORY * _string_bytes(event) + filters + names + 64  # + the numbers
+
+
+def largest_response_bytes(id_bytes: int = ID_BYTES, num_interests: int = 8, dim: int = 256) -> int:
+    """Wire size of the largest ``BatchRetrieveResponse``: ``MAX_BATCH`` answers of ``MAX_K``
+    items with ids of ``id_bytes`` bytes, each with ``num_interests`` vectors of ``dim`` floats."""
+    item = 2 + _string_bytes(id_bytes) + 5 + 3 + 5  # framing, id, score, interest, rank score
+    interests = num_interests * (4 + 4 * dim)
+    return MAX_BATCH * (8 + MAX_K * item + interests + 3 * _string_bytes(MAX_NAME))
+
+
+def _whole_mib(size: float) -> int:
+    return int(-(-size // 2**20)) * 2**20
+
+
+DEFAULT_MAX_REQUEST_BYTES: int = _whole_mib(1.25 * largest_request_bytes())
+"""The server's default receive limit: the largest valid request (ids of ``ID_BYTES``) with 25%
+headroom, in whole MiB. A ``BatchRetrieve`` shares it: its requests together must fit. Anything
+larger is refused by gRPC before it is parsed, so an abusive request costs little memory."""
+
+DEFAULT_MAX_RESPONSE_BYTES: int = _whole_mib(1.25 * largest_response_bytes())
+"""The default send limit of the server and receive limit of the client: the largest
+``BatchRetrieve`` answer with 25% headroom, in whole MiB."""

@@ -29,6 +29,13 @@ MAX_BATCH = 256
 MAX_USER_ID = 256
 """Longest ``user_id`` (characters); it only goes to the log."""
 
+MAX_NAME = 256
+"""Longest ``category`` or ranker name (characters)."""
+
+ID_BYTES = 64
+"""Item id length (bytes) the default message limits are sized for: a request at every list
+limit with ids this long fits; one with longer ids fits shorter lists."""
+
 DEFAULT_RERANK_CANDIDATES = 200
 """Candidates a rerank scores when the request does not say (at least ``k``)."""
 

@@ -2,7 +2,7 @@ r"""Serve a model and its index over gRPC until SIGTERM or SIGINT.
 
 mitt serve --model runs/ml100k-sa --index runs/ml100k-sa-index --port 50051
 mitt serve ... --ranker runs/ml100k-din        # requests may ask for a rerank
-mitt serve ... --max-concurrent 8 --metrics-port 9090 \
+mitt serve ... --max-cost 256 --max-memory-mb 4096 --metrics-port 9090 \
     --tls-cert server.pem --tls-key server.key --tls-ca clients-ca.pem   # mutual TLS
 # hot reload: serve ROOT's current version, swap to each one mitt deploy publishes
 mitt serve --watch runs/live --log-format json
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from retrieval.api import DEFAULT_MAX_MESSAGE_BYTES
+from retrieval.api import DEFAULT_MAX_REQUEST_BYTES
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.serving import LOG_FORMATS  # loads retrieval.serving.logs only (the layer is lazy)
 from retrieval.storage import ArtifactError
@@ -82,18 +82,7 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         help="seconds still serving after SIGTERM while reporting NOT_SERVING, so load "
         "balancers and health-watching clients move away first (default %(default)s)",
     )
-    p.add_argument(
-        "--max-concurrent",
-        type=int,
-        default=0,
-        help="calls computing at once, more get RESOURCE_EXHAUSTED (0 = no bound but --workers)",
-    )
-    p.add_argument(
-        "--max-message-mb",
-        type=float,
-        default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
-        help="largest request or response in MiB (default %(default)s)",
-    )
+    _add_limits(p)
     _add_access_control(p)
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = off)")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM): serve TLS")
@@ -111,8 +100,12 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         p.error("--xla is for a fixed model: each hot-reloaded version would stay in memory")
     if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
         p.error("TLS needs --tls-cert and --tls-key together (and --tls-ca only with them)")
-    if min(args.max_concurrent, args.metrics_port, args.max_wait_ms, args.drain, args.grace) < 0:
-        p.error("--max-concurrent, --metrics-port, --max-wait-ms, --drain and --grace must be >= 0")
+    if min(args.max_queued, args.max_memory_mb, args.metrics_port, args.max_wait_ms, args.drain) < 0:
+        p.error("--max-queued, --max-memory-mb, --metrics-port, --max-wait-ms and --drain must be >= 0")
+    if args.grace < 0:
+        p.error("--grace must be >= 0")
+    if min(args.max_cost, args.cheap_cost, args.max_request_mb) <= 0 or args.max_waiting < 0:
+        p.error("--max-cost, --cheap-cost and --max-request-mb must be > 0, --max-waiting >= 0")
     if args.search_threads < 1 or args.watch_interval <= 0:
         p.error("--search-threads must be >= 1 and --watch-interval > 0")
     _check_access_control(p, args)
@@ -218,12 +211,53 @@ def access_control(args: argparse.Namespace) -> AccessControl:
     )
 
 
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    limits = p.add_argument_group(
+        "limits", "what one call may cost; calls over a limit get RESOURCE_EXHAUSTED (docs/serving.md)"
+    )
+    limits.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=DEFAULT_MAX_REQUEST_BYTES / 2**20,
+        help="largest request in MiB, refused before it is parsed (default %(default)s: the API's "
+        "largest valid request with headroom)",
+    )
+    limits.add_argument(
+        "--max-queued",
+        type=int,
+        default=0,
+        help="calls held at once, computing or waiting for a thread (0 = twice --workers)",
+    )
+    limits.add_argument(
+        "--cheap-cost",
+        type=float,
+        default=16.0,
+        help="calls up to this cost (1 = an ordinary query) are always admitted (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-cost",
+        type=float,
+        default=512.0,
+        help="cost heavier calls may hold at once (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-waiting", type=int, default=8, help="heavy calls that may wait for room (default %(default)s)"
+    )
+    limits.add_argument(
+        "--max-memory-mb",
+        type=float,
+        default=0.0,
+        help="resident memory above which heavy calls are refused (0 = no ceiling)",
+    )
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
     quiet_tensorflow(args.verbose)
     # Imported here, once TensorFlow's logging is set and never for --help: the serving layer
     # loads FAISS and pandas, and TensorFlow with the model.
     from retrieval.serving import (
+        AdmissionLimits,
         DeploymentWatcher,
         Retriever,
         RetrieverSlot,
@@ -270,10 +304,19 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             max_batch=args.max_batch,
             max_wait=args.max_wait_ms / 1000,
             search_threads=args.search_threads,
-            max_concurrent=args.max_concurrent or None,
-            max_message_bytes=int(args.max_message_mb * 2**20),
+            max_queued=args.max_queued or None,
+            admission=AdmissionLimits(
+                cheap_cost=args.cheap_cost,
+                max_cost=args.max_cost,
+                max_waiting=args.max_waiting,
+                max_memory_bytes=int(args.max_memory_mb * 2**20) or None,
+            ),
+            max_request_bytes=int(args.max_request_mb * 2**20),
             tls=tls,
         )
+    except OSError as e:  # a port in use: nothing was left serving
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     finally:
         if watcher is not None:
             watcher.stop()

@@ -2,9 +2,11 @@
 
 from .access import AccessControl, AccessInterceptor
 from .access_log import AccessLog
+from .admission import Admission, AdmissionLimits, call_cost, cost, query_cost, request_cost
 from .auth import PERMISSIONS, AccessFile, Identity
 from .batching import MicroBatcher
 from .logs import LOG_FORMATS, configure_logging
+from .memory import MemoryTrimmer, resident_bytes, trimmer
 from .metrics import BasicAuth, Metrics
 from .ratelimit import RateLimiter
 from .reload import DeploymentWatcher, RetrieverSlot, load_deployment, open_deployment, warm_up
@@ -19,10 +21,13 @@ __all__ = [
     "AccessFile",
     "AccessInterceptor",
     "AccessLog",
+    "Admission",
+    "AdmissionLimits",
     "BasicAuth",
     "CertificateFiles",
     "DeploymentWatcher",
     "Identity",
+    "MemoryTrimmer",
     "Metrics",
     "MicroBatcher",
     "RateLimiter",
@@ -31,11 +36,17 @@ __all__ = [
     "Retriever",
     "RetrieverSlot",
     "TlsFiles",
+    "call_cost",
     "configure_logging",
+    "cost",
     "create_server",
     "load_deployment",
     "open_deployment",
+    "query_cost",
+    "request_cost",
+    "resident_bytes",
     "serve_forever",
     "status_for",
+    "trimmer",
     "warm_up",
 ]

@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 @dataclass(eq=False)
 class _Pending:
     query: Query
+    deadline: float | None  # time.monotonic() time after which its caller stops waiting
     wake: threading.Event = field(default_factory=threading.Event)  # answered, or asked to lead
     lead: bool = False
     done: bool = False
@@ -103,7 +104,8 @@ class MicroBatcher:
             DeadlineExceeded: the deadline passed before the query was answered.
             Unavailable: the batcher is closed.
         """
-        pending = _Pending(query)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = _Pending(query, deadline)
         with self._arrived:
             if self._closed:
                 raise Unavailable("the server is shutting down")
@@ -113,7 +115,6 @@ class MicroBatcher:
             pending.lead = not self._busy
             self._busy = True
             self._arrived.notify()
-        deadline = None if timeout is None else time.monotonic() + timeout
         while not pending.done:
             if pending.lead:
                 pending.lead = False
@@ -166,8 +167,11 @@ class MicroBatcher:
 
     @staticmethod
     def _answer(retriever: Retriever, batch: Sequence[_Pending]) -> None:
+        """Answers ``batch``; the work stops once every caller's deadline has passed."""
+        deadlines = [p.deadline for p in batch]
+        deadline = None if None in deadlines else max(d for d in deadlines if d is not None)
         try:
-            results = retriever.retrieve_many([p.query for p in batch])
+            results = retriever.retrieve_many([p.query for p in batch], deadline)
         except InvalidArgument as error:
             if len(batch) == 1:
                 batch[0].finish(error=error)
@@ -177,7 +181,8 @@ class MicroBatcher:
                 MicroBatcher._answer(retriever, [p])
             return
         except Exception as error:  # every caller must be answered, whatever failed
-            logger.exception("a batch of %d requests failed", len(batch))
+            if not isinstance(error, DeadlineExceeded):
+                logger.exception("a batch of %d requests failed", len(batch))
             for p in batch:
                 p.finish(error=error)
             return

@@ -15,13 +15,14 @@ import numpy as np
 from index import VectorIndex
 from index.merge import strategy
 from index.multi_interest import search_interests
-from retrieval.api.errors import InvalidArgument
+from retrieval.api.errors import DeadlineExceeded, InvalidArgument, shorten
 from retrieval.api.types import (
     DEFAULT_RERANK_CANDIDATES,
     MAX_BATCH,
     MAX_FILTER_IDS,
     MAX_HISTORY,
     MAX_K,
+    MAX_NAME,
     MAX_PER_INTEREST_K,
     MAX_USER_ID,
     MergeStrategy,
@@ -229,7 +230,7 @@ class Retriever:
         )  # fmt: skip
         return self.retrieve_many([query])[0]
 
-    def retrieve_many(self, queries: Sequence[Query]) -> list[Retrieved]:
+    def retrieve_many(self, queries: Sequence[Query], deadline: float | None = None) -> list[Retrieved]:
         """Answers several users with one user-tower call and one index search per group of
         queries sharing merge options, per-interest depth and filters (one search when
         they all share them); each answer equals :meth:`retrieve` of that query alone.
@@ -243,9 +244,13 @@ class Retriever:
         request is one more row of the same tower call and of a search (the request's own when
         it has no filters and the max-score merge); a history of one known event has none.
 
+        ``deadline`` (a :func:`time.monotonic` time) is checked between the stages (lookup,
+        tower call, search, rerank): past it, the work stops.
+
         Raises:
             InvalidArgument: no queries, more than ``MAX_BATCH``, or a bad query (the message
                 starts with ``requests[i]`` when there are several).
+            DeadlineExceeded: ``deadline`` passed before the answers were ready.
         """
         prepared = self._prepare_all(queries)
         # Rows of the tower call and the searches: the queries, then the previous requests of
@@ -253,10 +258,14 @@ class Retriever:
         previous = [self._previous(p.previous, p.num_unclicked) for p in prepared if p.previous is not None]
         rows = prepared + previous
         features = {name: [r.features[name] for r in rows] for name in self.model.side.event_features}
+        check_deadline(deadline, "looking up the histories")
         encoded = self.model.encode([r.known for r in rows], features)  # [B + E, K, d], one call
+        check_deadline(deadline, "the user tower call")
         found = self._search(rows, encoded)
+        check_deadline(deadline, "the index search")
         unclicked = _unclicked(prepared, found)
         rank_scores = self._rerank(queries, prepared, found, unclicked)
+        check_deadline(deadline, "the rerank")
         return [
             self._answer(query, p, found[i], encoded[i], rank_scores.get(i))
             for i, (query, p) in enumerate(zip(queries, prepared, strict=True))
@@ -278,7 +287,7 @@ class Retriever:
             try:
                 prepared.append(self._prepare(query))
             except InvalidArgument as e:
-                raise InvalidArgument(f"requests[{i}]: {e}" if len(queries) > 1 else str(e)) from None
+                raise InvalidArgument(e.reason, i if len(queries) > 1 else None) from None
         return prepared
 
     def _previous(self, history: np.ndarray, num_unclicked: int) -> _Prepared:
@@ -463,7 +472,8 @@ class Retriever:
             allow = np.unique(allowed[allowed != PAD]).astype(np.int64)
         if query.category:
             if query.category not in self.item_categories:
-                raise InvalidArgument(f"unknown category {query.category!r}: no item of the model has it")
+                shown = shorten(query.category)
+                raise InvalidArgument(f"unknown category {shown}: no item of the model has it")
             members = self.item_categories.ids(query.category)
             allow = members if allow is None else np.intersect1d(allow, members)
         return allow
@@ -484,7 +494,7 @@ class Retriever:
             raise InvalidArgument(f"name the ranker to rerank with, one of {sorted(self.rankers)}")
         name = rerank.ranker or next(iter(self.rankers))
         if name not in self.rankers:
-            raise InvalidArgument(f"unknown ranker {name!r}; the server has {sorted(self.rankers)}")
+            raise InvalidArgument(f"unknown ranker {shorten(name)}; the server has {sorted(self.rankers)}")
         depth = rerank.candidates or max(k, DEFAULT_RERANK_CANDIDATES)
         if not k <= depth <= MAX_K:
             raise InvalidArgument(
@@ -518,6 +528,16 @@ def _unclicked(prepared: Sequence[_Prepared], found: dict[int, _Found]) -> dict[
     return unclicked
 
 
+def check_deadline(deadline: float | None, stage: str) -> None:
+    """Raises :class:`DeadlineExceeded` if ``deadline`` (a :func:`time.monotonic` time) passed.
+
+    Raises:
+        DeadlineExceeded: the deadline passed; the message names the ``stage`` just done.
+    """
+    if deadline is not None and (late := time.monotonic() - deadline) > 0:
+        raise DeadlineExceeded(f"the deadline passed {late:.3f} s ago, after {stage}; the work stopped")
+
+
 def _check(query: Query) -> None:
     """Checks the ranges of ``query``'s arguments (the rerank's are :meth:`Retriever._ranker`'s).
 
@@ -547,8 +567,13 @@ def _check(query: Query) -> None:
     for name, ids in (("exclude_ids", query.exclude), ("allow_ids", query.allow)):
         if len(ids) > MAX_FILTER_IDS:
             raise InvalidArgument(f"{name} has {len(ids)} ids, at most {MAX_FILTER_IDS} are accepted")
-    if len(query.user_id) > MAX_USER_ID:
-        raise InvalidArgument(f"user_id has {len(query.user_id)} characters, at most {MAX_USER_ID}")
+    for name, text, limit in (
+        ("user_id", query.user_id, MAX_USER_ID),
+        ("category", query.category, MAX_NAME),
+        ("rerank.ranker", "" if query.rerank is None else query.rerank.ranker, MAX_NAME),
+    ):
+        if len(text) > limit:
+            raise InvalidArgument(f"{name} has {len(text)} characters, at most {limit}")
 
 
 def item_categories(model: ModelArtifact, item_attributes: Mapping[str, Sequence[str]]) -> np.ndarray:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
@@ -24,12 +25,15 @@ from typing import Any, TypeVar
 
 import faiss
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from retrieval.api.convert import (
-    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
     SERVICE_NAME,
+    check_sizes,
     model_info_message,
     parse,
     query_from_request,
@@ -43,13 +47,15 @@ from retrieval.api.errors import (
     RetrievalError,
     Unavailable,
 )
-from retrieval.api.types import MAX_BATCH
+from retrieval.api.types import MAX_BATCH, Query, Retrieved
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.serving.access import AccessControl, start_health_server
+from retrieval.serving.admission import Admission, AdmissionLimits, call_cost, request_cost
 from retrieval.serving.batching import MicroBatcher
+from retrieval.serving.memory import trimmer
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.reload import RetrieverSlot
-from retrieval.serving.retriever import Retriever
+from retrieval.serving.retriever import Retriever, check_deadline
 from retrieval.serving.tls import CertificateFiles
 
 logger = logging.getLogger(__name__)
@@ -92,55 +98,65 @@ class TlsFiles:
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     """Converts messages and errors; all logic lives in the :class:`Retriever`.
 
-    Around every call: a request whose deadline has already passed is not computed
-    (DEADLINE_EXCEEDED); at most ``max_concurrent`` calls compute at once, the others are refused
-    at once with RESOURCE_EXHAUSTED (clients retry with backoff) rather than queued behind them;
-    and the call is counted and timed in ``metrics``. With a ``batcher``, ``Retrieve`` calls are
-    answered in micro-batches; the retriever is read from ``slot`` on every call, so a hot swap
-    takes effect at once.
+    Around every call: a request whose deadline has already passed is not computed, and one
+    whose deadline passes while it computes stops at the next stage (DEADLINE_EXCEEDED);
+    retrieval calls go through cost-based ``admission`` (:mod:`retrieval.serving.admission`:
+    cheap ones always, heavy ones while they fit, computed in chunks that let cheap calls
+    through); the call is counted and timed in ``metrics``. With a ``batcher``, cheap
+    ``Retrieve`` calls are answered in micro-batches; the retriever is read from ``slot`` on
+    every call, so a hot swap takes effect at once.
     """
 
     def __init__(
         self,
         slot: Retriever | RetrieverSlot,
-        max_concurrent: int | None = None,
         metrics: Metrics | None = None,
         batcher: MicroBatcher | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._slot = slot if isinstance(slot, RetrieverSlot) else RetrieverSlot(slot)
-        self._slots = None if max_concurrent is None else threading.BoundedSemaphore(max_concurrent)
-        self._max_concurrent = max_concurrent
         self._metrics = metrics
         self._batcher = batcher
+        self._admission = admission or Admission(AdmissionLimits())
+        self._trimmer = trimmer()
 
     def Retrieve(
         self, request: retrieval_pb2.RetrieveRequest | bytes, context: grpc.ServicerContext
     ) -> retrieval_pb2.RetrieveResponse:
         def work() -> retrieval_pb2.RetrieveResponse:
-            query = query_from_request(parse(request, retrieval_pb2.RetrieveRequest))
-            if self._batcher is not None:
-                return response_from_result(self._batcher.submit(query, context.time_remaining()))
-            self._observe_batch(1)
-            (result,) = self._slot.current.retrieve_many([query])
+            self._admission.screen(_size(request))
+            parsed = parse(request, retrieval_pb2.RetrieveRequest)
+            check_sizes(parsed)
+            cost = request_cost(parsed)
+            with self._admission.admit(cost, context.time_remaining()):
+                query = query_from_request(parsed)
+                if self._batcher is not None and self._admission.is_cheap(cost):
+                    return response_from_result(self._batcher.submit(query, context.time_remaining()))
+                (result,) = self._compute([query], _deadline(context), cost)
             return response_from_result(result)
 
-        return self._call("Retrieve", context, work)
+        return self._call("Retrieve", context, work, _size(request))
 
     def BatchRetrieve(
         self, request: retrieval_pb2.BatchRetrieveRequest | bytes, context: grpc.ServicerContext
     ) -> retrieval_pb2.BatchRetrieveResponse:
         def work() -> retrieval_pb2.BatchRetrieveResponse:
-            queries = []
-            for i, one in enumerate(parse(request, retrieval_pb2.BatchRetrieveRequest).requests):
+            self._admission.screen(_size(request))
+            requests = parse(request, retrieval_pb2.BatchRetrieveRequest).requests
+            if len(requests) > MAX_BATCH:  # before converting any
+                raise InvalidArgument(f"the batch has {len(requests)} requests, at most {MAX_BATCH}")
+            for i, one in enumerate(requests):
                 try:
-                    queries.append(query_from_request(one))
+                    check_sizes(one)
                 except InvalidArgument as e:
-                    raise InvalidArgument(f"requests[{i}]: {e}") from None
-            self._observe_batch(len(queries))
-            results = self._slot.current.retrieve_many(queries)
+                    raise InvalidArgument(e.reason, i) from None
+            cost = call_cost(requests)
+            with self._admission.admit(cost, context.time_remaining()):
+                queries = _queries(requests)
+                results = self._compute(queries, _deadline(context), cost)
             return retrieval_pb2.BatchRetrieveResponse(responses=[response_from_result(r) for r in results])
 
-        return self._call("BatchRetrieve", context, work)
+        return self._call("BatchRetrieve", context, work, _size(request))
 
     def GetModelInfo(
         self, request: retrieval_pb2.GetModelInfoRequest | bytes, context: grpc.ServicerContext
@@ -151,36 +167,79 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
 
         return self._call("GetModelInfo", context, work)
 
+    def _compute(self, queries: Sequence[Query], deadline: float | None, cost: float) -> list[Retrieved]:
+        """Answers ``queries`` with one retriever call, or a heavy call in chunks with the cheap
+        calls in flight let through between two (the answers are the same either way)."""
+        retriever = self._slot.current  # one version for the whole call
+        if self._admission.is_cheap(cost):
+            self._observe_batch(len(queries))
+            return retriever.retrieve_many(queries, deadline)
+        results: list[Retrieved] = []
+        for chunk in self._admission.chunks(queries):
+            self._admission.yield_to_cheap()
+            self._observe_batch(len(chunk))
+            try:
+                results += retriever.retrieve_many(chunk, deadline)
+            except InvalidArgument as e:
+                within = 0 if e.request is None else e.request
+                raise InvalidArgument(e.reason, len(results) + within if len(queries) > 1 else None) from None
+        return results
+
     def _observe_batch(self, size: int) -> None:
         if self._metrics is not None and size:
             self._metrics.batch_size.observe(size)
 
-    def _call(self, method: str, context: grpc.ServicerContext, work: Callable[[], T]) -> T:
-        """Runs ``work`` under the deadline and concurrency checks; every error becomes a status."""
+    def _call(self, method: str, context: grpc.ServicerContext, work: Callable[[], T], size: int = 0) -> T:
+        """Runs ``work`` under the deadline; every error becomes a status, and an answer ready
+        after the deadline counts as DEADLINE_EXCEEDED (its client has stopped waiting). A
+        large request (``size`` bytes) has its memory given back once answered."""
         started = time.perf_counter()
         code = grpc.StatusCode.OK
-        acquired = False
         try:
             remaining = context.time_remaining()
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceeded(f"the deadline passed {-remaining:.3f} s before the server started")
-            if self._slots is not None:
-                acquired = self._slots.acquire(blocking=False)
-                if not acquired:
-                    raise ResourceExhausted(
-                        f"server busy: {self._max_concurrent} requests in flight, retry with backoff"
-                    )
-            return work()
+            answer = work()
+            check_deadline(_deadline(context), "the answer was ready")
+            return answer
         except Exception as error:  # every error must become a status, none a crash
             code, details = status_for(error)
+            retry_after = getattr(error, "retry_after", None)
+            if retry_after is not None:
+                context.set_trailing_metadata((("grpc-retry-pushback-ms", str(round(retry_after * 1000))),))
             context.abort(code, details)
             raise  # unreachable: abort raises
         finally:
-            if acquired and self._slots is not None:
-                self._slots.release()
+            self._trimmer.note(size)
             if self._metrics is not None:
                 self._metrics.requests.labels(method, code.name).inc()
                 self._metrics.latency.labels(method, code.name).observe(time.perf_counter() - started)
+
+
+def _queries(requests: Sequence[retrieval_pb2.RetrieveRequest]) -> list[Query]:
+    """A batch's requests as queries.
+
+    Raises:
+        InvalidArgument: a bad request, named by its place in the batch.
+    """
+    queries = []
+    for i, one in enumerate(requests):
+        try:
+            queries.append(query_from_request(one))
+        except InvalidArgument as e:
+            raise InvalidArgument(e.reason, i) from None
+    return queries
+
+
+def _size(request: Message | bytes) -> int:
+    """Bytes of a request as received (parsed requests, from Python callers, count 0)."""
+    return len(request) if isinstance(request, bytes) else 0
+
+
+def _deadline(context: grpc.ServicerContext) -> float | None:
+    """The call's deadline as a :func:`time.monotonic` time; ``None`` for none."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
 
 
 class RetrievalServer:
@@ -260,8 +319,10 @@ def create_server(
     *,
     max_batch: int = 32,
     max_wait: float = 0.0,
-    max_concurrent: int | None = None,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    max_queued: int | None = None,
+    admission: AdmissionLimits | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     tls: TlsFiles | None = None,
     metrics: Metrics | None = None,
     search_threads: int | None = None,
@@ -279,9 +340,14 @@ def create_server(
             (dynamic micro-batching); 1 answers each call on its own thread.
         max_wait: seconds a micro-batch waits for more calls once it has one; the default 0
             adds no latency: calls that arrive while a batch computes form the next one.
-        max_concurrent: calls in progress at once, beyond which calls get RESOURCE_EXHAUSTED;
-            ``None`` for no bound (extra calls queue for a thread).
-        max_message_bytes: largest request and response.
+        max_queued: calls the server holds at once, computing or queued for a thread; more
+            are refused RESOURCE_EXHAUSTED by gRPC before they are read. ``None`` =
+            ``2 * max_workers``.
+        admission: the cost-based admission's bounds (:class:`AdmissionLimits`); ``None`` for
+            its defaults.
+        max_request_bytes: largest request (bigger ones are refused before they are parsed);
+            the default is derived from the API's limits (:data:`DEFAULT_MAX_REQUEST_BYTES`).
+        max_response_bytes: largest response.
         tls: serve TLS (mutual TLS when it has a CA) instead of plaintext.
         metrics: where to count requests; ``None`` for none. Its HTTP endpoint is started
             separately (:meth:`Metrics.serve`).
@@ -297,9 +363,11 @@ def create_server(
 
     Raises:
         ValueError: a bound out of range.
+        OSError: the port cannot be bound (in use, or not allowed).
     """
-    if max_workers < 1 or (max_concurrent is not None and max_concurrent < 1):
-        raise ValueError(f"max_workers and max_concurrent must be >= 1, got {max_workers}, {max_concurrent}")
+    max_queued = 2 * max_workers if max_queued is None else max_queued
+    if max_workers < 1 or max_queued < 1:
+        raise ValueError(f"max_workers and max_queued must be >= 1, got {max_workers}, {max_queued}")
     if search_threads is not None and search_threads < 1:
         raise ValueError(f"search_threads must be >= 1, got {search_threads}")
     if not 1 <= max_batch <= MAX_BATCH:
@@ -313,9 +381,10 @@ def create_server(
             initializer=threads_setter,
         ),
         options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_request_bytes),
+            ("grpc.max_send_message_length", max_response_bytes),
         ],
+        maximum_concurrent_rpcs=max_queued,
         interceptors=None if access is None else access.interceptors(),
     )
     if metrics is not None:
@@ -328,7 +397,7 @@ def create_server(
     if max_batch > 1:
         observe = None if metrics is None else metrics.batch_size.observe
         batcher = MicroBatcher(lambda: slot.current, max_batch, max_wait, observe_batch=observe)
-    servicer = RetrievalServicer(slot, max_concurrent, metrics, batcher)
+    servicer = RetrievalServicer(slot, metrics, batcher, Admission(admission or AdmissionLimits()))
     health_servicer = health.HealthServicer()
     add_servicer(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -337,7 +406,13 @@ def create_server(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
     address = f"{host}:{port}"
-    bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    try:
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, tls.credentials())
+    except RuntimeError as e:  # grpcio's "Failed to bind to address"
+        raise OSError(f"cannot serve gRPC on {address}: {e}") from None
     health_port = None if access is None else access.health_port
     health_server = None if health_port is None else start_health_server(health_servicer, host, health_port)
     running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)
@@ -373,11 +448,34 @@ def serve_forever(
     ``on_start`` is called with the started server (e.g. to start a
     :class:`~retrieval.serving.reload.DeploymentWatcher`); ``access`` and ``options`` go to
     :func:`create_server`.
+
+    Raises:
+        OSError: the metrics port or the gRPC port cannot be bound; nothing is left serving.
     """
+    # A heavy call's Python work holds the GIL for up to the switch interval each time a cheap
+    # call's thread asks for it, and a call asks many times: 1 ms (instead of 5) keeps cheap
+    # calls' latency under heavy load (bench/robustness --abuse).
+    sys.setswitchinterval(SWITCH_INTERVAL)
     metrics = None if metrics_port is None else Metrics()
-    server, bound = create_server(
-        retriever, host, port, metrics=metrics, search_threads=search_threads, access=access, **options
-    )
+    if metrics is not None and metrics_port is not None:
+        # Before the gRPC port: a metrics port in use must fail the start, not a serving server.
+        try:
+            metrics_bound = metrics.serve(
+                metrics_port, metrics_host, None if access is None else access.metrics_auth
+            )
+        except OSError as e:
+            raise OSError(
+                e.errno, f"cannot serve metrics on {metrics_host}:{metrics_port}: {e.strerror}"
+            ) from None
+        logger.info("metrics on http://%s:%d/metrics", metrics_host, metrics_bound)
+    try:
+        server, bound = create_server(
+            retriever, host, port, metrics=metrics, search_threads=search_threads, access=access, **options
+        )
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
 
     def stop(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -385,11 +483,6 @@ def serve_forever(
         server.stop(grace, drain)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    if metrics is not None and metrics_port is not None:
-        auth = None if access is None else access.metrics_auth
-        logger.info(
-            "metrics on http://%s:%d/metrics", metrics_host, metrics.serve(metrics_port, metrics_host, auth)
-        )
     tls = " with TLS" if options.get("tls") else ""
     version = server.slot.current.model_version
     logger.info("serving %s (model %s) on %s:%d%s", SERVICE_NAME, version, host, bound, tls)
@@ -406,6 +499,13 @@ def serve_forever(
             metrics.close()
     logger.info("server stopped")
 
+
+SWITCH_INTERVAL = 0.001
+"""Seconds a thread holds the GIL while another waits for it, in a serving process."""
+
+MAX_DETAILS = 1024
+"""Longest status message: gRPC carries it in a trailer, and one over the peer's metadata limit
+(8 KiB by default) would turn the status into RESOURCE_EXHAUSTED."""
 
 _STATUS: dict[type[RetrievalError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -424,6 +524,7 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
     """
     for error_type, code in _STATUS.items():
         if isinstance(error, error_type):
-            return code, str(error)
+            details = str(error)
+            return code, details if len(details) <= MAX_DETAILS else details[: MAX_DETAILS - 3] + "..."
     logger.error("internal error while serving a request", exc_info=error)
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}), see the server log"

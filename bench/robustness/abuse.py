@@ -1,0 +1,252 @@
+"""Abuse of a serving process's cost bounds (``python -m bench.robustness --abuse``).
+
+One ``tools/serve.py`` child per case, on the soak's first version, its resident memory read from
+``/proc``: a burst of oversized requests (memory after it vs idle), a flood of heavy batches with
+a cheap ``Retrieve`` probe (the probe's p99 under the flood vs idle, its failures, the server's
+peak memory vs its ``--max-memory-mb`` ceiling), and calls whose deadline passes mid-work (the
+server's CPU after the client gave up, and how the metrics count them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+
+import grpc
+import numpy as np
+
+from bench.data import dataset_file
+from bench.robustness.deploys import Case
+from bench.robustness.processes import rss_kb
+from bench.robustness.soak import Version, build_versions
+from bench.serving import Started, cpu_seconds, free_port, requests, start
+from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
+
+log = logging.getLogger("bench.robustness")
+
+CHEAP_P99_LIMIT = 10.0
+"""A cheap call's p99 under the heavy flood may be at most this many times its idle p99."""
+
+RSS_AFTER_BURST_LIMIT = 1.10
+"""Resident memory after the oversized burst, at most this times the idle one."""
+
+
+def _serve(version: Version, *flags: str) -> tuple[Started, int]:
+    metrics_port = free_port()
+    args = ["tools/serve.py", "--model", str(version.model), "--index", str(version.index)]
+    return start("server", [*args, "--metrics-port", str(metrics_port), *flags]), metrics_port
+
+
+def _statuses(address: str, calls: Sequence[tuple[str, bytes, float]]) -> list[str]:
+    """Sends each ``(method, request bytes, timeout)`` at once from its own thread; the codes."""
+    codes: list[str] = []
+    with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 1 << 30)]) as channel:
+
+        def send(method: str, payload: bytes, timeout: float) -> None:
+            call = channel.unary_unary(f"/retrieval.v1.RetrievalService/{method}", None, None)
+            try:
+                call(payload, timeout=timeout)
+                codes.append("OK")
+            except grpc.RpcError as e:
+                codes.append(e.code().name)
+
+        threads = [threading.Thread(target=send, args=c) for c in calls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return codes
+
+
+def oversized_burst(version: Version) -> Case:
+    """8 requests of 30 MiB (3.3M excluded ids) and 8 of 4 MiB (450k: over the list limit, within
+    the size limit) at once; resident memory idle, at the peak and 2 s after."""
+    server, _ = _serve(version)
+    try:
+        pid = server.process.pid
+        time.sleep(1.0)
+        idle = rss_kb(pid) / 1024
+        huge, many = (
+            retrieval_pb2.RetrieveRequest(history=["1"], k=5, exclude_ids=[f"x{i:07d}" for i in range(n)])
+            for n in (3_300_000, 450_000)
+        )
+        peak = [idle]
+        done = threading.Event()
+        sampler = threading.Thread(target=_sample, args=(lambda: rss_kb(pid) / 1024, peak, done))
+        sampler.start()
+        calls = [("Retrieve", r.SerializeToString(), 60.0) for r in [huge] * 8 + [many] * 8]
+        codes = _statuses(server.address, calls)
+        done.set()
+        sampler.join()
+        time.sleep(2.0)
+        after = rss_kb(pid) / 1024
+    finally:
+        server.stop()
+    refused = sorted(codes) == ["INVALID_ARGUMENT"] * 8 + ["RESOURCE_EXHAUSTED"] * 8
+    figures = (
+        f"codes {_counts(codes)}; RSS idle {idle:.0f} MiB, peak {max(peak):.0f}, after {after:.0f} "
+        f"({after / idle:.2f}x, limit {RSS_AFTER_BURST_LIMIT}x)"
+    )
+    return Case("oversized repeated fields", figures, refused and after <= RSS_AFTER_BURST_LIMIT * idle)
+
+
+def _counts(codes: Sequence[str]) -> dict[str, int]:
+    return {code: codes.count(code) for code in sorted(set(codes))}
+
+
+def _sample(read: Callable[[], float], into: list[float], done: threading.Event) -> None:
+    while not done.wait(0.05):
+        into.append(read())
+
+
+def heavy_flood(
+    version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds: float, ceiling: float
+) -> Case:
+    """A cheap Retrieve every 10 ms, idle and then while 8 threads send heavy batches (256
+    histories of 1,500 ids) back to back and 200 medium batches arrive at once; the server's
+    ``--max-memory-mb`` is ``ceiling``."""
+    server, _ = _serve(version, "--max-memory-mb", f"{ceiling:g}")
+    try:
+        pid = server.process.pid
+        idle_rss = rss_kb(pid) / 1024
+        idle = _probe(server.address, cheap, seconds / 2)
+        history = [h for r in cheap for h in r.history][:1500]
+        heavy = retrieval_pb2.BatchRetrieveRequest(
+            requests=[retrieval_pb2.RetrieveRequest(history=history, k=50)] * 256
+        ).SerializeToString()
+        medium = retrieval_pb2.BatchRetrieveRequest(requests=list(cheap[:64])).SerializeToString()
+        stop = threading.Event()
+        heavy_codes: list[str] = []
+        flooders = [
+            threading.Thread(target=_flood, args=(server.address, heavy, stop, heavy_codes)) for _ in range(8)
+        ]
+        peak = [idle_rss]
+        sampler = threading.Thread(target=_sample, args=(lambda: rss_kb(pid) / 1024, peak, stop))
+        for thread in [*flooders, sampler]:
+            thread.start()
+        time.sleep(0.5)
+        medium_codes: list[str] = []
+        medium_calls = [("BatchRetrieve", medium, 30.0)] * 200
+        burst = threading.Thread(target=lambda: medium_codes.extend(_statuses(server.address, medium_calls)))
+        burst.start()
+        loaded = _probe(server.address, cheap, seconds)
+        stop.set()
+        for thread in [*flooders, sampler, burst]:
+            thread.join()
+    finally:
+        server.stop()
+    ratio = loaded["p99"] / idle["p99"]
+    figures = (
+        f"cheap p50/p99 idle {idle['p50']:.1f}/{idle['p99']:.1f} ms, under the flood "
+        f"{loaded['p50']:.1f}/{loaded['p99']:.1f} ms ({ratio:.1f}x, limit {CHEAP_P99_LIMIT:g}x), "
+        f"cheap failures {loaded['failed']:.0f} of {loaded['calls']:.0f}; heavy {_counts(heavy_codes)}, "
+        f"medium {_counts(medium_codes)}; RSS idle {idle_rss:.0f} MiB, peak {max(peak):.0f}, "
+        f"ceiling {ceiling:.0f}"
+    )
+    passed = ratio <= CHEAP_P99_LIMIT and loaded["failed"] == 0 and max(peak) <= ceiling * 1.1
+    return Case("heavy-batch flood, cheap probe", figures, passed)
+
+
+def _flood(address: str, payload: bytes, stop: threading.Event, codes: list[str]) -> None:
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary("/retrieval.v1.RetrievalService/BatchRetrieve", None, None)
+        while not stop.is_set():
+            try:
+                call(payload, timeout=30)
+                codes.append("OK")
+            except grpc.RpcError as e:
+                codes.append(e.code().name)
+                stop.wait(0.05)
+
+
+def _probe(address: str, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds: float) -> dict[str, float]:
+    """One cheap Retrieve every 10 ms for ``seconds``: latency percentiles (ms) and failures."""
+    latencies: list[float] = []
+    failed = 0
+    with grpc.insecure_channel(address) as channel:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+        until, i = time.monotonic() + seconds, 0
+        while time.monotonic() < until:
+            started = time.perf_counter()
+            try:
+                stub.Retrieve(cheap[i % len(cheap)], timeout=10)
+                latencies.append(1000 * (time.perf_counter() - started))
+            except grpc.RpcError:
+                failed += 1
+            i += 1
+            time.sleep(0.01)
+    return {
+        "p50": float(np.percentile(latencies, 50)),
+        "p99": float(np.percentile(latencies, 99)),
+        "failed": failed,
+        "calls": i,
+    }
+
+
+def deadline_expiry(version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest]) -> Case:
+    """Five heavy batches (160 histories of 5,000 ids) with a 0.2 s deadline, one after the other:
+    the server's CPU once the last client gave up, and the calls the metrics count per status."""
+    server, metrics_port = _serve(version)
+    try:
+        history = [h for r in cheap for h in r.history][:5000]
+        heavy = retrieval_pb2.BatchRetrieveRequest(
+            requests=[retrieval_pb2.RetrieveRequest(history=history, k=50)] * 160
+        ).SerializeToString()
+        full = time.perf_counter()
+        _statuses(server.address, [("BatchRetrieve", heavy, 120.0)])
+        full = time.perf_counter() - full
+        codes = []
+        for _ in range(5):
+            codes += _statuses(server.address, [("BatchRetrieve", heavy, 0.2)])
+        cpu = cpu_seconds(server.process.pid) or 0.0
+        time.sleep(max(2.0, full))
+        after = (cpu_seconds(server.process.pid) or 0.0) - cpu
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    finally:
+        server.stop()
+    counted = {code: _counted(text, "BatchRetrieve", code) for code in ("OK", "DEADLINE_EXCEEDED")}
+    figures = (
+        f"a whole call takes {full:.2f} s; 5 calls with a 0.2 s deadline: client saw {_counts(codes)}, "
+        f"server CPU after them {after:.2f} s, metrics count {counted}"
+    )
+    # A call whose deadline passed while it waited for a thread is dropped by gRPC uncounted.
+    counted_right = counted["OK"] == 1 and 1 <= counted["DEADLINE_EXCEEDED"] <= 5
+    stopped = set(codes) == {"DEADLINE_EXCEEDED"} and counted_right
+    passed = stopped and after < 0.5 * full
+    return Case("deadline expiry mid-work", figures, passed)
+
+
+def _counted(metrics: str, method: str, code: str) -> float:
+    """``retrieval_requests_total{method, code}`` in a ``/metrics`` text."""
+    labels = (f'method="{method}"', f'code="{code}"')
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("retrieval_requests_total{") and all(label in line for label in labels)
+    )
+
+
+def abuse_main(args: argparse.Namespace) -> int:
+    """``--abuse``: builds (or reuses) the soak's first version, runs every case, prints a row per
+    case; exits 1 if one fails."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    data = args.soak_data or dataset_file("ml100k", args.data_root)
+    train_args = ["--model", args.soak_tower, "--epochs", str(args.soak_epochs)]
+    version = build_versions(args.out / "soak-versions", data, train_args)[0]
+    cheap = requests(data, 50)
+    started = time.monotonic()
+    cases = [
+        oversized_burst(version),
+        heavy_flood(version, cheap, args.abuse, args.abuse_ceiling_mb),
+        deadline_expiry(version, cheap),
+    ]
+    print("| case | figures | passed |\n|---|---|---|")
+    for case in cases:
+        print(f"| {case.name} | {case.figures} | {'yes' if case.passed else 'NO'} |")
+    print(f"{sum(c.passed for c in cases)}/{len(cases)} passed in {time.monotonic() - started:.0f} s")
+    return 0 if all(c.passed for c in cases) else 1

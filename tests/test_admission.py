@@ -373,3 +373,25 @@ def test_a_large_request_is_refused_unread_while_heavy_calls_leave_no_room() -> 
         admission.screen(1000)  # small: read, its cost decides
         with pytest.raises(ResourceExhausted, match="was not read"):
             admission.screen(10_000)
+
+
+@pytest.mark.slow  # starts tools/serve.py on a trained model: ~5 s
+def test_serve_with_a_busy_metrics_port_exits_2_with_one_line(
+    model_versions: list[tuple[Path, Path, str]], busy_port: int
+) -> None:
+    model_dir, index_dir, _ = model_versions[0]
+    grpc_port = _free_port()
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "serve.py"), "--model", str(model_dir),
+         "--index", str(index_dir), "--port", str(grpc_port), "--metrics-port", str(busy_port)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: cannot serve metrics on 127.0.0.1:{busy_port}")
+    )
+    with socket.socket() as probe:  # it never served gRPC
+        assert probe.connect_ex(("127.0.0.1", grpc_port)) != 0

@@ -988,6 +988,8 @@ spec = importlib.util.spec_from_file_location("deploy_tool", {tool!r})
 tool = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tool)
 from retrieval.artifacts import publish_deployment  # what main imports: only the publication's steps count
+import keras  # the check before the switch loads the model: its imports are not the deploy's steps
+from retrieval.serving import load_deployment
 steps = []
 def hook(event, args):
     if event.startswith({prefixes!r}):

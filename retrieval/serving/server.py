@@ -464,9 +464,7 @@ def serve_forever(
                 metrics_port, metrics_host, None if access is None else access.metrics_auth
             )
         except OSError as e:
-            raise OSError(
-                e.errno, f"cannot serve metrics on {metrics_host}:{metrics_port}: {e.strerror}"
-            ) from None
+            raise OSError(f"cannot serve metrics on {metrics_host}:{metrics_port}: {e.strerror}") from None
         logger.info("metrics on http://%s:%d/metrics", metrics_host, metrics_bound)
     try:
         server, bound = create_server(

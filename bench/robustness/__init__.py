@@ -42,9 +42,11 @@ last); writes ``soak-<SECONDS>s.json`` and ``.md`` to ``--out`` (default
 ``tools/serve.py`` child per case. Oversized repeated fields: 8 requests of 30 MiB and 8 of
 4 MiB (450,000 excluded ids) at once must all be refused and leave the server's resident memory
 within 10% of its idle value. Heavy-batch flood: a cheap ``Retrieve`` every 10 ms, idle and then
-for SECONDS while 8 threads send batches of 256 histories of 1,500 ids back to back and 200
-medium batches arrive at once: no cheap call may fail and its p99 must stay within 10x of idle;
+for SECONDS while 8 threads send batches of 256 histories of 1,500 ids back to back (waiting the
+server's pushback when refused): no cheap call may fail and its p99 must stay within 10x of idle;
 the server's peak memory is reported against its ``--max-memory-mb`` (``--abuse-ceiling-mb``).
+Medium burst: 200 batches of 64 histories at once, and a cheap ``Retrieve`` 0.5 s later must take
+at most 10x the idle p99.
 Deadline expiry: batches with a 0.2 s deadline must stop on the server (its CPU after them under
 half of one whole call's time) and be counted ``DEADLINE_EXCEEDED``. Prints one row per case;
 exits 1 if a case fails.

@@ -237,11 +237,11 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-cost",
         type=float,
-        default=512.0,
+        default=128.0,
         help="cost heavier calls may hold at once (default %(default)s)",
     )
     limits.add_argument(
-        "--max-waiting", type=int, default=8, help="heavy calls that may wait for room (default %(default)s)"
+        "--max-waiting", type=int, default=2, help="heavy calls that may wait for room (default %(default)s)"
     )
     limits.add_argument(
         "--max-memory-mb",

@@ -80,8 +80,8 @@ class AdmissionLimits:
 
     cheap_cost: float = 16.0
     cheap_bytes: int = 256 * 1024
-    max_cost: float = 512.0
-    max_waiting: int = 8
+    max_cost: float = 128.0
+    max_waiting: int = 2
     max_wait: float = 1.0
     chunk_cost: float = 64.0
     max_memory_bytes: int | None = None

@@ -229,3 +229,47 @@ def test_attention_maps_cover_the_history(name: str) -> None:
         assert maps[key].shape == (len(x), tower.num_interests, x.shape[1])
         padded = np.broadcast_to((x == 0)[:, None, :], maps[key].shape)
         assert np.all(maps[key][padded] == 0.0) and np.abs(maps[key][~padded]).max() > 0
+
+
+def oracle_interest_weights(name: str, tower, x: np.ndarray) -> np.ndarray:
+    """Per-interest weights ``[B, K, L]`` read off :meth:`attention_maps`: the one map, or (the
+    transformers) the last block's heads averaged; BERT4Rec's maps end with the appended mask
+    token's column and, for an input of ``max_len`` events, start at its second event."""
+    maps = {key: np.asarray(value) for key, value in tower.attention_maps({"items": x}).items()}
+    if len(maps) == 1:
+        return next(iter(maps.values()))
+    last = maps[f"block{len(maps) - 1}"].mean(axis=1, keepdims=True)  # [B, 1, L']
+    if name != "bert4rec":
+        return last
+    out = np.zeros((len(x), 1, x.shape[1]), np.float32)
+    read = last[:, :, :-1]  # without the mask token's column
+    out[:, :, x.shape[1] - read.shape[2] :] = read
+    return out
+
+
+@pytest.mark.parametrize("name", tower_names())
+def test_interest_weights_explain_the_interests(name: str, tmp_path) -> None:
+    tower = make_tower(name)
+    x = histories(np.random.default_rng(8))
+    if tower.explanation == "none":
+        with pytest.raises(ValueError, match="no per-interest weights"):
+            tower.interest_weights({"items": x})
+        return
+    got = np.asarray(tower.interest_weights({"items": x}))
+    assert got.shape == (len(x), tower.num_interests, x.shape[1])
+    np.testing.assert_allclose(got, oracle_interest_weights(name, tower, x), atol=1e-6)
+    assert np.all(got[np.broadcast_to((x == 0)[:, None, :], got.shape)] == 0.0)  # padding weighs 0
+    # More padding columns change nothing (the served histories are padded to one width).
+    short = histories(np.random.default_rng(9), length=MAX_LEN - 4)
+    wide = np.pad(short, ((0, 0), (4, 0)))
+    np.testing.assert_allclose(
+        np.asarray(tower.interest_weights({"items": wide}))[:, :, 4:],
+        np.asarray(tower.interest_weights({"items": short})),
+        atol=1e-5,
+    )
+    # The exported endpoint computes the same weights.
+    model = TwoTowerModel(tower)
+    model({"items": x})
+    export_user_tower(model, tmp_path / "user_tower")
+    exported = tf.saved_model.load(str(tmp_path / "user_tower"))
+    np.testing.assert_allclose(exported.interest_weights({"items": tf.constant(x)}).numpy(), got, atol=1e-5)

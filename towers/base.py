@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 import keras
 from keras import ops
@@ -51,6 +51,27 @@ class UserTower(keras.layers.Layer, abc.ABC):
             positions, padding included); ``{}`` for a tower without such weights.
         """
         return {}
+
+    explanation: ClassVar[str] = "none"
+    """What :meth:`interest_weights` are: ``"attention"`` (attention weights), ``"routing"``
+    (capsule routing coefficients), or ``"none"`` (the tower has no per-interest weights)."""
+
+    def interest_weights(self, inputs: dict[str, Any]) -> Any:
+        """Per interest, the weight of each input position: what explains the interest.
+
+        By default the tower's one attention map (one row per interest); towers whose maps have
+        other rows (heads, blocks) override it.
+
+        Returns:
+            float32 ``[B, K, L]``, aligned with ``inputs["items"]``; 0 at padding.
+
+        Raises:
+            ValueError: the tower has no such weights (:attr:`explanation` is ``"none"``).
+        """
+        maps = self.attention_maps(inputs)
+        if self.explanation == "none" or len(maps) != 1:
+            raise ValueError(f"tower {type(self).__name__} has no per-interest weights over the history")
+        return next(iter(maps.values()))
 
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
         return (input_shape["items"][0], self.num_interests, self.dim)

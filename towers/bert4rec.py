@@ -57,3 +57,11 @@ class BERT4RecTower(TransformerTower):
 
     def attention_maps(self, inputs: dict[str, Any]) -> dict[str, Any]:
         return super().attention_maps(self.with_mask_appended(inputs))
+
+    def interest_weights(self, inputs: dict[str, Any]) -> Any:
+        """The mask token's attention over the input's items ``[B, 1, L]`` (its weight on itself
+        left out). An input of ``max_len`` events loses its oldest to the mask token: the tower
+        never reads it, its weight is 0."""
+        w = super().interest_weights(self.with_mask_appended(inputs))  # [B, 1, L'], the mask last
+        length = ops.shape(inputs["items"])[1]
+        return ops.concatenate([ops.zeros_like(w[:, :, :1]), w[:, :, :-1]], axis=-1)[:, :, -length:]

@@ -74,6 +74,8 @@ class DINTower(UserTower):
         inputs: ``{"items": int [B, L]}`` -> float32 ``[B, K, d]``.
     """
 
+    explanation = "attention"
+
     def __init__(
         self,
         item_tower: ItemTower,

@@ -78,6 +78,8 @@ class RoutingTower(UserTower):
     DYNAMIC_INTERESTS: ClassVar[bool]
     """Default of ``dynamic_interests``."""
 
+    explanation = "routing"
+
     def __init__(
         self,
         item_tower: ItemTower,

@@ -51,6 +51,8 @@ class SelfAttentiveTower(UserTower):
             item embeddings; the invasive modes merge it into ``H`` itself.
     """
 
+    explanation = "attention"
+
     def __init__(
         self,
         item_tower: ItemTower,

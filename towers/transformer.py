@@ -92,6 +92,7 @@ class TransformerTower(UserTower):
     """
 
     causal: bool = True
+    explanation = "attention"
 
     def __init__(
         self,
@@ -169,6 +170,12 @@ class TransformerTower(UserTower):
         """Per block, each head's attention from the newest position ``[B, heads, L]``."""
         _, attention = self.encode(inputs)
         return {f"block{i}": a[:, :, -1, :] for i, a in enumerate(attention)}
+
+    def interest_weights(self, inputs: dict[str, Any]) -> Any:
+        """The last block's attention from the newest position, averaged over its heads:
+        ``[B, 1, L]`` (the one interest is that position's output)."""
+        _, attention = self.encode(inputs)
+        return ops.mean(attention[-1][:, :, -1:, :], axis=1)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -25,6 +25,7 @@ from .errors import (
 )
 from .types import (
     DEFAULT_RERANK_CANDIDATES,
+    EXPLAIN_TOP,
     ID_BYTES,
     MAX_BATCH,
     MAX_FILTER_IDS,
@@ -33,6 +34,8 @@ from .types import (
     MAX_NAME,
     MAX_PER_INTEREST_K,
     MAX_USER_ID,
+    ExplanationKind,
+    Explanations,
     MergeStrategy,
     ModelInfo,
     Query,
@@ -44,6 +47,7 @@ __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_RERANK_CANDIDATES",
+    "EXPLAIN_TOP",
     "ID_BYTES",
     "MAX_BATCH",
     "MAX_FILTER_IDS",
@@ -56,6 +60,8 @@ __all__ = [
     "SERVICE_NAME",
     "TOKEN_ENV",
     "DeadlineExceeded",
+    "ExplanationKind",
+    "Explanations",
     "InvalidArgument",
     "MergeStrategy",
     "ModelInfo",

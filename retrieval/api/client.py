@@ -188,6 +188,7 @@ class RetrievalClient:
         category: str = "",
         request_time: int = 0,
         rerank: Rerank | None = None,
+        explain: bool = False,
     ) -> Retrieved:
         """Top-``k`` items for a history of external ids (oldest first).
 
@@ -202,6 +203,7 @@ class RetrievalClient:
         query = Query(
             history, k, timestamps, actions, merge, diversity_lambda,  # type: ignore[arg-type]
             per_interest_k, exclude, allow, return_interests, user_id, category, request_time, rerank,
+            explain,
         )  # fmt: skip
         response = self._stub.Retrieve(
             self._sized(request_from_query(query)), timeout=self.timeout, metadata=self._metadata

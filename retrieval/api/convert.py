@@ -13,6 +13,7 @@ from retrieval.api.errors import (
     InvalidArgument,
 )
 from retrieval.api.types import (
+    EXPLAIN_TOP,
     ID_BYTES,
     MAX_BATCH,
     MAX_FILTER_IDS,
@@ -20,6 +21,8 @@ from retrieval.api.types import (
     MAX_K,
     MAX_NAME,
     MAX_USER_ID,
+    ExplanationKind,
+    Explanations,
     MergeStrategy,
     ModelInfo,
     Query,
@@ -62,6 +65,11 @@ _MERGE_FROM_PROTO: dict[int, MergeStrategy] = {
 _MERGE_TO_PROTO: dict[MergeStrategy, str] = {m: m.name for m in MergeStrategy}
 """Enum value names: the same in the proto and in :class:`MergeStrategy`."""
 
+_KIND_TO_PROTO: dict[ExplanationKind, int] = {
+    kind: retrieval_pb2.ExplanationKind.Value(f"EXPLANATION_KIND_{kind.name}") for kind in ExplanationKind
+}
+_KIND_FROM_PROTO: dict[int, ExplanationKind] = {number: kind for kind, number in _KIND_TO_PROTO.items()}
+
 
 def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
     """A ``RetrieveRequest`` as a :class:`Query` (the Retriever validates the values).
@@ -101,6 +109,7 @@ def query_from_request(request: retrieval_pb2.RetrieveRequest) -> Query:
         rerank=Rerank(request.rerank.ranker, request.rerank.candidates, list(request.rerank.unclicked))
         if request.HasField("rerank")
         else None,
+        explain=request.explain,
     )
 
 
@@ -151,6 +160,7 @@ def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
         user_id=query.user_id,
         category=query.category,
         request_time=query.request_time,
+        explain=query.explain,
     )
     if query.rerank is not None:
         request.rerank.ranker = query.rerank.ranker
@@ -174,7 +184,7 @@ def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
 def response_from_result(result: Retrieved) -> retrieval_pb2.RetrieveResponse:
     """A :class:`Retrieved` as a ``RetrieveResponse``."""
     rank_scores = result.rank_scores or [0.0] * len(result.items)
-    return retrieval_pb2.RetrieveResponse(
+    response = retrieval_pb2.RetrieveResponse(
         items=[
             retrieval_pb2.ScoredItem(item_id=item, score=score, interest=interest, rank_score=rank)
             for (item, score, interest), rank in zip(result.items, rank_scores, strict=True)
@@ -185,6 +195,34 @@ def response_from_result(result: Retrieved) -> retrieval_pb2.RetrieveResponse:
         interests=[]
         if result.interests is None
         else [retrieval_pb2.Interest(values=row.tolist()) for row in result.interests],
+    )
+    if result.explanations is not None:
+        response.explanations.CopyFrom(_explanations_message(result.explanations))
+    return response
+
+
+def _explanations_message(explanations: Explanations) -> retrieval_pb2.Explanations:
+    """:class:`Explanations` as the ``Explanations`` message."""
+    return retrieval_pb2.Explanations(
+        kind=_KIND_TO_PROTO[explanations.kind],  # type: ignore[arg-type]
+        interests=[
+            retrieval_pb2.InterestExplanation(
+                events=[
+                    retrieval_pb2.WeightedEvent(item_id=item, weight=weight, position=position)
+                    for item, weight, position in events
+                ]
+            )
+            for events in explanations.interests
+        ],
+    )
+
+
+def _explanations_from_message(message: retrieval_pb2.Explanations) -> Explanations:
+    """The inverse of :func:`_explanations_message`; a kind this client does not know (from a
+    newer server) reads as unavailable."""
+    return Explanations(
+        _KIND_FROM_PROTO.get(message.kind, ExplanationKind.UNAVAILABLE),
+        [[(e.item_id, e.weight, e.position) for e in interest.events] for interest in message.interests],
     )
 
 
@@ -200,6 +238,9 @@ def result_from_response(response: retrieval_pb2.RetrieveResponse) -> Retrieved:
         interests=interests,
         rank_scores=[item.rank_score for item in response.items] if response.ranker_version else None,
         ranker_version=response.ranker_version,
+        explanations=_explanations_from_message(response.explanations)
+        if response.HasField("explanations")
+        else None,
     )
 
 
@@ -249,10 +290,13 @@ def largest_request_bytes(id_bytes: int = ID_BYTES) -> int:
 
 def largest_response_bytes(id_bytes: int = ID_BYTES, num_interests: int = 8, dim: int = 256) -> int:
     """Wire size of the largest ``BatchRetrieveResponse``: ``MAX_BATCH`` answers of ``MAX_K``
-    items with ids of ``id_bytes`` bytes, each with ``num_interests`` vectors of ``dim`` floats."""
+    items with ids of ``id_bytes`` bytes, each with ``num_interests`` vectors of ``dim`` floats
+    and explanations of ``EXPLAIN_TOP`` events per interest."""
     item = 2 + _string_bytes(id_bytes) + 5 + 3 + 5  # framing, id, score, interest, rank score
     interests = num_interests * (4 + 4 * dim)
-    return MAX_BATCH * (8 + MAX_K * item + interests + 3 * _string_bytes(MAX_NAME))
+    event = 2 + _string_bytes(id_bytes) + 5 + 3  # framing, id, weight, position
+    explanations = 8 + num_interests * (2 + EXPLAIN_TOP * event)
+    return MAX_BATCH * (8 + MAX_K * item + interests + explanations + 3 * _string_bytes(MAX_NAME))
 
 
 def _whole_mib(size: float) -> int:

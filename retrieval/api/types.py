@@ -39,6 +39,9 @@ limit with ids this long fits; one with longer ids fits shorter lists."""
 DEFAULT_RERANK_CANDIDATES = 200
 """Candidates a rerank scores when the request does not say (at least ``k``)."""
 
+EXPLAIN_TOP = 3
+"""History events an explanation lists per interest (:class:`Explanations`)."""
+
 
 class MergeStrategy(enum.StrEnum):
     """The merge strategies a request can ask for."""
@@ -46,6 +49,35 @@ class MergeStrategy(enum.StrEnum):
     MAX_SCORE = "max_score"
     ROUND_ROBIN = "round_robin"
     DIVERSITY = "diversity"
+
+
+class ExplanationKind(enum.StrEnum):
+    """What an explanation's weights are; they depend on the model's user tower."""
+
+    ATTENTION = "attention"
+    """Attention weights (ComiRec-SA, DIN, SASRec, BERT4Rec and their NOVA variants)."""
+    ROUTING = "routing"
+    """Capsule routing coefficients (ComiRec-DR, MIND)."""
+    NONE = "none"
+    """The tower has no per-interest weights (YouTube DNN)."""
+    UNAVAILABLE = "unavailable"
+    """The served artifact cannot compute them (exported before explanations existed)."""
+
+
+@dataclass(frozen=True)
+class Explanations:
+    """What made each of a user's interests: the answer to a query's ``explain``.
+
+    Attributes:
+        kind: what the weights are.
+        interests: per interest (``0..K-1``, an item's ``interest`` indexes it), the history
+            events with the largest weights: ``(external id, weight, position in the query's
+            history)``, largest first, at most :data:`EXPLAIN_TOP`, events of weight 0 left out;
+            empty unless ``kind`` is attention or routing.
+    """
+
+    kind: ExplanationKind
+    interests: list[list[tuple[str, float, int]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -94,6 +126,7 @@ class Query:
     category: str = ""
     request_time: int = 0
     rerank: Rerank | None = None
+    explain: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.merge, str):
@@ -143,6 +176,7 @@ class Retrieved:
         interests: float32 ``[K, d]``, the user's interest vectors, when the request asked for them.
         rank_scores: after a rerank, the ranker's click logit of each item (best first).
         ranker_version: after a rerank, the version of the ranker artifact that scored.
+        explanations: what made each interest, when the request asked (``explain``).
     """
 
     items: list[tuple[str, float, int]]
@@ -151,3 +185,4 @@ class Retrieved:
     interests: np.ndarray | None = field(default=None, compare=False)
     rank_scores: list[float] | None = None
     ranker_version: str = ""
+    explanations: Explanations | None = None

@@ -9,6 +9,8 @@ Folder layout (``tools/train.py --out DIR``)::
     DIR/side_vocab.json       side features the tower reads and their vocabularies, when it reads any
     DIR/item_embeddings.npy   float32 [num_items + 1, d]; row i is dense item i, row 0 padding
     DIR/user_tower/           SavedModel, endpoint ``user_vectors({"items": [B, L], ...}) -> [B, K, d]``
+                              and, when the manifest's ``explanation`` is "attention" or "routing",
+                              ``interest_weights`` (same inputs) -> ``[B, K, L]``
     DIR/model.keras           the full Keras two-tower model (to fine-tune or inspect)
     DIR/metrics.json          validation and test metrics
 """
@@ -38,6 +40,13 @@ UserVectorsFn = Callable[[dict[str, np.ndarray]], np.ndarray]
 """``{"items": int32 [B, L], <side feature>: int32 [B, L], ...}``, left-padded (``L <= max_len``,
 0 = padding) -> float32 ``[B, K, d]``."""
 
+InterestWeightsFn = Callable[[dict[str, np.ndarray]], np.ndarray]
+"""The same inputs as :data:`UserVectorsFn` -> float32 ``[B, K, L]``: per interest, the weight of
+each input position (``UserTower.interest_weights``)."""
+
+EXPLANATIONS = ("attention", "routing", "none")
+"""Values of the manifest's ``explanation``: what the tower's ``interest_weights`` are."""
+
 
 @dataclass(frozen=True)
 class ModelArtifact:
@@ -50,6 +59,8 @@ class ModelArtifact:
         item_embeddings: float32 ``[num_items + 1, d]``; row 0 (padding) is never retrieved.
         user_vectors: the user tower, see :data:`UserVectorsFn`.
         side: the side features the tower reads (none by default).
+        interest_weights: the tower's per-interest weights over the history, see
+            :data:`InterestWeightsFn`; ``None`` when the artifact has none (:attr:`explanation`).
     """
 
     path: Path | None
@@ -58,10 +69,21 @@ class ModelArtifact:
     item_embeddings: np.ndarray
     user_vectors: UserVectorsFn
     side: SideVocab = field(default_factory=SideVocab)
+    interest_weights: InterestWeightsFn | None = None
 
     @property
     def version(self) -> str:
         return str(self.manifest["version"])
+
+    @property
+    def explanation(self) -> str:
+        """What :meth:`weigh` computes: ``"attention"`` or ``"routing"``; ``"none"`` for a tower
+        without per-interest weights (YouTube DNN); ``"unavailable"`` for an artifact without
+        the ``interest_weights`` endpoint (exported before it existed, or built in memory)."""
+        kind = self.manifest.get("explanation")
+        if kind == "none" or (kind in EXPLANATIONS and self.interest_weights is not None):
+            return str(kind)
+        return "unavailable"
 
     @property
     def max_len(self) -> int:
@@ -90,12 +112,31 @@ class ModelArtifact:
 
         Each history is cut to its last ``width`` events and left-padded with 0.
         """
+        return self.user_vectors(self.tower_inputs(histories, features, width))
+
+    def weigh(
+        self, histories: Sequence[np.ndarray], features: Features | None = None, width: int | None = None
+    ) -> np.ndarray:
+        """Per interest, the weight of each of the last ``width`` events (arguments as in
+        :meth:`encode`): float32 ``[B, K, width]``, 0 at padding (each history is right-aligned).
+
+        Raises:
+            ValueError: the artifact has no interest weights (:attr:`explanation`).
+        """
+        if self.interest_weights is None:
+            raise ValueError(f"model {self.version} has no interest weights ({self.explanation})")
+        return self.interest_weights(self.tower_inputs(histories, features, width))
+
+    def tower_inputs(
+        self, histories: Sequence[np.ndarray], features: Features | None = None, width: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """The user tower's inputs (arguments as in :meth:`encode`): int32 ``[B, width]`` each."""
         width = self.max_len if width is None else min(max(int(width), 1), self.max_len)
         inputs = {"items": pad_left(histories, width)}
         for name in self.side.event_features:
             given = (features or {}).get(name)
             inputs[name] = pad_left(given, width) if given is not None else np.zeros_like(inputs["items"])
-        return self.user_vectors(inputs)
+        return inputs
 
 
 def pad_left(histories: Sequence[np.ndarray], max_len: int) -> np.ndarray:
@@ -115,8 +156,11 @@ def load_model(path: Path, verify: bool = True, xla: bool = False) -> ModelArtif
     checksum), and what is read must agree with the manifest before the model is returned:
     the vocabulary (unique string ids), the embeddings (``.npy`` without pickle, float32
     ``[num_items + 1, dim]``, finite) and the user tower, which is called once on a probe
-    history and must answer ``[1, num_interests, dim]`` finite vectors. With ``xla`` the user
-    tower runs compiled (:func:`compiled_tower`).
+    history and must answer ``[1, num_interests, dim]`` finite vectors; the ``interest_weights``
+    endpoint must be there exactly when the manifest's ``explanation`` says the tower has
+    weights (a manifest without it, from before explanations, serves none). With ``xla`` the
+    user tower runs compiled (:func:`compiled_tower`); the interest weights, computed only for
+    the requests that ask, run as the plain graph.
 
     Raises:
         retrieval.storage.manifest.ArtifactError: missing, incomplete, corrupted or inconsistent folder.
@@ -164,9 +208,30 @@ def load_model(path: Path, verify: bool = True, xla: bool = False) -> ModelArtif
     except Exception as e:  # TensorFlow raises many types for unreadable or foreign SavedModels
         raise ArtifactError(f"{path / TOWER_DIR} is not a readable user tower: {_first_line(e)}") from e
 
-    model = ModelArtifact(path, manifest, vocab, item_embeddings, tower_function(exported, xla), side)
+    weights = _interest_weights(path, manifest, exported)
+    model = ModelArtifact(
+        path, manifest, vocab, item_embeddings, tower_function(exported, xla), side, weights
+    )
     _check_tower(model, num_interests, max_len)
     return model
+
+
+def _interest_weights(path: Path, manifest: dict[str, Any], exported: Any) -> InterestWeightsFn | None:
+    """The SavedModel's ``interest_weights`` endpoint, checked against the manifest's ``explanation``.
+
+    Raises:
+        ArtifactError: an unknown ``explanation``, or one that the endpoints contradict.
+    """
+    kind = manifest.get("explanation")
+    has_endpoint = hasattr(exported, "interest_weights")
+    if kind is not None and kind not in EXPLANATIONS:
+        raise ArtifactError(f"{path / MANIFEST}: explanation must be one of {EXPLANATIONS}, found {kind!r}")
+    if has_endpoint != (kind in ("attention", "routing")):
+        endpoint = "has an" if has_endpoint else "has no"
+        raise ArtifactError(
+            f"{path / TOWER_DIR} {endpoint} interest_weights endpoint, the manifest's explanation is {kind!r}"
+        )
+    return _endpoint(exported, "interest_weights") if has_endpoint else None
 
 
 def read_model_vocab(path: Path, verify: bool = False) -> ItemVocab:
@@ -195,16 +260,19 @@ def _load_vocab(path: Path) -> ItemVocab:
 
 def tower_function(exported: Any, xla: bool = False) -> UserVectorsFn:
     """The SavedModel's ``user_vectors`` endpoint on numpy arrays, XLA-compiled with ``xla``."""
-    if xla:
-        return compiled_tower(exported)
+    return compiled_tower(exported) if xla else _endpoint(exported, "user_vectors")
+
+
+def _endpoint(exported: Any, name: str) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    """The SavedModel's endpoint ``name`` on numpy arrays (int32 inputs)."""
     import tensorflow as tf
 
     # The closure holds the loaded object itself: its endpoint alone does not keep the
     # variables alive, and TensorFlow frees them once the object is collected.
-    def user_vectors(inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return exported.user_vectors({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
+    def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return getattr(exported, name)({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
 
-    return user_vectors
+    return run
 
 
 def compiled_tower(exported: Any) -> UserVectorsFn:
@@ -320,6 +388,13 @@ def _check_tower(model: ModelArtifact, num_interests: int, max_len: int) -> None
             f"{model.path}: the user tower answers {list(out.shape)}, the manifest and embeddings "
             f"say [1, {num_interests}, {model.dim}] finite vectors"
         )
+    if model.interest_weights is not None:
+        weights = np.asarray(model.weigh(probe))
+        if weights.shape != (1, num_interests, max_len) or not np.isfinite(weights).all():
+            raise ArtifactError(
+                f"{model.path}: the interest weights are {list(weights.shape)}, "
+                f"expected [1, {num_interests}, {max_len}] finite values"
+            )
 
 
 def _first_line(error: BaseException) -> str:

@@ -3,6 +3,7 @@
 mitt query --address 127.0.0.1:50051 --history 50 172 133 --k 10 --titles runs/ml100k-sa
 mitt query --history 50 172 133 --merge diversity --lambda 0.5 --exclude 1 --json
 mitt query --history 50 172 133 --rerank dstn --unclicked 98 181   # with impressions
+mitt query --history 50 172 133 --explain --titles runs/ml100k-sa   # what made each interest
 mitt query --info    # the served model and index, as JSON
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.json_format import MessageToJson
 
-from retrieval.api import MergeStrategy, Rerank, RetrievalClient, Retrieved
+from retrieval.api import Explanations, MergeStrategy, Rerank, RetrievalClient, Retrieved
 from retrieval.cli.dispatch import missing_library
 from retrieval.storage import ArtifactError
 
@@ -61,6 +62,11 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         "none given: the server computes them",
     )
     p.add_argument("--interests", action="store_true", help="also print the user's interest vectors")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="under each item, the history items that weigh most in the interest that found it",
+    )
     p.add_argument("--user-id", default="", help="sent for the server's log only")
     p.add_argument("--info", action="store_true", help="print the served model and index instead")
     p.add_argument(
@@ -103,7 +109,24 @@ def format_table(result: Retrieved, titles: dict[str, str] | None) -> str:
         title = f"  {titles.get(item, '?')}" if titles else ""
         ranked = f" {logit:>9.4f}" if reranked else ""
         lines.append(f"{rank:>4}  {item:<16} {score:>9.4f} {interest:>8}{ranked}{title}")
+        if result.explanations is not None:
+            lines.append(f"{'':6}{explanation_line(result.explanations, interest, titles)}")
     return "\n".join(lines)
+
+
+def explanation_line(explanations: Explanations, interest: int, titles: dict[str, str] | None) -> str:
+    """``interest i: title (0.42), title (0.31), title (0.12)``: the history items that weigh most
+    in the interest (ids without ``titles``), or why there are none.
+
+    Example:
+        >>> explanation_line(Explanations(ExplanationKind.ATTENTION, [[("50", 0.42, 2)]]), 0, None)
+        'interest 0: 50 (0.42)'
+    """
+    if not explanations.interests:
+        return f"interest {interest}: no explanation ({explanations.kind.value})"
+    events = explanations.interests[interest]
+    named = [f"{titles.get(item, item) if titles else item} ({weight:.2f})" for item, weight, _ in events]
+    return f"interest {interest}: " + (", ".join(named) or "no weighed history item")
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -145,6 +168,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                 rerank=None
                 if args.rerank is None
                 else Rerank(args.rerank, args.rerank_candidates, args.unclicked),
+                explain=args.explain,
             )
         except grpc.RpcError as e:
             print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
@@ -164,6 +188,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                 {"model_version": result.model_version, "unknown_items": result.unknown_items, "items": items}
                 | ({"ranker_version": result.ranker_version} if result.ranker_version else {})
                 | ({"interests": interests} if interests is not None else {})
+                | ({"explanations": explanations_json(result.explanations)} if result.explanations else {})
             )
         )
     else:
@@ -171,3 +196,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         for i, vector in enumerate(interests or []):
             print(f"interest {i}: " + " ".join(f"{v:.4f}" for v in vector))
     return 0
+
+
+def explanations_json(explanations: Explanations) -> dict[str, object]:
+    """``{"kind": ..., "interests": [[{"item_id", "weight", "position"}, ...], ...]}``."""
+    interests = [
+        [{"item_id": item, "weight": weight, "position": position} for item, weight, position in events]
+        for events in explanations.interests
+    ]
+    return {"kind": explanations.kind.value, "interests": interests}

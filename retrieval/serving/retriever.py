@@ -25,6 +25,7 @@ from retrieval.api.types import (
     MAX_NAME,
     MAX_PER_INTEREST_K,
     MAX_USER_ID,
+    Explanations,
     MergeStrategy,
     ModelInfo,
     Query,
@@ -37,6 +38,7 @@ from retrieval.artifacts.model import ModelArtifact, dense_categories, load_mode
 from retrieval.artifacts.ranker import LoadedRanker, check_same_vocab, load_ranker
 from retrieval.data.features import encode_events
 from retrieval.data.vocab import PAD
+from retrieval.serving.explain import explain_histories
 from retrieval.storage.manifest import ArtifactError, read_manifest
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ class _Prepared:
     unclicked: np.ndarray | None = None  # int64 dense ids the ranker reads, None = none or computed
     previous: np.ndarray | None = None  # int [n - 1] the previous request's history, to compute them
     num_unclicked: int = 0  # unclicked items the ranker reads (0 = none)
+    positions: np.ndarray | None = None  # int [n] index of each known event in the history, to explain
 
 
 class Retriever:
@@ -198,6 +201,7 @@ class Retriever:
         category: str = "",
         request_time: int = 0,
         rerank: Rerank | None = None,
+        explain: bool = False,
     ) -> Retrieved:
         """Top-``k`` items for one user.
 
@@ -220,13 +224,15 @@ class Retriever:
             return_interests: also return the user's ``[K, d]`` interest vectors.
             user_id: for the log only.
             rerank: score the retrieved candidates with a ranker and return its best ``k``.
+            explain: also return what made each interest (:class:`Explanations`): per interest,
+                the history events with the largest weights in the user tower.
 
         Raises:
             InvalidArgument: an argument out of range (the message says which and why).
         """
         query = Query(
             history, k, timestamps, actions, merge, diversity_lambda, per_interest_k,
-            exclude, allow, return_interests, user_id, category, request_time, rerank,
+            exclude, allow, return_interests, user_id, category, request_time, rerank, explain,
         )  # fmt: skip
         return self.retrieve_many([query])[0]
 
@@ -243,6 +249,10 @@ class Retriever:
         filters, as ranker training retrieved), other than the last event's item. That previous
         request is one more row of the same tower call and of a search (the request's own when
         it has no filters and the max-score merge); a history of one known event has none.
+
+        The queries asking for explanations (``explain``) get them from one more call of the
+        tower's interest weights, on their rows only (:func:`~retrieval.serving.explain.explain_histories`);
+        a batch where none asks does no more work than before.
 
         ``deadline`` (a :func:`time.monotonic` time) is checked between the stages (lookup,
         tower call, search, rerank): past it, the work stops.
@@ -266,10 +276,28 @@ class Retriever:
         unclicked = _unclicked(prepared, found)
         rank_scores = self._rerank(queries, prepared, found, unclicked)
         check_deadline(deadline, "the rerank")
+        explanations = self._explain(queries, prepared)
+        check_deadline(deadline, "the explanations")
         return [
-            self._answer(query, p, found[i], encoded[i], rank_scores.get(i))
+            self._answer(query, p, found[i], encoded[i], rank_scores.get(i), explanations.get(i))
             for i, (query, p) in enumerate(zip(queries, prepared, strict=True))
         ]
+
+    def _explain(self, queries: Sequence[Query], prepared: Sequence[_Prepared]) -> dict[int, Explanations]:
+        """The explanations of the queries asking for them (one tower call for all), by query."""
+        asking = [i for i, query in enumerate(queries) if query.explain]
+        if not asking:
+            return {}
+        rows = [prepared[i] for i in asking]
+        features = {name: [r.features[name] for r in rows] for name in self.model.side.event_features}
+        explained = explain_histories(
+            self.model,
+            [queries[i].history for i in asking],
+            [r.known for r in rows],
+            [r.positions for r in rows if r.positions is not None],
+            features,
+        )
+        return dict(zip(asking, explained, strict=True))
 
     def _prepare_all(self, queries: Sequence[Query]) -> list[_Prepared]:
         """Each query validated and in dense ids (:meth:`_prepare`).
@@ -346,6 +374,7 @@ class Retriever:
         found: _Found,
         interests: np.ndarray,
         rank_scores: list[float] | None,
+        explanations: Explanations | None,
     ) -> Retrieved:
         """The answer to ``query`` from its items (``found``) and its ``[K, d]`` interests."""
         ids, scores, slots = found
@@ -356,6 +385,7 @@ class Retriever:
             interests=interests.copy() if query.return_interests else None,
             rank_scores=rank_scores,
             ranker_version="" if p.ranker is None else p.ranker.version,
+            explanations=explanations,
         )
         if query.user_id:
             logger.debug("user %s: %d items", query.user_id, len(ids))
@@ -458,6 +488,7 @@ class Retriever:
             unclicked=unclicked,
             previous=previous,
             num_unclicked=0 if ranker is None else ranker.num_unclicked,
+            positions=np.flatnonzero(is_known) if query.explain else None,
         )
 
     def _allowed(self, query: Query) -> np.ndarray | None:

@@ -137,16 +137,21 @@ def build_model(
 
 
 def export_user_tower(model: TwoTowerModel, path: Path, inputs: tuple[str, ...] = ("items",)) -> None:
-    """Writes a SavedModel with the serving endpoint ``user_vectors({name: int32 [B, L]}) -> [B, K, d]``.
+    """Writes a SavedModel with the serving endpoint ``user_vectors({name: int32 [B, L]}) -> [B, K, d]``
+    and, for a tower with per-interest weights (``explanation`` other than ``"none"``), the
+    endpoint ``interest_weights`` (same inputs) -> ``[B, K, L]`` that explains the interests.
 
     ``inputs`` names the tower's inputs (``items`` plus any per-event side features). The
-    endpoint is a traced graph: serving needs neither the tower classes nor tracing per call.
+    endpoints are traced graphs: serving needs neither the tower classes nor tracing per call.
     """
+    signature = [{name: tf.TensorSpec([None, None], tf.int32, name=name) for name in inputs}]
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(
-        name="user_vectors",
-        fn=lambda features: model(features, training=False),
-        input_signature=[{name: tf.TensorSpec([None, None], tf.int32, name=name) for name in inputs}],
+        name="user_vectors", fn=lambda features: model(features, training=False), input_signature=signature
     )
+    if model.user_tower.explanation != "none":
+        archive.add_endpoint(
+            name="interest_weights", fn=model.user_tower.interest_weights, input_signature=signature
+        )
     archive.write_out(str(path), verbose=False)

@@ -417,6 +417,7 @@ def save_model(
         "inputs": ["items", *side.event_features],
         "side_features": list(side.features),
         "fusion": config.model.fusion,
+        "explanation": model.user_tower.explanation,
     }
     with write_artifact(out, KIND, meta, overwrite=overwrite) as tmp:
         config.save(tmp / "config.json")

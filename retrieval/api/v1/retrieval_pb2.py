@@ -25,37 +25,45 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n retrieval/api/v1/retrieval.proto\x12\x0cretrieval.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\x02\n\x0fRetrieveRequest\x12\x0f\n\x07history\x18\x01 \x03(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12#\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x13.retrieval.v1.Event\x12*\n\x05merge\x18\x04 \x01(\x0e\x32\x1b.retrieval.v1.MergeStrategy\x12\x18\n\x10\x64iversity_lambda\x18\x05 \x01(\x02\x12\x16\n\x0eper_interest_k\x18\x06 \x01(\r\x12\x13\n\x0b\x65xclude_ids\x18\x07 \x03(\t\x12\x11\n\tallow_ids\x18\x08 \x03(\t\x12\x18\n\x10return_interests\x18\t \x01(\x08\x12\x0f\n\x07user_id\x18\n \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x0b \x01(\t\x12\x14\n\x0crequest_time\x18\x0c \x01(\x03\x12$\n\x06rerank\x18\x10 \x01(\x0b\x32\x14.retrieval.v1.Rerank\"?\n\x06Rerank\x12\x0e\n\x06ranker\x18\x01 \x01(\t\x12\x12\n\ncandidates\x18\x02 \x01(\r\x12\x11\n\tunclicked\x18\x03 \x03(\t\";\n\x05\x45vent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\"R\n\nScoredItem\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x10\n\x08interest\x18\x03 \x01(\r\x12\x12\n\nrank_score\x18\x04 \x01(\x02\"\xac\x01\n\x10RetrieveResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.retrieval.v1.ScoredItem\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x15\n\runknown_items\x18\x03 \x01(\r\x12)\n\tinterests\x18\x04 \x03(\x0b\x32\x16.retrieval.v1.Interest\x12\x16\n\x0eranker_version\x18\x05 \x01(\t\"\x1a\n\x08Interest\x12\x0e\n\x06values\x18\x01 \x03(\x02\"G\n\x14\x42\x61tchRetrieveRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.retrieval.v1.RetrieveRequest\"J\n\x15\x42\x61tchRetrieveResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.retrieval.v1.RetrieveResponse\"\x15\n\x13GetModelInfoRequest\"\x87\x01\n\tIndexInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x61\x63tory\x18\x02 \x01(\t\x12\x15\n\rsearch_params\x18\x03 \x01(\t\x12\x10\n\x08is_exact\x18\x04 \x01(\x08\x12\x0e\n\x06recall\x18\x05 \x01(\x02\x12\x10\n\x08recall_k\x18\x06 \x01(\r\x12\r\n\x05\x63ount\x18\x07 \x01(\x04\"\xa8\x02\n\tModelInfo\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12\r\n\x05tower\x18\x02 \x01(\t\x12\x15\n\rnum_interests\x18\x03 \x01(\r\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x0f\n\x07max_len\x18\x05 \x01(\r\x12\x11\n\tnum_items\x18\x06 \x01(\x04\x12&\n\x05index\x18\x07 \x01(\x0b\x32\x17.retrieval.v1.IndexInfo\x12\x15\n\rside_features\x18\x08 \x03(\t\x12.\n\nstart_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07rankers\x18\n \x03(\t\x12\x17\n\x0freload_refusals\x18\x0b \x01(\r\x12\x14\n\x0clast_refusal\x18\x0c \x01(\t*^\n\rMergeStrategy\x12\x1e\n\x1aMERGE_STRATEGY_UNSPECIFIED\x10\x00\x12\r\n\tMAX_SCORE\x10\x01\x12\x0f\n\x0bROUND_ROBIN\x10\x02\x12\r\n\tDIVERSITY\x10\x03\x32\x83\x02\n\x10RetrievalService\x12I\n\x08Retrieve\x12\x1d.retrieval.v1.RetrieveRequest\x1a\x1e.retrieval.v1.RetrieveResponse\x12X\n\rBatchRetrieve\x12\".retrieval.v1.BatchRetrieveRequest\x1a#.retrieval.v1.BatchRetrieveResponse\x12J\n\x0cGetModelInfo\x12!.retrieval.v1.GetModelInfoRequest\x1a\x17.retrieval.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n retrieval/api/v1/retrieval.proto\x12\x0cretrieval.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x02\n\x0fRetrieveRequest\x12\x0f\n\x07history\x18\x01 \x03(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12#\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x13.retrieval.v1.Event\x12*\n\x05merge\x18\x04 \x01(\x0e\x32\x1b.retrieval.v1.MergeStrategy\x12\x18\n\x10\x64iversity_lambda\x18\x05 \x01(\x02\x12\x16\n\x0eper_interest_k\x18\x06 \x01(\r\x12\x13\n\x0b\x65xclude_ids\x18\x07 \x03(\t\x12\x11\n\tallow_ids\x18\x08 \x03(\t\x12\x18\n\x10return_interests\x18\t \x01(\x08\x12\x0f\n\x07user_id\x18\n \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x0b \x01(\t\x12\x14\n\x0crequest_time\x18\x0c \x01(\x03\x12$\n\x06rerank\x18\x10 \x01(\x0b\x32\x14.retrieval.v1.Rerank\x12\x0f\n\x07\x65xplain\x18\x11 \x01(\x08\"?\n\x06Rerank\x12\x0e\n\x06ranker\x18\x01 \x01(\t\x12\x12\n\ncandidates\x18\x02 \x01(\r\x12\x11\n\tunclicked\x18\x03 \x03(\t\";\n\x05\x45vent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\"R\n\nScoredItem\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x10\n\x08interest\x18\x03 \x01(\r\x12\x12\n\nrank_score\x18\x04 \x01(\x02\"\xde\x01\n\x10RetrieveResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.retrieval.v1.ScoredItem\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x15\n\runknown_items\x18\x03 \x01(\r\x12)\n\tinterests\x18\x04 \x03(\x0b\x32\x16.retrieval.v1.Interest\x12\x16\n\x0eranker_version\x18\x05 \x01(\t\x12\x30\n\x0c\x65xplanations\x18\x06 \x01(\x0b\x32\x1a.retrieval.v1.Explanations\"q\n\x0c\x45xplanations\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.retrieval.v1.ExplanationKind\x12\x34\n\tinterests\x18\x02 \x03(\x0b\x32!.retrieval.v1.InterestExplanation\"B\n\x13InterestExplanation\x12+\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1b.retrieval.v1.WeightedEvent\"B\n\rWeightedEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x02\x12\x10\n\x08position\x18\x03 \x01(\r\"\x1a\n\x08Interest\x12\x0e\n\x06values\x18\x01 \x03(\x02\"G\n\x14\x42\x61tchRetrieveRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.retrieval.v1.RetrieveRequest\"J\n\x15\x42\x61tchRetrieveResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.retrieval.v1.RetrieveResponse\"\x15\n\x13GetModelInfoRequest\"\x87\x01\n\tIndexInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x61\x63tory\x18\x02 \x01(\t\x12\x15\n\rsearch_params\x18\x03 \x01(\t\x12\x10\n\x08is_exact\x18\x04 \x01(\x08\x12\x0e\n\x06recall\x18\x05 \x01(\x02\x12\x10\n\x08recall_k\x18\x06 \x01(\r\x12\r\n\x05\x63ount\x18\x07 \x01(\x04\"\xa8\x02\n\tModelInfo\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12\r\n\x05tower\x18\x02 \x01(\t\x12\x15\n\rnum_interests\x18\x03 \x01(\r\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x0f\n\x07max_len\x18\x05 \x01(\r\x12\x11\n\tnum_items\x18\x06 \x01(\x04\x12&\n\x05index\x18\x07 \x01(\x0b\x32\x17.retrieval.v1.IndexInfo\x12\x15\n\rside_features\x18\x08 \x03(\t\x12.\n\nstart_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07rankers\x18\n \x03(\t\x12\x17\n\x0freload_refusals\x18\x0b \x01(\r\x12\x14\n\x0clast_refusal\x18\x0c \x01(\t*^\n\rMergeStrategy\x12\x1e\n\x1aMERGE_STRATEGY_UNSPECIFIED\x10\x00\x12\r\n\tMAX_SCORE\x10\x01\x12\x0f\n\x0bROUND_ROBIN\x10\x02\x12\r\n\tDIVERSITY\x10\x03*\xae\x01\n\x0f\x45xplanationKind\x12 \n\x1c\x45XPLANATION_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x45XPLANATION_KIND_ATTENTION\x10\x01\x12\x1c\n\x18\x45XPLANATION_KIND_ROUTING\x10\x02\x12\x19\n\x15\x45XPLANATION_KIND_NONE\x10\x03\x12 \n\x1c\x45XPLANATION_KIND_UNAVAILABLE\x10\x04\x32\x83\x02\n\x10RetrievalService\x12I\n\x08Retrieve\x12\x1d.retrieval.v1.RetrieveRequest\x1a\x1e.retrieval.v1.RetrieveResponse\x12X\n\rBatchRetrieve\x12\".retrieval.v1.BatchRetrieveRequest\x1a#.retrieval.v1.BatchRetrieveResponse\x12J\n\x0cGetModelInfo\x12!.retrieval.v1.GetModelInfoRequest\x1a\x17.retrieval.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'retrieval.api.v1.retrieval_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MERGESTRATEGY']._serialized_start=1445
-  _globals['_MERGESTRATEGY']._serialized_end=1539
+  _globals['_MERGESTRATEGY']._serialized_start=1763
+  _globals['_MERGESTRATEGY']._serialized_end=1857
+  _globals['_EXPLANATIONKIND']._serialized_start=1860
+  _globals['_EXPLANATIONKIND']._serialized_end=2034
   _globals['_RETRIEVEREQUEST']._serialized_start=84
-  _globals['_RETRIEVEREQUEST']._serialized_end=421
-  _globals['_RERANK']._serialized_start=423
-  _globals['_RERANK']._serialized_end=486
-  _globals['_EVENT']._serialized_start=488
-  _globals['_EVENT']._serialized_end=547
-  _globals['_SCOREDITEM']._serialized_start=549
-  _globals['_SCOREDITEM']._serialized_end=631
-  _globals['_RETRIEVERESPONSE']._serialized_start=634
-  _globals['_RETRIEVERESPONSE']._serialized_end=806
-  _globals['_INTEREST']._serialized_start=808
-  _globals['_INTEREST']._serialized_end=834
-  _globals['_BATCHRETRIEVEREQUEST']._serialized_start=836
-  _globals['_BATCHRETRIEVEREQUEST']._serialized_end=907
-  _globals['_BATCHRETRIEVERESPONSE']._serialized_start=909
-  _globals['_BATCHRETRIEVERESPONSE']._serialized_end=983
-  _globals['_GETMODELINFOREQUEST']._serialized_start=985
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1006
-  _globals['_INDEXINFO']._serialized_start=1009
-  _globals['_INDEXINFO']._serialized_end=1144
-  _globals['_MODELINFO']._serialized_start=1147
-  _globals['_MODELINFO']._serialized_end=1443
-  _globals['_RETRIEVALSERVICE']._serialized_start=1542
-  _globals['_RETRIEVALSERVICE']._serialized_end=1801
+  _globals['_RETRIEVEREQUEST']._serialized_end=438
+  _globals['_RERANK']._serialized_start=440
+  _globals['_RERANK']._serialized_end=503
+  _globals['_EVENT']._serialized_start=505
+  _globals['_EVENT']._serialized_end=564
+  _globals['_SCOREDITEM']._serialized_start=566
+  _globals['_SCOREDITEM']._serialized_end=648
+  _globals['_RETRIEVERESPONSE']._serialized_start=651
+  _globals['_RETRIEVERESPONSE']._serialized_end=873
+  _globals['_EXPLANATIONS']._serialized_start=875
+  _globals['_EXPLANATIONS']._serialized_end=988
+  _globals['_INTERESTEXPLANATION']._serialized_start=990
+  _globals['_INTERESTEXPLANATION']._serialized_end=1056
+  _globals['_WEIGHTEDEVENT']._serialized_start=1058
+  _globals['_WEIGHTEDEVENT']._serialized_end=1124
+  _globals['_INTEREST']._serialized_start=1126
+  _globals['_INTEREST']._serialized_end=1152
+  _globals['_BATCHRETRIEVEREQUEST']._serialized_start=1154
+  _globals['_BATCHRETRIEVEREQUEST']._serialized_end=1225
+  _globals['_BATCHRETRIEVERESPONSE']._serialized_start=1227
+  _globals['_BATCHRETRIEVERESPONSE']._serialized_end=1301
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1303
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1324
+  _globals['_INDEXINFO']._serialized_start=1327
+  _globals['_INDEXINFO']._serialized_end=1462
+  _globals['_MODELINFO']._serialized_start=1465
+  _globals['_MODELINFO']._serialized_end=1761
+  _globals['_RETRIEVALSERVICE']._serialized_start=2037
+  _globals['_RETRIEVALSERVICE']._serialized_end=2296
 # @@protoc_insertion_point(module_scope)

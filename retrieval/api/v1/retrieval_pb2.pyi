@@ -16,13 +16,26 @@ class MergeStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MAX_SCORE: _ClassVar[MergeStrategy]
     ROUND_ROBIN: _ClassVar[MergeStrategy]
     DIVERSITY: _ClassVar[MergeStrategy]
+
+class ExplanationKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPLANATION_KIND_UNSPECIFIED: _ClassVar[ExplanationKind]
+    EXPLANATION_KIND_ATTENTION: _ClassVar[ExplanationKind]
+    EXPLANATION_KIND_ROUTING: _ClassVar[ExplanationKind]
+    EXPLANATION_KIND_NONE: _ClassVar[ExplanationKind]
+    EXPLANATION_KIND_UNAVAILABLE: _ClassVar[ExplanationKind]
 MERGE_STRATEGY_UNSPECIFIED: MergeStrategy
 MAX_SCORE: MergeStrategy
 ROUND_ROBIN: MergeStrategy
 DIVERSITY: MergeStrategy
+EXPLANATION_KIND_UNSPECIFIED: ExplanationKind
+EXPLANATION_KIND_ATTENTION: ExplanationKind
+EXPLANATION_KIND_ROUTING: ExplanationKind
+EXPLANATION_KIND_NONE: ExplanationKind
+EXPLANATION_KIND_UNAVAILABLE: ExplanationKind
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("history", "k", "events", "merge", "diversity_lambda", "per_interest_k", "exclude_ids", "allow_ids", "return_interests", "user_id", "category", "request_time", "rerank")
+    __slots__ = ("history", "k", "events", "merge", "diversity_lambda", "per_interest_k", "exclude_ids", "allow_ids", "return_interests", "user_id", "category", "request_time", "rerank", "explain")
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +49,7 @@ class RetrieveRequest(_message.Message):
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_TIME_FIELD_NUMBER: _ClassVar[int]
     RERANK_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     history: _containers.RepeatedScalarFieldContainer[str]
     k: int
     events: _containers.RepeatedCompositeFieldContainer[Event]
@@ -49,7 +63,8 @@ class RetrieveRequest(_message.Message):
     category: str
     request_time: int
     rerank: Rerank
-    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., merge: _Optional[_Union[MergeStrategy, str]] = ..., diversity_lambda: _Optional[float] = ..., per_interest_k: _Optional[int] = ..., exclude_ids: _Optional[_Iterable[str]] = ..., allow_ids: _Optional[_Iterable[str]] = ..., return_interests: _Optional[bool] = ..., user_id: _Optional[str] = ..., category: _Optional[str] = ..., request_time: _Optional[int] = ..., rerank: _Optional[_Union[Rerank, _Mapping]] = ...) -> None: ...
+    explain: bool
+    def __init__(self, history: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., merge: _Optional[_Union[MergeStrategy, str]] = ..., diversity_lambda: _Optional[float] = ..., per_interest_k: _Optional[int] = ..., exclude_ids: _Optional[_Iterable[str]] = ..., allow_ids: _Optional[_Iterable[str]] = ..., return_interests: _Optional[bool] = ..., user_id: _Optional[str] = ..., category: _Optional[str] = ..., request_time: _Optional[int] = ..., rerank: _Optional[_Union[Rerank, _Mapping]] = ..., explain: _Optional[bool] = ...) -> None: ...
 
 class Rerank(_message.Message):
     __slots__ = ("ranker", "candidates", "unclicked")
@@ -84,18 +99,44 @@ class ScoredItem(_message.Message):
     def __init__(self, item_id: _Optional[str] = ..., score: _Optional[float] = ..., interest: _Optional[int] = ..., rank_score: _Optional[float] = ...) -> None: ...
 
 class RetrieveResponse(_message.Message):
-    __slots__ = ("items", "model_version", "unknown_items", "interests", "ranker_version")
+    __slots__ = ("items", "model_version", "unknown_items", "interests", "ranker_version", "explanations")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_ITEMS_FIELD_NUMBER: _ClassVar[int]
     INTERESTS_FIELD_NUMBER: _ClassVar[int]
     RANKER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATIONS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ScoredItem]
     model_version: str
     unknown_items: int
     interests: _containers.RepeatedCompositeFieldContainer[Interest]
     ranker_version: str
-    def __init__(self, items: _Optional[_Iterable[_Union[ScoredItem, _Mapping]]] = ..., model_version: _Optional[str] = ..., unknown_items: _Optional[int] = ..., interests: _Optional[_Iterable[_Union[Interest, _Mapping]]] = ..., ranker_version: _Optional[str] = ...) -> None: ...
+    explanations: Explanations
+    def __init__(self, items: _Optional[_Iterable[_Union[ScoredItem, _Mapping]]] = ..., model_version: _Optional[str] = ..., unknown_items: _Optional[int] = ..., interests: _Optional[_Iterable[_Union[Interest, _Mapping]]] = ..., ranker_version: _Optional[str] = ..., explanations: _Optional[_Union[Explanations, _Mapping]] = ...) -> None: ...
+
+class Explanations(_message.Message):
+    __slots__ = ("kind", "interests")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INTERESTS_FIELD_NUMBER: _ClassVar[int]
+    kind: ExplanationKind
+    interests: _containers.RepeatedCompositeFieldContainer[InterestExplanation]
+    def __init__(self, kind: _Optional[_Union[ExplanationKind, str]] = ..., interests: _Optional[_Iterable[_Union[InterestExplanation, _Mapping]]] = ...) -> None: ...
+
+class InterestExplanation(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[WeightedEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[WeightedEvent, _Mapping]]] = ...) -> None: ...
+
+class WeightedEvent(_message.Message):
+    __slots__ = ("item_id", "weight", "position")
+    ITEM_ID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    item_id: str
+    weight: float
+    position: int
+    def __init__(self, item_id: _Optional[str] = ..., weight: _Optional[float] = ..., position: _Optional[int] = ...) -> None: ...
 
 class Interest(_message.Message):
     __slots__ = ("values",)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
@@ -48,9 +49,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from retrieval.artifacts import publish_deployment
     from retrieval.serving import load_deployment
 
+    # The check loads the version and warms it up for single queries only (plus its one
+    # retrieval): a version that does that can serve; a server warms up the larger batches itself.
+    check = partial(load_deployment, batch_sizes=(1,))
     try:
         folder = publish_deployment(
-            args.model, args.index, args.root, args.keep, ranker_dirs=args.ranker, check=load_deployment
+            args.model, args.index, args.root, args.keep, ranker_dirs=args.ranker, check=check
         )
     except ArtifactError as e:
         print(f"error: not published, {args.root} unchanged: {' '.join(str(e).split())}", file=sys.stderr)

@@ -117,7 +117,11 @@ class RetrieverSlot:
         )
 
 
-def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = (1, 8, 32)) -> None:
+WARM_UP_BATCHES = (1, 8, 32)
+"""Batch sizes a served version is warmed up for (see :func:`warm_up`)."""
+
+
+def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = WARM_UP_BATCHES) -> None:
     """Answers a few batches so the first real ones do not pay for lazy initialisation: by
     default one per batch size the user tower and the rankers are compiled for, up to the
     default micro-batch (``retrieval.artifacts.xla.COMPILED_BATCHES``), and per ranker the same batches
@@ -164,10 +168,13 @@ def _finite_vectors(index: FaissIndex) -> bool:
     return True
 
 
-def load_deployment(root: Path, xla: bool = False) -> Retriever:
+def load_deployment(
+    root: Path, xla: bool = False, batch_sizes: tuple[int, ...] = WARM_UP_BATCHES
+) -> Retriever:
     """A retriever for the current version of the deployment ``root`` (or for one version
-    folder), warmed up and checked (:func:`check_answers`). The version is resolved once: the
-    model, the index and the rankers all come from it (:attr:`RetrieverSlot.folder`).
+    folder), warmed up for ``batch_sizes`` (:func:`warm_up`) and checked (:func:`check_answers`).
+    The version is resolved once: the model, the index and the rankers all come from it
+    (:attr:`RetrieverSlot.folder`).
 
     Raises:
         retrieval.storage.manifest.ArtifactError: a missing, corrupted or mismatched artifact, or
@@ -177,7 +184,7 @@ def load_deployment(root: Path, xla: bool = False) -> Retriever:
     try:
         model_dir, index_dir = deployment_dirs(folder)
         retriever = Retriever.from_dirs(model_dir, index_dir, deployment_rankers(folder), xla=xla)
-        warm_up(retriever)
+        warm_up(retriever, batch_sizes)
         check_answers(retriever)
     except Exception as e:  # whatever fails, the version cannot serve
         raise ArtifactError(f"version {folder.name}: {describe_error(e, limit=2000)}") from e

@@ -21,10 +21,12 @@ not trained: latency only), plain and with ``--xla`` (user tower and ranker comp
 concurrency 1, 8 and 32. Each row also reports the CPU time per
 request of the server process and of the client. Each rerank server is also measured with its
 users' plain and reranked requests interleaved at concurrency 1 (:func:`paired_load`), which
-gives the latency the rerank adds free of the drift between rows. Prints a Markdown table and
-writes ``results.json`` and ``table.md`` to ``--out``. Targets: p99 <= 5 ms at concurrency 1;
-QPS at concurrency 32 >= 50% of the echo's; the rerank adds <= 5 ms to p99 at concurrency 1
-(interleaved; plain and ``--xla``); no errors.
+gives the latency the rerank adds free of the drift between rows; likewise the micro-batching
+server with each user's plain request interleaved with its ``explain=true`` twin
+(``RetrieveRequest.explain``: what explanations cost at concurrency 1, p50 and p99). Prints a
+Markdown table and writes ``results.json`` and ``table.md`` to ``--out``. Targets: p99 <= 5 ms
+at concurrency 1; QPS at concurrency 32 >= 50% of the echo's; the rerank adds <= 5 ms to p99
+at concurrency 1 (interleaved; plain and ``--xla``); no errors.
 """
 
 from __future__ import annotations
@@ -71,10 +73,13 @@ def build_artifacts(out: Path, items: int, data: Path, epochs: int, seed: int = 
     (``bench.index.scale_items``, which keeps their structure), every other weight kept, and
     written as a model artifact with an ``L2MIPS,IVF4096,Flat`` index (``nprobe=8``: recall@50
     0.993 against exact search in the index benchmark). Requests are real users' histories, so
-    the interests are the trained tower's.
+    the interests are the trained tower's. A cached model written before explanations (no
+    ``explanation`` in its manifest: its tower cannot give them) is built again.
     """
     model_dir, index_dir = out / f"model-{items}", out / f"index-{items}"
-    if (model_dir / "manifest.json").is_file() and (index_dir / "manifest.json").is_file():
+    manifest = model_dir / "manifest.json"
+    cached = manifest.is_file() and (index_dir / "manifest.json").is_file()
+    if cached and "explanation" in json.loads(manifest.read_text()):
         return model_dir, index_dir
     import keras
 
@@ -225,6 +230,21 @@ def start(name: str, args: Sequence[str]) -> Started:
     return Started(name, process, address)
 
 
+def twins(
+    batch: Sequence[retrieval_pb2.RetrieveRequest], **fields: Any
+) -> list[retrieval_pb2.RetrieveRequest]:
+    """Copies of ``batch`` with ``fields`` merged in, e.g. ``explain=True`` or
+    ``rerank=retrieval_pb2.Rerank(candidates=200)``."""
+    extra = retrieval_pb2.RetrieveRequest(**fields)
+    out = []
+    for request in batch:
+        twin = retrieval_pb2.RetrieveRequest()
+        twin.CopyFrom(request)
+        twin.MergeFrom(extra)
+        out.append(twin)
+    return out
+
+
 def requests(data: Path, k: int) -> list[retrieval_pb2.RetrieveRequest]:
     """Every user of ``data``: the history before their last event (the last 50), k items wanted."""
     from retrieval.data import build_sequences, leave_one_out, load_interactions
@@ -306,35 +326,45 @@ def percentiles(seconds: Sequence[float]) -> dict[str, float]:
 async def paired_load(
     address: str,
     plain: Sequence[retrieval_pb2.RetrieveRequest],
-    reranked: Sequence[retrieval_pb2.RetrieveRequest],
+    other: Sequence[retrieval_pb2.RetrieveRequest],
     seconds: float,
     max_requests: int,
+    twin: str = "rerank",
 ) -> dict[str, Any]:
-    """One request in flight, alternating each user's plain request with its reranked twin on
-    one server (after a 1 s warm-up): both latency sets see the same machine at the same time,
-    so the difference of their percentiles is what the rerank adds, free of the drift between
-    rows measured minutes apart on a shared machine."""
-    times: dict[str, list[float]] = {"plain": [], "rerank": []}
+    """One request in flight, alternating each user's plain request with its twin in ``other``
+    (reranked, or explained: ``twin`` names them in the keys) on one server (after a 1 s
+    warm-up): both latency sets see the same machine at the same time, so the difference of
+    their percentiles is what the twin's option adds, free of the drift between rows measured
+    minutes apart on a shared machine."""
+    times: dict[str, list[float]] = {"plain": [], twin: []}
     async with grpc.aio.insecure_channel(address) as channel:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
         for record, until in ((False, 1.0), (True, seconds)):
             i, end = 0, time.perf_counter() + until
-            while time.perf_counter() < end and len(times["rerank"]) < max_requests:
-                for kind, request in (
-                    ("plain", plain[i % len(plain)]),
-                    ("rerank", reranked[i % len(reranked)]),
-                ):
+            while time.perf_counter() < end and len(times[twin]) < max_requests:
+                for kind, request in (("plain", plain[i % len(plain)]), (twin, other[i % len(other)])):
                     started = time.perf_counter()
                     await stub.Retrieve(request, timeout=10)
                     if record:
                         times[kind].append(time.perf_counter() - started)
                 i += 1
-    out: dict[str, Any] = {"pairs": len(times["rerank"])}
+    out: dict[str, Any] = {"twin": twin, "pairs": len(times[twin])}
     for kind, values in times.items():
         out.update({f"{kind}_{k}": v for k, v in percentiles(values).items()})
     for q in (50, 99):
-        out[f"added_p{q}_ms"] = round(out[f"rerank_p{q}_ms"] - out[f"plain_p{q}_ms"], 3)
+        out[f"added_p{q}_ms"] = round(out[f"{twin}_p{q}_ms"] - out[f"plain_p{q}_ms"], 3)
     return out
+
+
+def explanation_kind(address: str, request: retrieval_pb2.RetrieveRequest) -> str:
+    """The kind of explanation the server at ``address`` gives ``request`` (with ``explain``)."""
+    with grpc.insecure_channel(address) as channel:
+        response = retrieval_pb2_grpc.RetrievalServiceStub(channel).Retrieve(request, timeout=10)
+    return (
+        retrieval_pb2.ExplanationKind.Name(response.explanations.kind)
+        .removeprefix("EXPLANATION_KIND_")
+        .lower()
+    )
 
 
 def compute_per_request(
@@ -370,12 +400,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir, index_dir = build_artifacts(args.out, args.items, args.data, args.epochs)
     ranker_dir = build_ranker_artifact(args.out, model_dir)
     batch = requests(args.data, args.k)
-    reranked = []
-    for request in batch:
-        copy = retrieval_pb2.RetrieveRequest()
-        copy.CopyFrom(request)
-        copy.rerank.candidates = RERANK_CANDIDATES
-        reranked.append(copy)
+    reranked = twins(batch, rerank=retrieval_pb2.Rerank(candidates=RERANK_CANDIDATES))
+    explained = twins(batch, explain=True)
     serve = ["tools/serve.py", "--model", str(model_dir), "--index", str(index_dir)]
     servers = {
         "echo": (["-m", "bench.serving", "--echo", "--k", str(args.k)], batch),
@@ -412,6 +438,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     paired_load(server.address, batch, reranked, args.seconds, args.max_requests)
                 )
                 log.info("paired %s", paired[name])
+            if name == RETRIEVAL:
+                paired[RETRIEVAL] = asyncio.run(
+                    paired_load(server.address, batch, explained, args.seconds, args.max_requests, "explain")
+                )
+                paired[RETRIEVAL]["kind"] = explanation_kind(server.address, explained[0])
+                log.info("paired %s", paired[RETRIEVAL])
         finally:
             server.stop()
     index_manifest = json.loads((index_dir / "manifest.json").read_text())
@@ -459,6 +491,9 @@ def checks(rows: list[dict[str, Any]], paired: dict[str, dict[str, Any]] | None 
         if added is not None:
             out[f"rerank_added_p99_at_1_ms{suffix}"] = added
             out[f"rerank_added_p99_ok{suffix}"] = added <= TARGET_RERANK_P99_MS
+    if explain := (paired or {}).get(RETRIEVAL):
+        out["explain_added_p50_at_1_ms"] = explain["added_p50_ms"]
+        out["explain_added_p99_at_1_ms"] = explain["added_p99_ms"]
     out["errors"] = sum(r["errors"] for r in rows)
     return out
 
@@ -495,10 +530,12 @@ def table(results: dict[str, Any]) -> str:
         f"QPS <= {results['cpus']} cores / (server + client CPU ms per request).",
     ]
     for name, r in results.get("paired", {}).items():
+        twin = r.get("twin", "rerank")
+        kind = f" (explanations: {r['kind']})" if "kind" in r else ""
         lines.append(
-            f"{name}, plain and reranked requests interleaved at concurrency 1 ({r['pairs']} pairs): "
-            f"p50 {r['plain_p50_ms']:.2f} -> {r['rerank_p50_ms']:.2f} ms, p99 {r['plain_p99_ms']:.2f} -> "
-            f"{r['rerank_p99_ms']:.2f} ms"
+            f"{name}, plain and {twin} requests interleaved at concurrency 1 ({r['pairs']} pairs){kind}: "
+            f"p50 {r['plain_p50_ms']:.2f} -> {r[twin + '_p50_ms']:.2f} ms, p99 {r['plain_p99_ms']:.2f} -> "
+            f"{r[twin + '_p99_ms']:.2f} ms"
         )
     for suffix, server in (("", RERANK), ("_xla", RERANK_XLA)):
         lines.append(
@@ -506,6 +543,11 @@ def table(results: dict[str, Any]) -> str:
             f"{', interleaved' if server in results.get('paired', {}) else ', between rows'}): "
             f"{c.get('rerank_added_p99_at_1_ms' + suffix)} ms (target <= "
             f"{TARGET_RERANK_P99_MS}: {'met' if c.get('rerank_added_p99_ok' + suffix) else 'NOT met'})"
+        )
+    if "explain_added_p99_at_1_ms" in c:
+        lines.append(
+            f"added by explain=true at concurrency 1 ({RETRIEVAL}, interleaved): "
+            f"p50 {c['explain_added_p50_at_1_ms']} ms, p99 {c['explain_added_p99_at_1_ms']} ms"
         )
     return "\n".join(lines)
 

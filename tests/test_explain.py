@@ -27,6 +27,7 @@ from retrieval.api.types import EXPLAIN_TOP, ExplanationKind, Explanations, Quer
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.artifacts.model import load_model
+from retrieval.data.features import encode_events
 from retrieval.data.vocab import PAD
 from retrieval.serving.retriever import Retriever
 from retrieval.storage.manifest import ArtifactError
@@ -111,6 +112,35 @@ def test_weights_are_the_towers_attention_maps(trained, served) -> None:
     assert_explains(result.explanations, weights, positions)
     # Every item's interest indexes the explanations.
     assert all(interest < len(result.explanations.interests) for _, _, interest in result.items)
+
+
+@pytest.mark.slow  # trains one more model: 5 s
+def test_a_nova_tower_weighs_the_side_features_sent(synthetic_csv: Path, tmp_path: Path) -> None:
+    # ComiRec-SA with NOVA fusion of the gap to the previous event: the attention depends on the
+    # timestamps sent with the events, and the explanations are those of the same inputs.
+    code = run_tool(
+        "train", "--data", str(synthetic_csv), "--model", "sa", "--out", str(tmp_path / "model"),
+        "--epochs", "1", "--dim", "8", "--max-len", str(MAX_LEN), "--negatives", "10", "--quiet",
+        "--set", "model.fusion=nova", "--set", "model.side_features=gap_prev",
+    )  # fmt: skip
+    assert code == 0
+    model = load_model(tmp_path / "model")
+    timestamps = [1_000_000 + 60 * i**3 for i in range(len(HISTORY))]  # gaps from 1 min to 11 days
+    with (
+        serving(Retriever(model, build_index_from_model(model, "Flat"))) as address,
+        connected(address) as client,
+    ):
+        result = client.retrieve(HISTORY, k=5, timestamps=timestamps, explain=True)
+    assert result.explanations is not None and result.explanations.kind is ExplanationKind.ATTENTION
+    dense = model.vocab.lookup(HISTORY)
+    known = dense != PAD
+    gaps = encode_events(model.side, np.array(timestamps), None)["gap_prev"][known]  # over the whole timeline
+    inputs = {"items": dense[known][None, -MAX_LEN:].astype(np.int32), "gap_prev": gaps[None, -MAX_LEN:]}
+    keras_model = keras.saving.load_model(tmp_path / "model" / "model.keras")
+    weights = np.asarray(keras_model.user_tower.attention_maps(inputs)["interests"])[0]
+    assert_explains(result.explanations, weights, np.flatnonzero(known)[-MAX_LEN:])
+    blind = keras_model.user_tower.attention_maps({**inputs, "gap_prev": np.zeros_like(inputs["gap_prev"])})
+    assert not np.allclose(np.asarray(blind["interests"])[0], weights, atol=1e-4)  # the gaps count
 
 
 def test_without_explain_the_answer_is_as_before(served) -> None:

@@ -188,7 +188,11 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                 {"model_version": result.model_version, "unknown_items": result.unknown_items, "items": items}
                 | ({"ranker_version": result.ranker_version} if result.ranker_version else {})
                 | ({"interests": interests} if interests is not None else {})
-                | ({"explanations": explanations_json(result.explanations)} if result.explanations else {})
+                | (
+                    {"explanations": explanations_json(result.explanations)}
+                    if result.explanations is not None
+                    else {}
+                )
             )
         )
     else:

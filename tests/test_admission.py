@@ -53,6 +53,9 @@ def test_cost_grows_with_ids_and_depth() -> None:
     rerank = Query(["a"] * 999, 10, exclude=["b"] * 500, allow=["c"] * 500, rerank=Rerank("", 1000, ["d"]))
     assert query_cost(rerank) == pytest.approx((1 + 2000 / 1000) * (1 + 1000 / 1000))
     assert call_cost([CHEAP, HEAVY]) == pytest.approx(query_cost(CHEAP) + query_cost(HEAVY))
+    explained = Query(["a"], 10, explain=True)
+    assert query_cost(explained) == pytest.approx(2 * query_cost(Query(["a"], 10)))
+    assert call_cost([request_from_query(explained)]) == pytest.approx(query_cost(explained))
 
 
 def test_a_lone_heavy_call_runs_whatever_its_cost_and_cheap_calls_never_wait() -> None:

@@ -33,11 +33,12 @@ DEPTH_UNIT = 1000
 """Candidates per interest (or reranked) that double a query's cost."""
 
 
-def cost(ids: int, depth: int) -> float:
+def cost(ids: int, depth: int, explain: bool = False) -> float:
     """Estimated cost of a query sending ``ids`` ids (history, exclude, allow and unclicked
     lists) and asking for ``depth`` candidates (the largest of ``k``, ``per_interest_k`` and
-    the rerank's), in units of an ordinary query: ``(1 + ids / 1000) * (1 + depth / 1000)``."""
-    return (1 + ids / ID_UNIT) * (1 + depth / DEPTH_UNIT)
+    the rerank's), in units of an ordinary query: ``(1 + ids / 1000) * (1 + depth / 1000)``,
+    doubled when it asks for explanations (one more user-tower call)."""
+    return (1 + ids / ID_UNIT) * (1 + depth / DEPTH_UNIT) * (2 if explain else 1)
 
 
 def query_cost(query: Query) -> float:
@@ -45,7 +46,7 @@ def query_cost(query: Query) -> float:
     unclicked = 0 if query.rerank is None else len(query.rerank.unclicked)
     ids = len(query.history) + len(query.exclude) + len(query.allow) + unclicked
     depth = max(query.k, query.per_interest_k, 0 if query.rerank is None else query.rerank.candidates)
-    return cost(ids, depth)
+    return cost(ids, depth, query.explain)
 
 
 def request_cost(request: retrieval_pb2.RetrieveRequest) -> float:
@@ -53,7 +54,7 @@ def request_cost(request: retrieval_pb2.RetrieveRequest) -> float:
     is admitted or refused before its ids become Python objects."""
     history = len(request.history) or len(request.events)
     ids = history + len(request.exclude_ids) + len(request.allow_ids) + len(request.rerank.unclicked)
-    return cost(ids, max(request.k, request.per_interest_k, request.rerank.candidates))
+    return cost(ids, max(request.k, request.per_interest_k, request.rerank.candidates), request.explain)
 
 
 def call_cost(queries: Sequence[Query] | Sequence[retrieval_pb2.RetrieveRequest]) -> float:

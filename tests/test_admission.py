@@ -203,6 +203,7 @@ def slow_retriever(seconds: float = 0.3) -> tuple[Retriever, list[int]]:
     return Retriever(slow, build_index_from_model(slow, "Flat")), calls
 
 
+@pytest.mark.slow  # waits for the server to stop: ~4 s (the fast tier checks the retriever's own check)
 def test_a_call_past_its_deadline_stops_between_stages_and_counts_as_deadline_exceeded() -> None:
     slow, tower_calls = slow_retriever()
     metrics = Metrics()

@@ -24,7 +24,7 @@ from retrieval.serving.reload import (
 from retrieval.serving.server import create_server
 from retrieval.storage.manifest import MANIFEST, ArtifactError, read_manifest
 from retrieval.storage.versions import version_folders
-from tests.helpers import connected, run_tool, scrape
+from tests.helpers import connected, run_tool, scrape, tiered
 
 Versions = list[tuple[Path, Path, str]]
 
@@ -33,7 +33,9 @@ def deploy(model_dir: Path, index_dir: Path, root: Path) -> int:
     return run_tool("deploy", "--model", str(model_dir), "--index", str(index_dir), "--root", str(root))
 
 
-@pytest.mark.parametrize("damage", ["nan embeddings", "nan index", "broken tower"])
+@pytest.mark.parametrize(
+    "damage", tiered(["nan embeddings", "nan index", "broken tower"], slow={"nan embeddings", "nan index"})
+)  # each deploy loads TensorFlow and the model: 4-5 s
 def test_deploy_refuses_a_version_that_cannot_serve(
     model_versions: Versions, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
 ) -> None:

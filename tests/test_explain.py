@@ -45,7 +45,7 @@ TOWERS = {  # tower -> extra training flags; sasrec with two heads, which the we
 }
 
 
-@pytest.fixture(scope="module", params=tiered(TOWERS, slow={"sasrec"}))
+@pytest.fixture(scope="module", params=tiered(TOWERS, slow={"sasrec", "dr"}))
 def trained(request: pytest.FixtureRequest, synthetic_csv: Path, tmp_path_factory) -> tuple[str, Path, Path]:
     """``(tower, model dir, index dir)``: one epoch on the synthetic log, d = 8, max_len = 8."""
     tower = request.param

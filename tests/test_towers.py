@@ -247,7 +247,9 @@ def oracle_interest_weights(name: str, tower, x: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("name", tower_names())
+@pytest.mark.parametrize(
+    "name", tiered(tower_names(), slow={"sasrec", "bert4rec", "din", "mind"})
+)  # 2-4 s each
 def test_interest_weights_explain_the_interests(name: str, tmp_path) -> None:
     tower = make_tower(name)
     x = histories(np.random.default_rng(8))

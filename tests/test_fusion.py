@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.helpers import tiered
 from towers import ItemTower, build_user_tower
 from towers.side import FUSIONS, InvasiveFusion, SideEmbedding
 from towers.transformer import TransformerBlock
@@ -118,7 +119,7 @@ def inputs_for(rng: np.random.Generator, length: int = 6) -> dict[str, np.ndarra
     return {"items": items, "action": (rng.integers(1, 4, items.shape) * (items > 0)).astype(np.int32)}
 
 
-@pytest.mark.parametrize("name", ["sasrec", "bert4rec", "sa"])
+@pytest.mark.parametrize("name", tiered(["sasrec", "bert4rec", "sa"], slow={"bert4rec"}))
 @pytest.mark.parametrize("fusion", [f for f in FUSIONS if f != "none"])
 def test_fusion_towers_pad_invariantly_and_round_trip(name: str, fusion: str) -> None:
     tower = side_tower(name, fusion)

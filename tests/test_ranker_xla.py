@@ -42,7 +42,7 @@ def lists(
     return histories, candidates, unclicked, scores
 
 
-@pytest.mark.parametrize("name", tiered(["din", "dien", "afm", "dstn"], slow={"dien"}))
+@pytest.mark.parametrize("name", tiered(["din", "dien", "afm", "dstn"], slow={"dien", "afm"}))
 def test_the_compiled_scorer_gives_the_plain_graphs_logits(name: str) -> None:
     ranker = make_ranker(name)
     unclicked = name == "dstn"

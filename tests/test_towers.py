@@ -198,7 +198,7 @@ def test_a_few_training_steps_reduce_the_loss(name: str) -> None:
     assert loss() < 0.9 * before
 
 
-@pytest.mark.parametrize("name", tiered(tower_names(), slow={"bert4rec", "sasrec"}))
+@pytest.mark.parametrize("name", tiered(tower_names(), slow={"bert4rec", "sasrec", "mind", "din"}))
 def test_exported_user_tower_gives_the_keras_vectors(name: str, tmp_path) -> None:
     model = TwoTowerModel(make_tower(name))
     x = histories(np.random.default_rng(6))

@@ -46,7 +46,7 @@ from retrieval.storage.manifest import (
     sha256_file,
 )
 from retrieval.storage.versions import publish, resolve_current
-from tests.helpers import REPO_ROOT, FakeModel, ReloadUnderLoad, run_tool
+from tests.helpers import REPO_ROOT, FakeModel, ReloadUnderLoad, run_tool, tiered
 
 FILE_KINDS = {
     "config.json", "vocab.json", "item_attributes.json", "side_vocab.json", "item_embeddings.npy",
@@ -697,7 +697,7 @@ def write_demo(folder: Path, version: str) -> None:
         (tmp / "a.bin").write_bytes(b"old" * 100)
 
 
-@pytest.mark.parametrize("mode", ["folder", "published root"])
+@pytest.mark.parametrize("mode", tiered(["folder", "published root"], slow={"published root"}))
 def test_kill_9_at_every_file_system_step_leaves_a_whole_artifact(tmp_path: Path, mode: str) -> None:
     """Deterministic complement to the timed kills: the writer kills itself at its n-th file-system
     call (open, mkdir, rename, renameat2, rmtree, ...) for every n, including between the renames."""

@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
+from bench.serving import free_port
 from retrieval.api import (
     DEFAULT_MAX_REQUEST_BYTES,
     MAX_NAME,
@@ -289,17 +290,11 @@ def busy_port() -> Iterator[int]:
 
 
 def test_a_busy_metrics_port_fails_the_start_before_grpc_serves(retriever: Retriever, busy_port: int) -> None:
-    grpc_port = _free_port()
+    grpc_port = free_port()
     with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{busy_port}"):
         serve_forever(retriever, port=grpc_port, metrics_port=busy_port)
     with socket.socket() as probe:  # nothing was left listening on the gRPC port
         assert probe.connect_ex(("127.0.0.1", grpc_port)) != 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_create_server_bounds_the_queue(retriever: Retriever) -> None:
@@ -384,7 +379,7 @@ def test_serve_with_a_busy_metrics_port_exits_2_with_one_line(
     model_versions: list[tuple[Path, Path, str]], busy_port: int
 ) -> None:
     model_dir, index_dir, _ = model_versions[0]
-    grpc_port = _free_port()
+    grpc_port = free_port()
     done = subprocess.run(
         [sys.executable, str(REPO_ROOT / "tools" / "serve.py"), "--model", str(model_dir),
          "--index", str(index_dir), "--port", str(grpc_port), "--metrics-port", str(busy_port)],

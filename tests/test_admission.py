@@ -336,8 +336,17 @@ def test_a_burst_of_oversized_requests_is_refused_and_leaves_no_memory_behind() 
         options = [("grpc.max_send_message_length", 64 << 20)]
         with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
             stub = RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
-            for _ in range(20):
-                stub.Retrieve(retrieval_pb2.RetrieveRequest(history=["item01"], k=5), timeout=10)
+            # Idle means after 16 concurrent calls: their request threads (stacks, arenas) are the
+            # server's from then on, whatever the calls carried.
+            small = retrieval_pb2.RetrieveRequest(history=["item01"], k=5)
+            warm = [
+                threading.Thread(target=stub.Retrieve, args=(small,), kwargs={"timeout": 10})
+                for _ in range(16)
+            ]
+            for thread in warm:
+                thread.start()
+            for thread in warm:
+                thread.join()
             time.sleep(0.5)
             idle = resident_mib(child.pid)
             huge, many = (excluding(n) for n in (3_300_000, 450_000))  # over the size limit; within it

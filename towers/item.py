@@ -16,26 +16,41 @@ class ItemTower(keras.layers.Layer):
     User towers embed their input sequences with the same table, so that history items and
     retrieved items live in one space. With attributes (categories, brand, genres), an item's
     vector is its id embedding plus the mean of its attributes' embeddings, so that items with
-    few interactions borrow strength from their attributes.
+    few interactions borrow strength from their attributes. With ``id_dropout``, training drops
+    the id embedding of that share of the item vectors it computes, leaving the attribute part
+    alone, which is then a usable vector by itself: that of an item never seen in training
+    (:meth:`attributes`, cold start).
 
     Args:
         num_embeddings: number of items + 1 (the padding row).
         dim: embedding size ``d``.
         num_attributes: size of the attribute vocabulary (ids ``1..num_attributes``; 0 = none).
         max_attributes: attributes kept per item (columns of the item -> attributes table).
+        id_dropout: in training, the probability that an item vector is its attributes' part
+            alone (needs attributes; 0 = off).
 
     Call:
         ids: int ``[...]`` -> float32 ``[..., d]``.
     """
 
     def __init__(
-        self, num_embeddings: int, dim: int, num_attributes: int = 0, max_attributes: int = 0, **kwargs: Any
+        self,
+        num_embeddings: int,
+        dim: int,
+        num_attributes: int = 0,
+        max_attributes: int = 0,
+        id_dropout: float = 0.0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if (num_attributes > 0) != (max_attributes > 0):
             raise ValueError("num_attributes and max_attributes must both be 0 or both be positive")
+        if not 0.0 <= id_dropout < 1.0 or (id_dropout and not num_attributes):
+            raise ValueError(f"id_dropout must be in [0, 1) and needs attributes, got {id_dropout}")
         self.num_embeddings, self.dim = num_embeddings, dim
         self.num_attributes, self.max_attributes = num_attributes, max_attributes
+        self.id_dropout = id_dropout
+        self.seed_generator = keras.random.SeedGenerator(0) if id_dropout else None
         init = keras.initializers.TruncatedNormal(stddev=0.02)  # small, as in SASRec/ComiRec
         self.embedding = keras.layers.Embedding(num_embeddings, dim, embeddings_initializer=init)
         self.attribute_embedding = (
@@ -82,15 +97,25 @@ class ItemTower(keras.layers.Layer):
         total = ops.sum(self.attribute_embedding(attribute_ids) * present, axis=-2)
         return total / ops.maximum(ops.sum(present, axis=-2), 1.0)
 
-    def call(self, ids: Any) -> Any:
+    def call(self, ids: Any, training: bool | None = None) -> Any:
         if self.attribute_embedding is None:
             return self.embedding(ids)
-        return self.embedding(ids) + self.attributes(ids)
+        id_part = self.embedding(ids)
+        if training and self.seed_generator is not None:
+            keep = keras.random.uniform(ops.shape(ids), seed=self.seed_generator) >= self.id_dropout
+            id_part = id_part * ops.expand_dims(ops.cast(keep, id_part.dtype), -1)
+        return id_part + self.attributes(ids)
 
     @property
     def table(self) -> Any:
         """The id-embedding table ``[num_embeddings, d]``, row 0 = padding."""
         return self.embedding.embeddings
+
+    @property
+    def attribute_table(self) -> Any:
+        """The attribute-embedding table ``[num_attributes + 1, d]``, row 0 = none; ``None``
+        without attributes. An item's attribute part is the mean of its attributes' rows."""
+        return None if self.attribute_embedding is None else self.attribute_embedding.embeddings
 
     def all_items(self) -> Any:
         """Vectors of every row ``[num_embeddings, d]`` (row 0 = padding), what the index holds."""
@@ -103,4 +128,5 @@ class ItemTower(keras.layers.Layer):
             "dim": self.dim,
             "num_attributes": self.num_attributes,
             "max_attributes": self.max_attributes,
+            "id_dropout": self.id_dropout,
         }

@@ -171,7 +171,8 @@ class Retrieved:
         items: ``(external id, score, interest)`` in the merge's order (best first for max-score),
             never an item of the history or of the request's ``exclude`` list; after a rerank,
             in the ranker's order (``score`` stays the retrieval score).
-        unknown_items: history ids missing from the vocabulary (skipped).
+        unknown_items: history ids the user tower does not read (skipped): missing from the
+            vocabulary, or added to it after training.
         model_version: version of the model (and of the index built from it) that answered.
         interests: float32 ``[K, d]``, the user's interest vectors, when the request asked for them.
         rank_scores: after a rerank, the ranker's click logit of each item (best first).

@@ -8,6 +8,8 @@
   (TensorFlow is imported only when one is loaded).
 * :mod:`~retrieval.artifacts.deployment`: a model, its index and rankers published together as
   one version of a root that servers watch.
+* :mod:`~retrieval.artifacts.catalogue`: items added (cold-start vectors from their attributes),
+  updated and removed after training, published as a new version of a deployment.
 
 Every artifact is written atomically, carries a manifest with checksums and the version it came
 from, and is verified on load (:mod:`retrieval.storage`).

@@ -1,5 +1,6 @@
 """The public API of :mod:`retrieval.artifacts` (loaded on first use by ``__init__.py``)."""
 
+from .catalogue import CatalogueChange, CatalogueItem, change_catalogue, cold_vectors, read_ids, read_items
 from .deployment import (
     INDEX_DIR,
     MODEL_DIR,
@@ -38,12 +39,16 @@ __all__ = [
     "MODEL_DIR",
     "RANKERS_DIR",
     "AttributeTable",
+    "CatalogueChange",
+    "CatalogueItem",
     "Features",
     "LoadedRanker",
     "ModelArtifact",
     "build_index_from_model",
     "build_milvus_index_from_model",
+    "change_catalogue",
     "check_same_vocab",
+    "cold_vectors",
     "dense_categories",
     "deployment_dirs",
     "deployment_rankers",
@@ -56,7 +61,9 @@ __all__ = [
     "pad_left",
     "publish_deployment",
     "publish_index",
+    "read_ids",
     "read_item_attributes",
+    "read_items",
     "read_model_vocab",
     "recall_against_exact",
     "save_index",

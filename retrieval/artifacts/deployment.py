@@ -37,7 +37,7 @@ INDEX_DIR = "index"
 RANKERS_DIR = "rankers"
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def link_or_copy(src: Path, dst: Path) -> None:
     """Hard-links a file (artifacts are never modified in place), copying across filesystems."""
     try:
         os.link(src, dst)
@@ -45,13 +45,13 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _copy_listed(src: Path, manifest: Mapping[str, Any], dst: Path) -> None:
+def copy_listed(src: Path, manifest: Mapping[str, Any], dst: Path) -> None:
     """Links or copies ``src``'s manifest and the files it lists into the new folder ``dst``, and
     nothing else: a file added after writing, or a folder linked in, stays behind."""
     for name in [MANIFEST, *manifest["files"]]:
         target = dst / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        _link_or_copy(contained_file(src, name), target)
+        link_or_copy(contained_file(src, name), target)
 
 
 def publish_deployment(
@@ -119,7 +119,7 @@ def publish_deployment(
     def write(folder: Path) -> None:
         folder.mkdir()
         for src, manifest, sub in parts:
-            _copy_listed(src, manifest, folder / sub)
+            copy_listed(src, manifest, folder / sub)
         if check is not None:
             check(folder)
 

@@ -36,14 +36,17 @@ MILVUS_FILE = "milvus.json"
 
 
 def item_vectors(model: ModelArtifact) -> tuple[np.ndarray, np.ndarray]:
-    """(dense ids int64 ``[n]`` = 1..n, float32 ``[n, d]``) of the model's items, padding row left out."""
+    """(dense ids int64 ``[n]``, float32 ``[n, d]``) of the model's items: ``1..len(vocab)``
+    without the padding row and without the items removed from the catalogue."""
     embeddings = model.item_embeddings
     if embeddings.shape[0] != model.vocab.num_embeddings:
         raise ValueError(
             f"item_embeddings has {embeddings.shape[0]} rows for {len(model.vocab)} items (+1 padding row)"
         )
     ids = np.arange(1, embeddings.shape[0], dtype=np.int64)
-    return ids, np.ascontiguousarray(embeddings[1:], np.float32)
+    if len(model.removed):
+        ids = ids[~np.isin(ids, model.removed)]
+    return ids, np.ascontiguousarray(embeddings[ids], np.float32)
 
 
 def build_index_from_model(
@@ -54,7 +57,8 @@ def build_index_from_model(
     train_size: int | None = None,
     seed: int = 0,
 ) -> FaissIndex:
-    """Indexes rows ``1..n`` of ``model.item_embeddings`` under the dense ids ``1..n``.
+    """Indexes rows ``1..n`` of ``model.item_embeddings`` under the dense ids ``1..n`` (items
+    removed from the catalogue left out).
 
     The padding row 0 is left out so it can never be retrieved; external ids come back
     through ``model.vocab``. IVF/PQ train on ``train_size`` sampled items (FaissIndex's default).

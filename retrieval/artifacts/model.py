@@ -8,9 +8,15 @@ Folder layout (``tools/train.py --out DIR``)::
     DIR/item_attributes.json  external id -> attributes (genres, categories), when the data has them
     DIR/side_vocab.json       side features the tower reads and their vocabularies, when it reads any
     DIR/item_embeddings.npy   float32 [num_items + 1, d]; row i is dense item i, row 0 padding
+    DIR/attribute_embeddings.npy  float32 [attributes + 1, d], the item tower's attribute part
+                              (in the order of side_vocab.json's attributes), when it has one:
+                              what embeds an item added after training (cold start)
+    DIR/removed_items.json    external ids removed from the catalogue (never indexed), if any
     DIR/user_tower/           SavedModel, endpoint ``user_vectors({"items": [B, L], ...}) -> [B, K, d]``
                               and, when the manifest's ``explanation`` is "attention" or "routing",
-                              ``interest_weights`` (same inputs) -> ``[B, K, L]``
+                              ``interest_weights`` (same inputs) -> ``[B, K, L]``;
+                              it reads the dense ids ``1..tower_items`` (manifest; the items
+                              known at training, all of them unless some were added since)
     DIR/model.keras           the full Keras two-tower model (to fine-tune or inspect)
     DIR/metrics.json          validation and test metrics
 """
@@ -29,7 +35,7 @@ from index.multi_interest import ItemCategories
 from retrieval.artifacts.xla import COMPILED_BATCHES, XlaFunction, pad_to, padded_size
 from retrieval.data.features import SideVocab
 from retrieval.data.vocab import PAD, ItemVocab
-from retrieval.storage.manifest import MANIFEST, ArtifactError, contained_file, read_manifest
+from retrieval.storage.manifest import MANIFEST, ArtifactError, contained_file, read_manifest, same_files
 
 KIND = "model"
 SIDE_FILE = "side_vocab.json"
@@ -61,6 +67,9 @@ class ModelArtifact:
         side: the side features the tower reads (none by default).
         interest_weights: the tower's per-interest weights over the history, see
             :data:`InterestWeightsFn`; ``None`` when the artifact has none (:attr:`explanation`).
+        attribute_embeddings: float32 ``[len(side.attributes) + 1, d]``, the item tower's
+            attribute part (row 0 = none), when it has one (cold start).
+        removed: sorted int64 dense ids removed from the catalogue: never indexed.
     """
 
     path: Path | None
@@ -70,10 +79,18 @@ class ModelArtifact:
     user_vectors: UserVectorsFn
     side: SideVocab = field(default_factory=SideVocab)
     interest_weights: InterestWeightsFn | None = None
+    attribute_embeddings: np.ndarray | None = None
+    removed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def version(self) -> str:
         return str(self.manifest["version"])
+
+    @property
+    def tower_items(self) -> int:
+        """The dense ids ``1..tower_items`` the user tower reads in histories: the items known
+        at training (items added since are retrieved but not read as history)."""
+        return int(self.manifest.get("tower_items", len(self.vocab)))
 
     @property
     def explanation(self) -> str:
@@ -149,26 +166,33 @@ def pad_left(histories: Sequence[np.ndarray], max_len: int) -> np.ndarray:
     return out
 
 
-def load_model(path: Path, verify: bool = True, xla: bool = False) -> ModelArtifact:
+def load_model(
+    path: Path, verify: bool = True, xla: bool = False, reuse: ModelArtifact | None = None
+) -> ModelArtifact:
     """Loads a model artifact written by ``tools/train.py`` (checksums verified by default).
 
     Nothing is read that the manifest does not list (so every byte read is covered by a
     checksum), and what is read must agree with the manifest before the model is returned:
     the vocabulary (unique string ids), the embeddings (``.npy`` without pickle, float32
-    ``[num_items + 1, dim]``, finite) and the user tower, which is called once on a probe
+    ``[num_items + 1, dim]``, finite; so are the attribute embeddings, when listed) and the
+    user tower, which is called once on a probe
     history and must answer ``[1, num_interests, dim]`` finite vectors; the ``interest_weights``
     endpoint must be there exactly when the manifest's ``explanation`` says the tower has
     weights (a manifest without it, from before explanations, serves none). With ``xla`` the
     user tower runs compiled (:func:`compiled_tower`); the interest weights, computed only for
     the requests that ask, run as the plain graph.
 
+    ``reuse``, a model loaded before (the version in service), lends its user tower when this
+    folder's tower files are the very files it was loaded from (hard links of one training,
+    as ``mitt add-items`` publishes): then nothing is read or verified twice, and a catalogue
+    change loads in the time its vocabulary and embeddings take.
+
     Raises:
         retrieval.storage.manifest.ArtifactError: missing, incomplete, corrupted or inconsistent folder.
     """
-    import tensorflow as tf
-
     path = Path(path)
-    manifest = read_manifest(path, KIND, verify=verify)
+    shared = _shared_with(path, reuse)
+    manifest = read_manifest(path, KIND, verify=verify, verified=shared)
     max_len = _positive_int(path, manifest, "max_len")
     num_interests = _positive_int(path, manifest, "num_interests")
     dim = _positive_int(path, manifest, "dim")
@@ -178,9 +202,15 @@ def load_model(path: Path, verify: bool = True, xla: bool = False) -> ModelArtif
     listed = set(manifest.get("files", {}))
     for name in (VOCAB_FILE, EMBEDDINGS_FILE, f"{TOWER_DIR}/saved_model.pb"):
         _listed_file(path, listed, name)
+    optional = [
+        path / SIDE_FILE,
+        path / ATTRIBUTES_FILE,
+        path / ATTRIBUTE_EMBEDDINGS_FILE,
+        path / REMOVED_FILE,
+    ]
     unlisted = sorted(
         p.relative_to(path).as_posix()
-        for p in [*(path / TOWER_DIR).rglob("*"), path / SIDE_FILE, path / ATTRIBUTES_FILE]
+        for p in [*(path / TOWER_DIR).rglob("*"), *optional]
         if (p.is_file() or p.is_symlink()) and p.relative_to(path).as_posix() not in listed
     )
     if unlisted:
@@ -188,10 +218,10 @@ def load_model(path: Path, verify: bool = True, xla: bool = False) -> ModelArtif
             f"{path}: {', '.join(unlisted)} not listed in the manifest (added after writing?)"
         )
 
-    vocab = _load_vocab(path)
+    vocab = load_vocab(path)
     if num_items != len(vocab):
         raise ArtifactError(f"{path}: the manifest says {num_items} items, {VOCAB_FILE} has {len(vocab)}")
-    item_embeddings = _load_embeddings(path / EMBEDDINGS_FILE, len(vocab) + 1, dim)
+    item_embeddings = load_embeddings(path / EMBEDDINGS_FILE, len(vocab) + 1, dim)
 
     side = SideVocab()
     if (path / SIDE_FILE).is_file():
@@ -201,19 +231,76 @@ def load_model(path: Path, verify: bool = True, xla: bool = False) -> ModelArtif
             raise ArtifactError(f"{path / SIDE_FILE} is not a valid side-feature vocabulary: {e}") from e
 
     _check_against_config(path, manifest, side, listed)  # before the (slow) TensorFlow load
+    attribute_embeddings = None
+    if ATTRIBUTE_EMBEDDINGS_FILE in listed:
+        rows = len(side.attributes) + 1
+        attribute_embeddings = load_embeddings(path / ATTRIBUTE_EMBEDDINGS_FILE, rows, dim)
+    removed = _load_removed(path, vocab) if REMOVED_FILE in listed else np.zeros(0, np.int64)
+    tower_items = manifest.setdefault("tower_items", num_items)
+    if isinstance(tower_items, bool) or not isinstance(tower_items, int) or not 0 < tower_items <= num_items:
+        raise ArtifactError(
+            f"{path / MANIFEST}: tower_items must be in 1..{num_items}, found {tower_items!r}"
+        )
+
+    if reuse is not None and _tower_files(manifest) <= shared and _tower_files(manifest):
+        user_vectors, weights = reuse.user_vectors, reuse.interest_weights
+    else:
+        user_vectors, weights = _load_tower(path, manifest, xla)
+    model = ModelArtifact(
+        path, manifest, vocab, item_embeddings, user_vectors, side, weights, attribute_embeddings, removed
+    )
+    _check_tower(model, num_interests, max_len)
+    return model
+
+
+def _load_tower(
+    path: Path, manifest: dict[str, Any], xla: bool
+) -> tuple[UserVectorsFn, InterestWeightsFn | None]:
+    """The SavedModel's endpoints: ``user_vectors`` (XLA-compiled with ``xla``) and
+    ``interest_weights`` (None when the tower has none).
+
+    Raises:
+        ArtifactError: an unreadable SavedModel, or endpoints that contradict the manifest.
+    """
+    import tensorflow as tf
+
     try:
         exported = tf.saved_model.load(str(path / TOWER_DIR))
         if not hasattr(exported, "user_vectors"):
             raise ValueError("the SavedModel has no user_vectors endpoint")
     except Exception as e:  # TensorFlow raises many types for unreadable or foreign SavedModels
         raise ArtifactError(f"{path / TOWER_DIR} is not a readable user tower: {_first_line(e)}") from e
+    return tower_function(exported, xla), _interest_weights(path, manifest, exported)
 
-    weights = _interest_weights(path, manifest, exported)
-    model = ModelArtifact(
-        path, manifest, vocab, item_embeddings, tower_function(exported, xla), side, weights
-    )
-    _check_tower(model, num_interests, max_len)
-    return model
+
+def _tower_files(manifest: dict[str, Any]) -> set[str]:
+    """The files of the user tower's SavedModel."""
+    return {name for name in manifest.get("files", {}) if name.startswith(f"{TOWER_DIR}/")}
+
+
+def _shared_with(path: Path, reuse: ModelArtifact | None) -> set[str]:
+    """The files of the model folder ``path`` that are those ``reuse`` was loaded from."""
+    if reuse is None or reuse.path is None:
+        return set()
+    try:
+        manifest = read_manifest(path, KIND, verify=False)
+    except ArtifactError:
+        return set()  # the full read below says what is wrong
+    return same_files(path, manifest, reuse.path, reuse.manifest)
+
+
+def _load_removed(path: Path, vocab: ItemVocab) -> np.ndarray:
+    """The dense ids of ``removed_items.json`` (external ids of the vocabulary), sorted int64."""
+    try:
+        ids = json.loads((path / REMOVED_FILE).read_text(encoding="utf-8"))
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ValueError("not a list of item ids")
+    except (ValueError, RecursionError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path / REMOVED_FILE} is not a list of item ids: {e}") from e
+    dense = vocab.lookup(ids)
+    if (dense == PAD).any():
+        raise ArtifactError(f"{path / REMOVED_FILE} names items the vocabulary does not have")
+    return np.unique(dense)
 
 
 def _interest_weights(path: Path, manifest: dict[str, Any], exported: Any) -> InterestWeightsFn | None:
@@ -242,10 +329,10 @@ def read_model_vocab(path: Path, verify: bool = False) -> ItemVocab:
     """
     path = Path(path)
     read_manifest(path, KIND, verify=verify)
-    return _load_vocab(path)
+    return load_vocab(path)
 
 
-def _load_vocab(path: Path) -> ItemVocab:
+def load_vocab(path: Path) -> ItemVocab:
     """The folder's ``vocab.json``, checked: unique string ids and string titles."""
     try:
         vocab = ItemVocab.load(path / VOCAB_FILE)
@@ -315,6 +402,8 @@ CONFIG_FILE = "config.json"
 EMBEDDINGS_FILE = "item_embeddings.npy"
 TOWER_DIR = "user_tower"
 ATTRIBUTES_FILE = "item_attributes.json"
+ATTRIBUTE_EMBEDDINGS_FILE = "attribute_embeddings.npy"
+REMOVED_FILE = "removed_items.json"
 
 
 def _positive_int(path: Path, manifest: dict[str, Any], key: str) -> int:
@@ -331,7 +420,7 @@ def _listed_file(path: Path, listed: set[str], name: str) -> Path:
     return contained_file(path, name)
 
 
-def _load_embeddings(file: Path, rows: int, dim: int) -> np.ndarray:
+def load_embeddings(file: Path, rows: int, dim: int) -> np.ndarray:
     """The ``.npy`` item table, read without pickle and checked: float32 ``[rows, dim]``, finite."""
     try:
         table = np.load(file, allow_pickle=False)

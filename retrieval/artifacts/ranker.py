@@ -124,8 +124,15 @@ class LoadedRanker:
         unclicked: Sequence[np.ndarray] | None = None,
         retrieval_scores: np.ndarray | None = None,
     ) -> np.ndarray:
-        """:meth:`RankerScorer.score`."""
-        return self.scorer.score(histories, candidates, unclicked, retrieval_scores)
+        """:meth:`RankerScorer.score`; items added to the catalogue after the ranker was trained
+        (dense ids past its vocabulary, :func:`check_same_vocab`) are read as unknown (0)."""
+        n = len(self.vocab)
+
+        def known(ids: np.ndarray) -> np.ndarray:
+            return np.where(ids > n, 0, ids)
+
+        unread = None if unclicked is None else [known(u) for u in unclicked]
+        return self.scorer.score([known(h) for h in histories], known(candidates), unread, retrieval_scores)
 
     @property
     def uses_scores(self) -> bool:
@@ -298,12 +305,13 @@ def _num_unclicked(path: Path, manifest: dict[str, Any], listed: set[str]) -> in
 
 
 def check_same_vocab(path: Path, vocab: ItemVocab, expected: ItemVocab) -> None:
-    """Refuses a ranker (at ``path``) whose item vocabulary is not ``expected``.
+    """Refuses a ranker (at ``path``) whose item vocabulary is not ``expected`` or its beginning
+    (a catalogue that grew since the ranker was trained: ``mitt add-items`` appends items).
 
     Raises:
         ArtifactError: the vocabularies differ (the message names the first difference).
     """
-    if vocab.ids == expected.ids:
+    if vocab.ids == expected.ids[: len(vocab)]:
         return
     if len(vocab) != len(expected):
         detail = f"{len(vocab)} items, the model has {len(expected)}"

@@ -68,6 +68,11 @@ COMMANDS: dict[str, Command] = {
     "deploy": Command(
         "deploy", "serve", "Publish a model and its index as the new current version of a deployment root."
     ),
+    "add-items": Command(
+        "add_items",
+        "serve",
+        "Add, update or remove items of a deployment and publish the result as its new version.",
+    ),
     "serve": Command("serve", "serve", "Serve a model and its index over gRPC until SIGTERM or SIGINT."),
     "query": Command("query", "client", "Ask a running retrieval server for the top-k items of a history."),
     "plot-attention": Command(

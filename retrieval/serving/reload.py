@@ -169,12 +169,16 @@ def _finite_vectors(index: FaissIndex) -> bool:
 
 
 def load_deployment(
-    root: Path, xla: bool = False, batch_sizes: tuple[int, ...] = WARM_UP_BATCHES
+    root: Path,
+    xla: bool = False,
+    batch_sizes: tuple[int, ...] = WARM_UP_BATCHES,
+    reuse: Retriever | None = None,
 ) -> Retriever:
     """A retriever for the current version of the deployment ``root`` (or for one version
     folder), warmed up for ``batch_sizes`` (:func:`warm_up`) and checked (:func:`check_answers`).
     The version is resolved once: the model, the index and the rankers all come from it
-    (:attr:`RetrieverSlot.folder`).
+    (:attr:`RetrieverSlot.folder`). A version sharing its user tower with ``reuse`` (the one in
+    service; ``mitt add-items`` publishes such versions) takes that tower instead of loading it.
 
     Raises:
         retrieval.storage.manifest.ArtifactError: a missing, corrupted or mismatched artifact, or
@@ -183,7 +187,13 @@ def load_deployment(
     folder = resolve_current(Path(root))
     try:
         model_dir, index_dir = deployment_dirs(folder)
-        retriever = Retriever.from_dirs(model_dir, index_dir, deployment_rankers(folder), xla=xla)
+        retriever = Retriever.from_dirs(
+            model_dir,
+            index_dir,
+            deployment_rankers(folder),
+            xla=xla,
+            reuse=None if reuse is None else reuse.model,
+        )
         warm_up(retriever, batch_sizes)
         check_answers(retriever)
     except Exception as e:  # whatever fails, the version cannot serve
@@ -262,7 +272,8 @@ class DeploymentWatcher:
         if folder == self.slot.folder or self.slot.was_refused(folder):
             return False
         try:
-            retriever = load_deployment(folder)  # the version folder itself: it cannot move
+            # The version folder itself (it cannot move); its tower may be the one in service.
+            retriever = load_deployment(folder, reuse=self.slot.current)
         except ArtifactError as e:  # the old version keeps serving
             self.slot.refuse(folder, e)
             logger.error(

@@ -139,12 +139,18 @@ class Retriever:
 
     @classmethod
     def from_dirs(
-        cls, model_dir: Path, index_dir: Path, ranker_dirs: Sequence[Path] = (), xla: bool = False
+        cls,
+        model_dir: Path,
+        index_dir: Path,
+        ranker_dirs: Sequence[Path] = (),
+        xla: bool = False,
+        reuse: ModelArtifact | None = None,
     ) -> Retriever:
         """Loads a model folder, an index folder and ranker folders, refusing an index built
         from another model and rankers trained against another vocabulary. ``xla`` compiles the
         user tower (:func:`retrieval.artifacts.model.load_model`) and the rankers
-        (:class:`retrieval.artifacts.ranker_scorer.RankerScorer`).
+        (:class:`retrieval.artifacts.ranker_scorer.RankerScorer`); ``reuse`` lends its user
+        tower when the model folder shares it (``load_model``).
 
         The versions are compared before the model's TensorFlow graph is loaded, so a mismatch
         fails fast.
@@ -154,7 +160,7 @@ class Retriever:
         """
         model_version = str(read_manifest(Path(model_dir), MODEL_KIND, verify=False)["version"])
         index, manifest = load_index(Path(index_dir), expected_model_version=model_version)
-        model = load_model(Path(model_dir), xla=xla)
+        model = load_model(Path(model_dir), xla=xla, reuse=reuse)
         rankers = []
         if ranker_dirs:
             rankers = [load_ranker(Path(d), model, xla=xla) for d in ranker_dirs]
@@ -445,10 +451,15 @@ class Retriever:
         ranker, depth = self._ranker(query.rerank, query.k)
         history = query.history
         dense = self.model.vocab.lookup(history)
-        is_known = dense != PAD
+        # Items added after training are in the vocabulary, not in the user tower's table.
+        is_known = (dense != PAD) & (dense <= self.model.tower_items)
         known = dense[is_known]
         if not len(known):
-            raise InvalidArgument(f"none of the {len(history)} history ids is in the model's vocabulary")
+            added = int((dense != PAD).sum())
+            raise InvalidArgument(
+                f"none of the {len(history)} history ids is in the model's vocabulary"
+                + (f" ({added} added after training, which it does not read as history)" if added else "")
+            )
         # Side features come from the whole timeline (a gap is to the previous event, known or
         # not), then follow their items, exactly as in training and evaluation. A feature the
         # request does not carry is unknown (0) at every event.
@@ -459,10 +470,10 @@ class Retriever:
             name: values[is_known] if len(values) == len(history) else np.zeros(len(known), np.int32)
             for name, values in events.items()
         }
-        exclude = known
+        exclude = dense[dense != PAD]
         if query.exclude:
             excluded = self.model.vocab.lookup(list(query.exclude))
-            exclude = np.concatenate([known, excluded[excluded != PAD]])
+            exclude = np.concatenate([exclude, excluded[excluded != PAD]])
         allow = self._allowed(query)
         unclicked = previous = None
         if ranker is not None and ranker.num_unclicked and query.rerank is not None:

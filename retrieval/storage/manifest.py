@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,12 @@ def derived_version(checksums: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def read_manifest(path: Path, kind: str, verify: bool = True) -> dict[str, Any]:
+def read_manifest(
+    path: Path, kind: str, verify: bool = True, verified: Collection[str] = ()
+) -> dict[str, Any]:
     """Loads ``path/manifest.json``, checks its structure and kind and (by default) every file's
-    checksum.
+    checksum but those of ``verified`` (files the caller knows to be the very ones it verified
+    before, e.g. hard links shared with a version already loaded: :func:`same_files`).
 
     Every listed path must be a relative path inside the folder: absolute paths, ``..``
     components and symlinks that lead outside are refused before anything is read.
@@ -86,9 +90,28 @@ def read_manifest(path: Path, kind: str, verify: bool = True) -> dict[str, Any]:
         file = contained_file(path, name, root)
         if not file.is_file():
             raise ArtifactError(f"{path} is incomplete: {name} is missing")
-        if verify and sha256_file(file) != expected:
+        if verify and name not in verified and sha256_file(file) != expected:
             raise ArtifactError(f"{path / name} is corrupted: checksum does not match the manifest")
     return manifest
+
+
+def same_files(path: Path, manifest: dict[str, Any], other: Path, other_manifest: dict[str, Any]) -> set[str]:
+    """The files of ``path`` that are the very files of ``other`` (the same inode, listed with the
+    same checksum in both manifests): hard links a new version shares with an older one.
+    Artifacts are never modified in place, so such a file verified in ``other`` needs no
+    second reading."""
+    shared = set()
+    theirs = other_manifest.get("files", {})
+    for name, checksum in manifest.get("files", {}).items():
+        if theirs.get(name) != checksum:
+            continue
+        try:
+            a, b = os.stat(Path(path) / name), os.stat(Path(other) / name)
+        except OSError:
+            continue
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            shared.add(name)
+    return shared
 
 
 def contained_file(path: Path, name: str, root: Path | None = None) -> Path:

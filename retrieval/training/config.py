@@ -103,6 +103,7 @@ class ModelConfig:
     attention_penalty: float = 0.0  # sa: weight of Lin et al.'s ‖A Aᵀ − I‖²_F (0 = off)
     fusion: Fusion = "none"  # sasrec, bert4rec: side information fusion (towers.side)
     side_features: str = ""  # comma list of attributes, action, gap_prev (retrieval.data.features)
+    id_dropout: float = 0.0  # share of item vectors trained on their attributes alone (cold start)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -63,7 +63,7 @@ class TwoTowerModel(keras.Model):
             raise RuntimeError(
                 "attach a task (model.task = retrieval.training.losses.task.build_task(...)) before training"
             )
-        loss = self.task(y_pred, y, self.item_tower)
+        loss = self.task(y_pred, y, lambda ids: self.item_tower(ids, training=training))
         if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
             loss = loss + tf.add_n(self.losses)
         return loss
@@ -124,6 +124,7 @@ def build_model(
         config.dim,
         num_attributes=len(side.attributes) if use_attributes else 0,
         max_attributes=side.max_attributes if use_attributes else 0,
+        id_dropout=config.id_dropout,
     )
     model = TwoTowerModel(
         build_user_tower(config.tower, item_tower=item_tower, max_len=config.max_len, **options)

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from retrieval.artifacts.model import KIND, SIDE_FILE
+from retrieval.artifacts.model import ATTRIBUTE_EMBEDDINGS_FILE, KIND, SIDE_FILE
 from retrieval.data.features import SideVocab
 from retrieval.data.tables import frame_source
 from retrieval.data.vocab import ItemVocab
@@ -418,6 +418,7 @@ def save_model(
         "side_features": list(side.features),
         "fusion": config.model.fusion,
         "explanation": model.user_tower.explanation,
+        "tower_items": len(vocab),
     }
     with write_artifact(out, KIND, meta, overwrite=overwrite) as tmp:
         config.save(tmp / "config.json")
@@ -427,6 +428,8 @@ def save_model(
         if side.features:
             side.save(tmp / SIDE_FILE)
         np.save(tmp / "item_embeddings.npy", table)
+        if model.item_tower.attribute_embedding is not None:  # what embeds items added later
+            np.save(tmp / ATTRIBUTE_EMBEDDINGS_FILE, np.asarray(model.item_tower.attribute_table, np.float32))
         export_user_tower(model, tmp / "user_tower", ("items", *side.event_features))
         model.save(tmp / "model.keras")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))

@@ -1,0 +1,56 @@
+r"""Add, update or remove items of a deployment and publish the result as its new version.
+
+    mitt add-items --root runs/live --items new.jsonl [--remove gone.txt]
+
+``--items`` is JSON lines, one item per line: ``{"id": "B0999", "attributes": ["Lipstick",
+"Brand 7"], "title": "Rose lipstick"}`` (title optional). An item the model never saw gets the
+vector of its attributes (cold start: the model must have been trained with
+``--set model.side_features=attributes``, better also ``model.id_dropout``); an id already in
+the catalogue is updated. ``--remove`` lists ids, one per line, never to be retrieved again.
+
+The change is published as a new version of the root, atomically, as ``mitt deploy`` does: a
+server started with ``mitt serve --watch runs/live`` swaps it in without dropping a request
+(only the vocabulary, the item vectors and the index are loaded again), and a restart serves it.
+A change that cannot be made leaves the root unchanged, with exit code 2. Prints the version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from retrieval.storage import ArtifactError
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--root", required=True, type=Path, help="deployment root (mitt deploy --root)")
+    p.add_argument("--items", type=Path, help="JSON-lines file of items to add or update")
+    p.add_argument("--remove", type=Path, help="file of item ids to remove, one per line")
+    p.add_argument("--keep", type=int, default=3, help="versions kept on disk (default %(default)s)")
+    args = p.parse_args(argv)
+    if args.items is None and args.remove is None:
+        p.error("give --items, --remove or both")
+    if args.keep < 1:
+        p.error("--keep must be >= 1")
+    # Imported here, never for --help: the artifacts layer loads FAISS and NumPy.
+    from retrieval.artifacts.catalogue import change_catalogue, read_ids, read_items
+
+    try:
+        items = read_items(args.items) if args.items else []
+        remove = read_ids(args.remove) if args.remove else []
+        change = change_catalogue(args.root, items, remove, keep=args.keep)
+    except (ArtifactError, ValueError, OSError) as e:
+        print(f"error: not published, {args.root} unchanged: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    print(
+        f"{change.folder}: model {change.model_version}, {change.added} added, {change.updated} updated, "
+        f"{change.removed} removed, {change.items} items"
+    )
+    return 0

@@ -178,9 +178,11 @@ def test_added_items_are_served_and_removed_ones_never_come_back(deployed: Path,
 
 
 def test_a_cold_item_is_near_the_items_that_share_its_attributes(deployed: Path, tmp_path: Path) -> None:
-    """Its cluster's items score it above the other clusters' cold newcomers."""
+    """Its cluster's items score it above the other clusters' cold newcomers. More items are
+    added than a history holds (the warm-up reads only items the tower knows)."""
     root = _copy_root(deployed, tmp_path)
-    change_catalogue(root, [CatalogueItem(f"new-c{c}", (str(c), "99")) for c in range(CLUSTERS)])
+    fillers = [CatalogueItem(f"filler-{i}", ("99",)) for i in range(16)]
+    change_catalogue(root, [CatalogueItem(f"new-c{c}", (str(c), "99")) for c in range(CLUSTERS)] + fillers)
     served = load_deployment(root)
     newcomers = [f"new-c{c}" for c in range(CLUSTERS)]
     hits = 0

@@ -131,7 +131,7 @@ def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = WARM_UP_BATCHES
         Exception: whatever the retriever raises; a version that cannot answer is not served.
     """
     vocab = retriever.model.vocab
-    history = list(vocab.ids[-retriever.model.max_len :])
+    history = list(vocab.ids[: retriever.model.tower_items][-retriever.model.max_len :])  # read by the tower
     k = min(10, len(vocab))
     for size in batch_sizes:
         retriever.retrieve_many([Query(history, k)] * size)

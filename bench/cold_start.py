@@ -47,8 +47,7 @@ import numpy as np
 from bench.context import commit, load_average, machine
 from bench.data import add_data_root_argument
 from bench.quality import DEFAULT_SEEDS, Dataset, Run, mean_std, resolve_dataset, run_config, run_one
-from retrieval.artifacts import ModelArtifact, encode_histories, load_model
-from retrieval.artifacts.catalogue import cold_vectors
+from retrieval.artifacts import ModelArtifact, cold_vectors, encode_histories, load_model
 from retrieval.data import PAD, SequenceData, build_sequences, leave_one_out, load_interactions
 from retrieval.training import Config, takes_side_information
 from towers import tower_names

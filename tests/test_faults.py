@@ -222,11 +222,12 @@ def test_a_bit_flip_anywhere_in_the_model_manifest_is_refused(
     # embeddings, the tower) or, for the version, against the index built from the model.
     # Only "created" is free text; the keys of fields that are only cross-checked may be hit
     # (the field is then missing, which changes nothing; a missing "explanation" reads as a
-    # model from before explanations, which has none to give, like this YouTube DNN); flips
+    # model from before explanations, which has none to give, like this YouTube DNN; a missing
+    # "tower_items" reads as every item, as in a model from before catalogue changes); flips
     # that keep the content are skipped.
     model_dir, index_dir = copy(trained[0], tmp_path), trained[1]
     original = (model_dir / "manifest.json").read_bytes()
-    optional = {"created", "data", "fusion", "inputs", "side_features", "explanation"}
+    optional = {"created", "data", "fusion", "inputs", "side_features", "explanation", "tower_items"}
     refused = tried = 0
     for at, flipped in flips(original):
         tried += 1

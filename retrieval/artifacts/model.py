@@ -237,9 +237,15 @@ def load_model(
         attribute_embeddings = load_embeddings(path / ATTRIBUTE_EMBEDDINGS_FILE, rows, dim)
     removed = _load_removed(path, vocab) if REMOVED_FILE in listed else np.zeros(0, np.int64)
     tower_items = manifest.setdefault("tower_items", num_items)
-    if isinstance(tower_items, bool) or not isinstance(tower_items, int) or not 0 < tower_items <= num_items:
+    # Only a catalogue change (which names the version it changed) adds items the tower lacks.
+    least = 1 if "previous_version" in manifest else num_items
+    if (
+        isinstance(tower_items, bool)
+        or not isinstance(tower_items, int)
+        or not least <= tower_items <= num_items
+    ):
         raise ArtifactError(
-            f"{path / MANIFEST}: tower_items must be in 1..{num_items}, found {tower_items!r}"
+            f"{path / MANIFEST}: tower_items must be in {least}..{num_items}, found {tower_items!r}"
         )
 
     if reuse is not None and _tower_files(manifest) <= shared and _tower_files(manifest):

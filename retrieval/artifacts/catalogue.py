@@ -150,17 +150,26 @@ def cold_vectors(
     Raises:
         ValueError: an item without any attribute the model knows (it has no vector).
     """
-    table = attribute_table(side, dict(enumerate(attributes)), len(attributes))  # [n, A]
-    present = table > 0
-    counts = present.sum(axis=1)
+    vectors, counts = _attribute_means(side, attribute_embeddings, attributes)
     if (counts == 0).any():
         first = int(np.flatnonzero(counts == 0)[0])
         raise ValueError(
             f"{int((counts == 0).sum())} items have no attribute the model knows, e.g. "
             f"{list(attributes[first])[:5]}: they cannot be embedded"
         )
+    return vectors
+
+
+def _attribute_means(
+    side: SideVocab, attribute_embeddings: np.ndarray, attributes: Sequence[Sequence[str]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 ``[n, d]`` the mean embedding of each item's known attributes, zeros for an item
+    with none; int ``[n]`` how many were known)."""
+    table = attribute_table(side, dict(enumerate(attributes)), len(attributes))  # [n, A]
+    present = table > 0
+    counts = present.sum(axis=1)
     total = (attribute_embeddings[table] * present[..., None]).sum(axis=1)
-    return (total / counts[:, None]).astype(np.float32)
+    return (total / np.maximum(counts, 1)[:, None]).astype(np.float32), counts
 
 
 @dataclass
@@ -236,7 +245,7 @@ def _apply(
     trained = (dense != PAD) & (dense <= tower_items)
     if trained.any():  # a trained item keeps its id part: new attribute part, same id embedding
         old = [catalogue.attributes.get(i.id, []) for i, t in zip(items, trained, strict=True) if t]
-        before = _attribute_part(catalogue, old)
+        before, _ = _attribute_means(catalogue.side, catalogue.attribute_embeddings, old)
         vectors[trained] += catalogue.embeddings[dense[trained]] - before
     new = [i for i, d in zip(items, dense, strict=True) if d == PAD]
     catalogue.vocab = _grown(vocab, new, {i.id: i.title for i in items if i.title is not None})
@@ -249,14 +258,6 @@ def _apply(
         catalogue.attributes[item.id] = list(item.attributes)
     catalogue.removed = (catalogue.removed - {i.id for i in items}) | set(remove)
     return ids, vectors, vocab.lookup(list(remove)), int((dense != PAD).sum())
-
-
-def _attribute_part(catalogue: _Catalogue, attributes: Sequence[Sequence[str]]) -> np.ndarray:
-    """The attribute part of trained items' vectors (zeros for an item that had none)."""
-    table = attribute_table(catalogue.side, dict(enumerate(attributes)), len(attributes))
-    present = table > 0
-    total = (catalogue.attribute_embeddings[table] * present[..., None]).sum(axis=1)
-    return (total / np.maximum(present.sum(axis=1), 1)[:, None]).astype(np.float32)
 
 
 def _grown(vocab: ItemVocab, new: Sequence[CatalogueItem], titles: Mapping[str, str]) -> ItemVocab:

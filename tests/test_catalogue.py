@@ -81,22 +81,44 @@ def _write_items(path: Path, items: list[dict]) -> Path:
 # --- the item tower ---------------------------------------------------------------------------
 
 
-def test_id_dropout_leaves_the_attribute_part_alone_in_training_only() -> None:
+def _dropout_tower(seed: int) -> ItemTower:
+    keras.utils.set_random_seed(seed)
     tower = ItemTower(201, 8, num_attributes=3, max_attributes=2, id_dropout=0.5)
     tower.build()
     table = np.zeros((201, 2), np.int32)
     table[1:, 0] = 1 + np.arange(200) % 3
     tower.set_item_attributes(table)
-    ids = np.arange(1, 201)
+    return tower
+
+
+def _dropped_rows(tower: ItemTower, ids: np.ndarray) -> np.ndarray:
     attribute_part = np.asarray(tower.attributes(ids))
-    full = np.asarray(tower(ids, training=False))
-    np.testing.assert_allclose(full, np.asarray(tower.embedding(ids)) + attribute_part, rtol=1e-6)
-    trained = np.asarray(tower(ids, training=True))
+    full = np.asarray(tower(ids))
+    trained = np.asarray(tower.candidates(ids, training=True))
     dropped = np.all(np.isclose(trained, attribute_part, atol=1e-7), axis=1)
     kept = np.all(np.isclose(trained, full, atol=1e-7), axis=1)
     assert np.all(dropped | kept)
+    return dropped
+
+
+def test_id_dropout_leaves_the_attribute_part_alone_for_training_candidates_only() -> None:
+    tower = _dropout_tower(0)
+    ids = np.arange(1, 201)
+    full = np.asarray(tower(ids))
+    np.testing.assert_allclose(full, np.asarray(tower.embedding(ids)) + np.asarray(tower.attributes(ids)), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(tower.candidates(ids, training=False)), full)
+    # the history a user tower reads in training (Keras passes training down) keeps its ids
+    np.testing.assert_array_equal(np.asarray(tower(ids, training=True)), full)
+    dropped = _dropped_rows(tower, ids)
     assert 60 <= dropped.sum() <= 140  # Binomial(200, 0.5): 100 ± 7 (std), far from both ends
     assert ItemTower.from_config(tower.get_config()).id_dropout == 0.5
+
+
+def test_id_dropout_follows_the_training_seed() -> None:
+    ids = np.arange(1, 201)
+    first, again, other = (_dropped_rows(_dropout_tower(s), ids) for s in (1, 1, 2))
+    np.testing.assert_array_equal(first, again)
+    assert (first != other).sum() > 20  # two independent masks differ in ~100 of 200 rows
 
 
 def test_id_dropout_needs_attributes() -> None:

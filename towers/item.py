@@ -17,17 +17,19 @@ class ItemTower(keras.layers.Layer):
     retrieved items live in one space. With attributes (categories, brand, genres), an item's
     vector is its id embedding plus the mean of its attributes' embeddings, so that items with
     few interactions borrow strength from their attributes. With ``id_dropout``, training drops
-    the id embedding of that share of the item vectors it computes, leaving the attribute part
-    alone, which is then a usable vector by itself: that of an item never seen in training
-    (:meth:`attributes`, cold start).
+    the id embedding of that share of the candidate vectors the loss scores (:meth:`candidates`;
+    never of the history a user tower reads), leaving the attribute part alone, which is then a
+    usable vector by itself: that of an item never seen in training (:meth:`attributes`, cold
+    start).
 
     Args:
         num_embeddings: number of items + 1 (the padding row).
         dim: embedding size ``d``.
         num_attributes: size of the attribute vocabulary (ids ``1..num_attributes``; 0 = none).
         max_attributes: attributes kept per item (columns of the item -> attributes table).
-        id_dropout: in training, the probability that an item vector is its attributes' part
-            alone (needs attributes; 0 = off).
+        id_dropout: in training, the probability that a candidate vector is its attributes'
+            part alone (needs attributes; 0 = off). Its random stream follows
+            ``keras.utils.set_random_seed``.
 
     Call:
         ids: int ``[...]`` -> float32 ``[..., d]``.
@@ -50,7 +52,7 @@ class ItemTower(keras.layers.Layer):
         self.num_embeddings, self.dim = num_embeddings, dim
         self.num_attributes, self.max_attributes = num_attributes, max_attributes
         self.id_dropout = id_dropout
-        self.seed_generator = keras.random.SeedGenerator(0) if id_dropout else None
+        self.seed_generator = keras.random.SeedGenerator() if id_dropout else None
         init = keras.initializers.TruncatedNormal(stddev=0.02)  # small, as in SASRec/ComiRec
         self.embedding = keras.layers.Embedding(num_embeddings, dim, embeddings_initializer=init)
         self.attribute_embedding = (
@@ -97,13 +99,18 @@ class ItemTower(keras.layers.Layer):
         total = ops.sum(self.attribute_embedding(attribute_ids) * present, axis=-2)
         return total / ops.maximum(ops.sum(present, axis=-2), 1.0)
 
-    def call(self, ids: Any, training: bool | None = None) -> Any:
+    def call(self, ids: Any) -> Any:
         if self.attribute_embedding is None:
             return self.embedding(ids)
-        id_part = self.embedding(ids)
-        if training and self.seed_generator is not None:
-            keep = keras.random.uniform(ops.shape(ids), seed=self.seed_generator) >= self.id_dropout
-            id_part = id_part * ops.expand_dims(ops.cast(keep, id_part.dtype), -1)
+        return self.embedding(ids) + self.attributes(ids)
+
+    def candidates(self, ids: Any, training: bool = False) -> Any:
+        """The vectors the training loss scores ``[..., d]``: those of :meth:`call`, except that
+        in training ``id_dropout`` of them are their attribute part alone."""
+        if not training or self.seed_generator is None:
+            return self(ids)
+        keep = keras.random.uniform(ops.shape(ids), seed=self.seed_generator) >= self.id_dropout
+        id_part = self.embedding(ids) * ops.expand_dims(ops.cast(keep, "float32"), -1)
         return id_part + self.attributes(ids)
 
     @property

@@ -63,7 +63,7 @@ class TwoTowerModel(keras.Model):
             raise RuntimeError(
                 "attach a task (model.task = retrieval.training.losses.task.build_task(...)) before training"
             )
-        loss = self.task(y_pred, y, lambda ids: self.item_tower(ids, training=training))
+        loss = self.task(y_pred, y, lambda ids: self.item_tower.candidates(ids, training=training))
         if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
             loss = loss + tf.add_n(self.losses)
         return loss

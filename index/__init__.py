@@ -12,7 +12,7 @@
 """
 
 from index.base import METRIC, SearchFilter, VectorIndex
-from index.faiss_index import FaissIndex, parse_search_params, recall_at_k, recall_of
+from index.faiss_index import FaissIndex, check_mips_norm, parse_search_params, recall_at_k, recall_of
 from index.memory import MemoryEstimate, estimate_memory
 from index.merge import MERGES, Merged, MergeFn, best_per_item, diversity, max_score, round_robin, strategy
 from index.multi_interest import ItemCategories, SearchResult, search_interests
@@ -33,6 +33,7 @@ __all__ = [
     "VectorIndex",
     "best_per_item",
     "candidate_factories",
+    "check_mips_norm",
     "diversity",
     "estimate_memory",
     "exact_neighbours",

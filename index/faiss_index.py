@@ -471,12 +471,7 @@ class FaissIndex(VectorIndex):
         if not self._mips:
             return vectors
         assert self._mips_norm is not None
-        squared = (vectors.astype(np.float64) ** 2).sum(axis=1)
-        if len(squared) and squared.max() > self._mips_norm**2 * (1 + 1e-6):
-            raise ValueError(
-                f"a vector of norm {np.sqrt(squared.max()):.4g} exceeds this L2MIPS index's M = "
-                f"{self._mips_norm:.4g}: rebuild the index (M is fixed at build time)"
-            )
+        squared = check_mips_norm(vectors, self._mips_norm)
         extra = np.sqrt(np.maximum(self._mips_norm**2 - squared, 0.0))[:, None]
         return np.ascontiguousarray(np.hstack([vectors, extra]), np.float32)
 
@@ -551,6 +546,13 @@ class FaissIndex(VectorIndex):
 
     # ----------------------------------------------------------------------------- persistence
 
+    def copy(self) -> FaissIndex:
+        """An independent copy (FAISS ``clone_index``): changing one leaves the other as it was."""
+        with self._read_lock():
+            return FaissIndex(
+                faiss.clone_index(self._index), self._factory, self._search_params, mips_norm=self._mips_norm
+            )
+
     def save(self, path: Path) -> None:
         """Writes the index to the file ``path`` in FAISS's own format (the factory string is not
         part of it: keep it beside the file; search parameters such as nprobe are).
@@ -624,6 +626,21 @@ def _fill(scores: np.ndarray, ids: np.ndarray, found_scores: np.ndarray, found_i
     n = found_ids.shape[1]
     ids[:, :n] = found_ids
     scores[:, :n] = np.where(found_ids < 0, -np.inf, found_scores)
+
+
+def check_mips_norm(vectors: np.ndarray, norm: float) -> np.ndarray:
+    """The squared norms of ``vectors`` (float64 ``[n]``), all within an ``L2MIPS`` index's ``M``.
+
+    Raises:
+        ValueError: a vector is longer than ``norm``.
+    """
+    squared = (np.asarray(vectors, np.float64) ** 2).sum(axis=1)
+    if len(squared) and squared.max() > norm**2 * (1 + 1e-6):
+        raise ValueError(
+            f"a vector of norm {np.sqrt(squared.max()):.4g} exceeds this L2MIPS index's M = "
+            f"{norm:.4g}: rebuild the index (M is fixed at build time)"
+        )
+    return squared
 
 
 def recall_at_k(index: VectorIndex, exact: VectorIndex, queries: np.ndarray, k: int) -> float:

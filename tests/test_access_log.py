@@ -32,11 +32,13 @@ GENERATED_ID = re.compile(r"[0-9a-f]{32}")
 def logged(retriever: Retriever, caplog: pytest.LogCaptureFixture, **access: Any) -> Iterator[str]:
     """A server with ``AccessControl(**access)``, its access log captured; yields its address."""
     server, port = create_server(retriever, port=0, access=AccessControl(**access))
-    try:
-        with caplog.at_level(logging.INFO, logger="retrieval.access"):
+    with caplog.at_level(logging.INFO, logger="retrieval.access"):
+        try:
             yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(None)
+        finally:
+            # Drained before the level drops: a loaded machine may write a call's line after
+            # its answer reached the client.
+            server.stop(grace=10).wait(timeout=30)
 
 
 def access_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:

@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 
 from retrieval.artifacts.catalogue import CatalogueItem, change_catalogue, cold_vectors, read_items
+from retrieval.artifacts.categories import Categories
+from retrieval.artifacts.changes import CatalogueChanges
 from retrieval.artifacts.deployment import deployment_dirs, publish_deployment
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.artifacts.model import load_model
 from retrieval.artifacts.ranker import LoadedRanker, check_same_vocab
 from retrieval.data.vocab import ItemVocab
 from retrieval.serving.reload import load_deployment, open_deployment
+from retrieval.serving.retriever import Retriever
 from retrieval.storage.manifest import ArtifactError
 from retrieval.storage.versions import resolve_current
 from tests.helpers import ReloadUnderLoad, connected, run_tool
@@ -105,7 +108,9 @@ def test_id_dropout_leaves_the_attribute_part_alone_for_training_candidates_only
     tower = _dropout_tower(0)
     ids = np.arange(1, 201)
     full = np.asarray(tower(ids))
-    np.testing.assert_allclose(full, np.asarray(tower.embedding(ids)) + np.asarray(tower.attributes(ids)), rtol=1e-6)
+    np.testing.assert_allclose(
+        full, np.asarray(tower.embedding(ids)) + np.asarray(tower.attributes(ids)), rtol=1e-6
+    )
     np.testing.assert_array_equal(np.asarray(tower.candidates(ids, training=False)), full)
     # the history a user tower reads in training (Keras passes training down) keeps its ids
     np.testing.assert_array_equal(np.asarray(tower(ids, training=True)), full)
@@ -150,7 +155,10 @@ def test_cold_vectors_are_the_trained_item_towers_attribute_part(deployed: Path)
 # --- add-items through a watching server -----------------------------------------------------------
 
 
-def test_added_items_are_served_and_removed_ones_never_come_back(deployed: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("whole", [False, True], ids=["changes", "compact"])
+def test_added_items_are_served_and_removed_ones_never_come_back(
+    deployed: Path, tmp_path: Path, whole: bool
+) -> None:
     root = _copy_root(deployed, tmp_path)
     before = load_deployment(root)
     items = _write_items(
@@ -167,14 +175,19 @@ def test_added_items_are_served_and_removed_ones_never_come_back(deployed: Path,
         initial = live.slot.current
         live.wait_for_calls(10)
         code = run_tool(
-            "add_items", "--root", str(root), "--items", str(items), "--remove", str(tmp_path / "gone.txt")
-        )
+            "add_items", "--root", str(root), "--items", str(items), "--remove", str(tmp_path / "gone.txt"),
+            *(["--compact"] if whole else []),
+        )  # fmt: skip
         assert code == 0
         version = load_model(deployment_dirs(root)[0], verify=False).version
         live.settles_on(version)
         served = live.slot.current
-        # The user tower was lent by the version in service, not loaded again.
+        # The user tower was lent by the version in service, not loaded again; so were the
+        # catalogue and the index, changes applied to a copy, unless the version was whole.
         assert served.model.user_vectors is initial.model.user_vectors
+        assert served.model.grown_from == (None if whole else initial.model_version)
+        assert initial.index.ntotal == len(before.model.vocab) and served.index is not initial.index
+        _assert_same_retriever(served, load_deployment(root))
         everything = len(served.model.vocab) - 1
         with connected(live.address) as client:  # through the server
             with_new = client.retrieve(cluster_0, k=5, allow=["new-c0"])
@@ -197,6 +210,91 @@ def test_added_items_are_served_and_removed_ones_never_come_back(deployed: Path,
     )
     rebuilt = build_index_from_model(restarted.model)
     assert set(restarted.model.vocab.lookup(removed).tolist()).isdisjoint(rebuilt.ids().tolist())
+
+
+def _partition(codes: np.ndarray) -> np.ndarray:
+    """Each row's code renamed to the first row that has it: equal for equal partitions."""
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    return first[inverse]
+
+
+def _assert_same_retriever(a: Retriever, b: Retriever) -> None:
+    """``a`` (changes applied over the version before) serves what ``b`` (read whole) serves."""
+    assert a.model.vocab == b.model.vocab and a.model.vocab.titles == b.model.vocab.titles
+    np.testing.assert_array_equal(a.model.item_embeddings, b.model.item_embeddings)
+    np.testing.assert_array_equal(a.model.removed, b.model.removed)
+    np.testing.assert_array_equal(np.sort(a.index.ids()), np.sort(b.index.ids()))
+    np.testing.assert_array_equal(_partition(a.categories.codes), _partition(b.categories.codes))
+    assert a.categories.names.keys() == b.categories.names.keys()
+    assert a.categories.attributes == b.categories.attributes
+    members_a, members_b = a.categories.members.ids_by_category, b.categories.members.ids_by_category
+    assert members_a.keys() == members_b.keys()
+    for name in members_a:
+        np.testing.assert_array_equal(members_a[name], members_b[name])
+    queries = np.random.default_rng(0).normal(size=(5, a.model.dim)).astype(np.float32)
+    for (sa, ia), (sb, ib) in [(a.index.search(queries, 10), b.index.search(queries, 10))]:
+        np.testing.assert_array_equal(ia, ib)
+        np.testing.assert_allclose(sa, sb, rtol=1e-5)
+
+
+def test_changes_over_changes_match_the_version_read_whole(deployed: Path, tmp_path: Path) -> None:
+    """Three layered changes (adds, an update, a removal, a re-add), each applied by a server
+    over the version before, serve what a fresh read serves; a compaction then carries no
+    change files and the next change starts from it."""
+    root = _copy_root(deployed, tmp_path)
+    served = load_deployment(root)
+    model_dir = deployment_dirs(root)[0]
+    base_files = {
+        p.name: p.stat().st_ino for p in model_dir.iterdir() if p.is_file() and p.name != "manifest.json"
+    }
+    steps = [
+        ([CatalogueItem("n1", ("0", "99"), "one"), CatalogueItem("n2", ("1",))], ["7"]),
+        ([CatalogueItem("n1", ("2",)), CatalogueItem("5", ("3", "99"))], ["n2", "8"]),
+        (
+            [
+                CatalogueItem("n2", ("1", "99"), "two"),
+                CatalogueItem("7", ("0",)),
+                CatalogueItem("n3", ("3",)),
+            ],
+            [],
+        ),
+    ]
+    for items, remove in steps:
+        change = change_catalogue(root, items, remove, compact=False)
+        assert not change.compacted
+        new = load_deployment(root, reuse=served)
+        assert new.model.grown_from == served.model_version
+        _assert_same_retriever(new, load_deployment(root))
+        served = new
+    model_dir = deployment_dirs(root)[0]
+    assert {p.name: p.stat().st_ino for p in model_dir.iterdir() if p.name in base_files} == base_files
+    vocab = served.model.vocab
+    assert vocab.ids[-3:] == ("n1", "n2", "n3") and vocab.title(int(vocab.lookup(["n2"])[0])) == "two"
+    assert set(vocab.external(served.model.removed)) == {"8"}
+    assert served.categories.attributes["n1"] == ["2"]
+
+    change = change_catalogue(root, compact=True)
+    model_dir, index_dir = deployment_dirs(root)
+    assert change.compacted and not (model_dir / "catalogue_changes.json").exists()
+    assert not (index_dir / "changes.npz").exists()
+    whole = load_deployment(root, reuse=served)
+    assert whole.model.grown_from is None and whole.model.changes is None
+    _assert_same_retriever(whole, served)
+    change_catalogue(root, [CatalogueItem("n4", ("1",))], compact=False)
+    after = load_deployment(root, reuse=whole)
+    assert after.model.grown_from == whole.model_version and len(after.model.changes or ()) == 1
+    _assert_same_retriever(after, load_deployment(root))
+
+
+def test_a_tampered_change_file_is_refused(deployed: Path, tmp_path: Path) -> None:
+    root = _copy_root(deployed, tmp_path)
+    change_catalogue(root, [CatalogueItem("n1", ("0",))], compact=False)
+    changes = deployment_dirs(root)[0] / "catalogue_changes.json"
+    text = changes.read_text()
+    changes.unlink()  # a hard link would not be shared; rewrite it as another file
+    changes.write_text(text.replace('"n1"', '"n9"'))
+    with pytest.raises(ArtifactError, match=r"catalogue_changes\.json"):
+        load_deployment(root)
 
 
 def test_a_cold_item_is_near_the_items_that_share_its_attributes(deployed: Path, tmp_path: Path) -> None:
@@ -287,3 +385,50 @@ def test_a_ranker_reads_items_added_after_it_as_unknown() -> None:
         and candidates.tolist() == [[2, 0, 1]]
         and unclicked[0].tolist() == [0]
     )
+
+
+# --- the change format ----------------------------------------------------------------------------
+
+
+def test_categories_changed_item_by_item_equal_categories_built_whole() -> None:
+    """Random rounds of attribute changes (new items, changed and emptied attributes) applied
+    to the categories of the round before give the categories built from scratch."""
+    rng = np.random.default_rng(0)
+    values = ["a", "b", "c", "d"]
+
+    def draw(n: int) -> list[str]:
+        return [str(v) for v in rng.choice(values, size=n, replace=False)]
+
+    attributes = {str(i): draw(int(rng.integers(0, 3))) for i in range(30)}
+    vocab = ItemVocab.from_ids([*attributes, "no-attributes"])
+    categories = Categories.of(vocab, attributes)
+    for round_ in range(5):
+        changed = {str(i): draw(int(rng.integers(0, 3))) for i in rng.choice(40, size=8, replace=False)}
+        vocab = vocab.extended(list(changed))
+        attributes = {**attributes, **changed}
+        categories = categories.changed(vocab, changed)
+        whole = Categories.of(vocab, attributes)
+        np.testing.assert_array_equal(_partition(categories.codes), _partition(whole.codes))
+        assert categories.attributes == whole.attributes
+        got, want = categories.members.ids_by_category, whole.members.ids_by_category
+        assert got.keys() == want.keys(), round_
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_changes_keep_first_places_and_last_states() -> None:
+    none = CatalogueChanges.none(2)
+    first = none.then(
+        [CatalogueItem("x", ("a",), "X"), CatalogueItem("y", ("b",))], np.eye(2, dtype=np.float32), ["z"]
+    )
+    second = first.then(
+        [CatalogueItem("y", ("c",)), CatalogueItem("w", ("a",))], 2 * np.eye(2, dtype=np.float32), ["x"]
+    )
+    assert second.ids == ["x", "y", "z", "w"] and second.extends(first) and not first.extends(second)
+    np.testing.assert_array_equal(second.removed, [True, False, True, False])
+    assert second.items[0] == CatalogueItem("x", ("a",), "X")  # removal keeps the last state
+    np.testing.assert_array_equal(second.vectors[0], [1, 0])
+    np.testing.assert_array_equal(second.has_vector, [True, True, False, True])
+    assert second.then([CatalogueItem("x", ("d",))], np.ones((1, 2), np.float32), []).items[0].title == "X"
+    assert CatalogueChanges.none(2).then([], np.zeros((0, 2), np.float32), ["y", "x"]).extends(none)
+    assert not first.extends(CatalogueChanges.none(2).then([], np.zeros((0, 2), np.float32), ["y"]))

@@ -296,7 +296,7 @@ def test_consistent_damage_is_refused_by_the_model_loader(trained: tuple[Path, P
         ("tower", {"user_tower/saved_model.pb": b"\x08\x01garbage"}, {}, "not a readable user tower"),
         ("config", {"config.json": longer_window}, {}, "max_len is 12, the artifact's files say 13"),
         ("max_len", {}, {"max_len": 13}, "max_len is 13"),
-        ("dim", {}, {"dim": 17}, "dimension 16, the manifest says 17"),
+        ("dim", {}, {"dim": 17}, "dim is 17, the artifact.s files say 16"),
         ("num_items", {}, {"num_items": 39}, "39 items"),
         ("num_interests", {}, {"num_interests": 2}, r"answers \[1, 1, 16\]"),
         ("tower name", {}, {"tower": "mind"}, "tower is 'mind'"),

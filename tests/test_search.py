@@ -186,7 +186,8 @@ def test_allow_list_and_category(catalogue: tuple, interests: np.ndarray, batch:
 
 
 def test_categories_from_model_dir(tmp_path) -> None:
-    from retrieval.artifacts.model import dense_categories, read_item_attributes
+    from retrieval.artifacts.categories import Categories
+    from retrieval.artifacts.model import read_item_attributes
     from retrieval.data.vocab import ItemVocab
 
     (tmp_path / "item_attributes.json").write_text(
@@ -194,7 +195,7 @@ def test_categories_from_model_dir(tmp_path) -> None:
     )
     attributes = read_item_attributes(tmp_path)
     assert attributes is not None
-    categories = dense_categories(ItemVocab.from_ids(["a", "b", "c"]), attributes)
+    categories = Categories.of(ItemVocab.from_ids(["a", "b", "c"]), attributes).members
     np.testing.assert_array_equal(categories.ids("Comedy"), [1, 2])
     np.testing.assert_array_equal(categories.ids("Drama"), [2])  # "zz" is not in the vocabulary
     assert read_item_attributes(tmp_path / "none") is None

@@ -306,7 +306,7 @@ def test_categories_come_from_the_model_folder(model: ModelArtifact, tmp_path: P
     attributes = {"item00": ["drama", "x"], "item01": ["drama"], "item02": ["comedy"], "item03": []}
     (tmp_path / "item_attributes.json").write_text(json.dumps(attributes | {"unknown": ["drama"]}))
     retriever = Retriever(dataclasses.replace(model, path=tmp_path), build_index_from_model(model, "Flat"))
-    codes = retriever.categories
+    codes = retriever.categories.codes
     assert codes.shape == (NUM_ITEMS + 1,)
     assert codes[1] == codes[2] != codes[3]  # item00, item01 share "drama"; item02 is comedy
     # Items without attributes (item03, item04, ...) each have a category of their own.

@@ -200,7 +200,7 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path: Path) -> None:
     done, _, _ = run_child("mitt query", "--history", "a", "--titles", str(tmp_path), blocked=NOT_IN_CLIENT)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "error: --titles (reading a model folder) needs the serve extra (import of faiss halted; None in "
+        "error: --titles (reading a model folder) needs the serve extra (import of pandas halted; None in "
         f"sys.modules): pip install '{DISTRIBUTION}[serve]'"
     ]
 

@@ -1,6 +1,7 @@
 """The public API of :mod:`retrieval.artifacts` (loaded on first use by ``__init__.py``)."""
 
 from .catalogue import CatalogueChange, CatalogueItem, change_catalogue, cold_vectors, read_ids, read_items
+from .categories import Categories
 from .deployment import (
     INDEX_DIR,
     MODEL_DIR,
@@ -24,7 +25,6 @@ from .index import (
 from .model import (
     Features,
     ModelArtifact,
-    dense_categories,
     encode_histories,
     load_model,
     pad_left,
@@ -41,6 +41,7 @@ __all__ = [
     "AttributeTable",
     "CatalogueChange",
     "CatalogueItem",
+    "Categories",
     "Features",
     "LoadedRanker",
     "ModelArtifact",
@@ -49,7 +50,6 @@ __all__ = [
     "change_catalogue",
     "check_same_vocab",
     "cold_vectors",
-    "dense_categories",
     "deployment_dirs",
     "deployment_rankers",
     "encode_histories",

@@ -4,36 +4,40 @@ version of a deployment (:mod:`retrieval.artifacts.deployment`) that a watching 
 An item the model never saw gets the vector of its attributes alone (:func:`cold_vectors`, the
 item tower's attribute part: meaningful when the model was trained with ``side_features``
 ``attributes``, better with ``model.id_dropout``). It is appended to the vocabulary (new dense
-ids past ``tower_items``: retrieved, never read as history) and upserted into a copy of the
-index. A removed item leaves the index and is listed in ``removed_items.json``, so a rebuilt
-index leaves it out too; it stays in the vocabulary, since histories may still hold it.
+ids past ``tower_items``: retrieved, never read as history) and upserted into the index. A
+removed item leaves the index; it stays in the vocabulary, since histories may still hold it.
 
-The new version hard-links every file it does not change (the user tower above all), so a
-server loads only the vocabulary, the item table and the index again
-(:func:`retrieval.artifacts.model.load_model`'s ``reuse``).
+A change costs its own size: the new version hard-links every file of the current one and adds
+the changes since those files were written (:mod:`retrieval.artifacts.changes`), which a
+watching server applies to the catalogue and the index it already holds
+(:meth:`retrieval.serving.retriever.Retriever.from_dirs`'s ``reuse``). Once the changes exceed
+:data:`COMPACT_SHARE` of the catalogue (or with ``compact``), the version is written whole
+instead: its files hold the changes, and the next changes start from them.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from index import FaissIndex
-from retrieval.artifacts.deployment import (
-    INDEX_DIR,
-    MODEL_DIR,
-    RANKERS_DIR,
-    copy_listed,
-    deployment_dirs,
-    link_or_copy,
+from index import check_mips_norm
+from retrieval.artifacts.arrays import load_vectors
+from retrieval.artifacts.changes import (
+    CHANGE_VECTORS_FILE,
+    CHANGES_FILE,
+    CatalogueChanges,
+    CatalogueItem,
+    IndexChanges,
+    grown_vocab,
 )
+from retrieval.artifacts.deployment import INDEX_DIR, MODEL_DIR, RANKERS_DIR, copy_listed, deployment_dirs
+from retrieval.artifacts.index import KIND as INDEX_KIND
 from retrieval.artifacts.index import load_index, save_index
 from retrieval.artifacts.model import (
     ATTRIBUTE_EMBEDDINGS_FILE,
@@ -43,40 +47,21 @@ from retrieval.artifacts.model import (
     REMOVED_FILE,
     SIDE_FILE,
     VOCAB_FILE,
-    load_embeddings,
+    load_catalogue,
     load_vocab,
+    read_item_attributes,
 )
 from retrieval.data.features import SideVocab, attribute_table
 from retrieval.data.vocab import PAD, ItemVocab
-from retrieval.storage.manifest import (
-    MANIFEST,
-    ArtifactError,
-    derived_version,
-    read_manifest,
-    refuse_outside_links,
-    sha256_file,
-)
+from retrieval.storage.folders import derive_folder, remove_folder
+from retrieval.storage.manifest import ArtifactError, read_manifest, refuse_outside_links
 from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current
 
 __all__ = ["CatalogueChange", "CatalogueItem", "change_catalogue", "cold_vectors", "read_ids", "read_items"]
 
-_REWRITTEN = (VOCAB_FILE, EMBEDDINGS_FILE, ATTRIBUTES_FILE, REMOVED_FILE)
-"""The model files a catalogue change writes anew; the others are hard links of the old ones."""
-
-
-@dataclass(frozen=True)
-class CatalogueItem:
-    """An item to add (or update, when its id is in the catalogue already).
-
-    Attributes:
-        id: its external id.
-        attributes: its attribute values (categories, brand, genres), as in training's data.
-        title: a human-readable title, if any.
-    """
-
-    id: str
-    attributes: tuple[str, ...]
-    title: str | None = None
+COMPACT_SHARE, COMPACT_MIN = 0.1, 10_000
+"""A catalogue change is written whole once the changes it carries exceed both this share of
+the items its base files hold and this many items (small catalogues never need it)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +74,7 @@ class CatalogueChange:
     updated: int
     removed: int
     items: int
+    compacted: bool
 
 
 def read_items(path: Path) -> list[CatalogueItem]:
@@ -173,20 +159,21 @@ def _attribute_means(
 
 
 @dataclass
-class _Catalogue:
-    """A model folder's catalogue files, read without the user tower."""
+class _Current:
+    """What a change reads of the current version's model folder (never the user tower, nor
+    the whole item table)."""
 
+    folder: Path
     manifest: dict[str, Any]
     vocab: ItemVocab
-    embeddings: np.ndarray
+    base_items: int
+    changes: CatalogueChanges
     side: SideVocab
     attribute_embeddings: np.ndarray
-    attributes: dict[str, list[str]]
-    removed: set[str]
 
 
-def _read_catalogue(model_dir: Path) -> _Catalogue:
-    """Reads and verifies the files a change rewrites or reads (never the user tower's).
+def _read_current(model_dir: Path) -> _Current:
+    """Reads and verifies the small files a change needs.
 
     Raises:
         ArtifactError: a corrupted file, or a model that cannot embed new items.
@@ -199,34 +186,20 @@ def _read_catalogue(model_dir: Path) -> _Catalogue:
             "items it never saw: train with --set model.side_features=attributes (and "
             "model.id_dropout, e.g. 0.5) on data with item attributes"
         )
-    read = {*_REWRITTEN, SIDE_FILE, ATTRIBUTE_EMBEDDINGS_FILE}
+    read = {VOCAB_FILE, SIDE_FILE, ATTRIBUTE_EMBEDDINGS_FILE, CHANGES_FILE, CHANGE_VECTORS_FILE}
     manifest = read_manifest(model_dir, KIND, verified=listed - read)
-    vocab = load_vocab(model_dir)
-    side = SideVocab.load(model_dir / SIDE_FILE)
     dim = int(manifest["dim"])
-    catalogue = _Catalogue(
-        manifest,
-        vocab,
-        load_embeddings(model_dir / EMBEDDINGS_FILE, len(vocab) + 1, dim),
-        side,
-        load_embeddings(model_dir / ATTRIBUTE_EMBEDDINGS_FILE, len(side.attributes) + 1, dim),
-        _read_json(model_dir, ATTRIBUTES_FILE, listed, {}),
-        set(_read_json(model_dir, REMOVED_FILE, listed, [])),
-    )
-    return catalogue
+    base = load_vocab(model_dir)
+    changes = CatalogueChanges.load(model_dir, dim) if CHANGES_FILE in listed else CatalogueChanges.none(dim)
+    side = SideVocab.load(model_dir / SIDE_FILE)
+    attributes = load_vectors(model_dir / ATTRIBUTE_EMBEDDINGS_FILE, len(side.attributes) + 1, dim)
+    vocab = grown_vocab(base, changes)
+    return _Current(model_dir, manifest, vocab, len(base), changes, side, attributes)
 
 
-def _read_json(folder: Path, name: str, listed: set[str], default: Any) -> Any:
-    return json.loads((folder / name).read_text(encoding="utf-8")) if name in listed else default
-
-
-def _apply(
-    catalogue: _Catalogue, items: Sequence[CatalogueItem], remove: Sequence[str]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Applies the change to ``catalogue`` in place.
-
-    Returns:
-        (dense ids to upsert, their vectors, dense ids to remove from the index, items updated).
+def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence[str]) -> np.ndarray:
+    """The vectors of ``items``: cold-start vectors, except that a trained item keeps its id
+    part (new attribute part, same id embedding).
 
     Raises:
         ValueError: an id both added and removed, an unknown id to remove, or an item without a
@@ -235,67 +208,34 @@ def _apply(
     both = sorted({i.id for i in items} & set(remove))
     if both:
         raise ValueError(f"{len(both)} ids are both added and removed, e.g. {both[0]!r}")
-    vocab = catalogue.vocab
-    unknown = [i for i in remove if i not in vocab]
+    unknown = [i for i in remove if i not in current.vocab]
     if unknown:
         raise ValueError(f"{len(unknown)} ids to remove are not in the catalogue, e.g. {unknown[0]!r}")
-    vectors = cold_vectors(catalogue.side, catalogue.attribute_embeddings, [i.attributes for i in items])
-    dense = vocab.lookup([i.id for i in items])
-    tower_items = int(catalogue.manifest.get("tower_items", len(vocab)))
-    trained = (dense != PAD) & (dense <= tower_items)
-    if trained.any():  # a trained item keeps its id part: new attribute part, same id embedding
-        old = [catalogue.attributes.get(i.id, []) for i, t in zip(items, trained, strict=True) if t]
-        before, _ = _attribute_means(catalogue.side, catalogue.attribute_embeddings, old)
-        vectors[trained] += catalogue.embeddings[dense[trained]] - before
-    new = [i for i, d in zip(items, dense, strict=True) if d == PAD]
-    catalogue.vocab = _grown(vocab, new, {i.id: i.title for i in items if i.title is not None})
-    ids = catalogue.vocab.lookup([i.id for i in items])
-    table = np.zeros((len(catalogue.vocab) + 1, catalogue.embeddings.shape[1]), np.float32)
-    table[: len(catalogue.embeddings)] = catalogue.embeddings
-    table[ids] = vectors
-    catalogue.embeddings = table
-    for item in items:
-        catalogue.attributes[item.id] = list(item.attributes)
-    catalogue.removed = (catalogue.removed - {i.id for i in items}) | set(remove)
-    return ids, vectors, vocab.lookup(list(remove)), int((dense != PAD).sum())
+    vectors = cold_vectors(current.side, current.attribute_embeddings, [i.attributes for i in items])
+    dense = current.vocab.lookup([i.id for i in items])
+    trained = (dense != PAD) & (dense <= int(current.manifest.get("tower_items", current.base_items)))
+    if trained.any():
+        ids = [i.id for i, t in zip(items, trained, strict=True) if t]
+        table = np.load(current.folder / EMBEDDINGS_FILE, mmap_mode="r", allow_pickle=False)
+        now = _latest(current, ids, table, dense[trained])
+        before, _ = _attribute_means(current.side, current.attribute_embeddings, [a for a, _ in now])
+        vectors[trained] += np.stack([v for _, v in now]) - before
+    return vectors
 
 
-def _grown(vocab: ItemVocab, new: Sequence[CatalogueItem], titles: Mapping[str, str]) -> ItemVocab:
-    """``vocab`` with ``new`` appended and titles updated (ids stand for missing titles)."""
-    ids = (*vocab.ids, *(i.id for i in new))
-    if vocab.titles is None and not titles:
-        return ItemVocab(ids)
-    old = vocab.titles or vocab.ids
-    return ItemVocab(
-        ids, tuple(titles.get(i, t) for i, t in zip(ids, (*old, *(i.id for i in new)), strict=True))
-    )
-
-
-def _write_model(catalogue: _Catalogue, src: Path, dst: Path) -> str:
-    """Writes the changed model folder ``dst``: the rewritten files, hard links of the others,
-    and a manifest whose version derives from the new checksums. Returns that version."""
-    dst.mkdir()
-    files = dict(catalogue.manifest["files"])
-    for name in [n for n in files if n not in _REWRITTEN]:
-        (dst / name).parent.mkdir(parents=True, exist_ok=True)
-        link_or_copy(src / name, dst / name)
-    catalogue.vocab.save(dst / VOCAB_FILE)
-    np.save(dst / EMBEDDINGS_FILE, catalogue.embeddings)
-    (dst / ATTRIBUTES_FILE).write_text(json.dumps(catalogue.attributes, ensure_ascii=False))
-    (dst / REMOVED_FILE).write_text(json.dumps(sorted(catalogue.removed), ensure_ascii=False))
-    for name in _REWRITTEN:
-        files[name] = sha256_file(dst / name)
-    manifest = {
-        **catalogue.manifest,
-        "files": files,
-        "num_items": len(catalogue.vocab),
-        "tower_items": int(catalogue.manifest.get("tower_items", catalogue.manifest["num_items"])),
-        "previous_version": catalogue.manifest["version"],
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-        "version": derived_version(files),
-    }
-    (dst / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    return str(manifest["version"])
+def _latest(
+    current: _Current, ids: Sequence[str], table: np.ndarray, dense: np.ndarray
+) -> list[tuple[list[str], np.ndarray]]:
+    """(attributes, vector) of trained items now: their last change's, else (never changed, or
+    only removed) the base files'."""
+    changes = current.changes
+    pairs = zip(changes.items, changes.vectors, changes.has_vector, strict=True)
+    changed = {i.id: (list(i.attributes), v) for i, v, known in pairs if known}
+    base = {} if all(i in changed for i in ids) else (read_item_attributes(current.folder) or {})
+    return [
+        changed.get(i) or (base.get(i, []), np.asarray(table[d], np.float32))
+        for i, d in zip(ids, dense, strict=True)
+    ]
 
 
 def change_catalogue(
@@ -306,6 +246,7 @@ def change_catalogue(
     keep: int = 3,
     grace: float = PUBLISH_GRACE,
     check: Callable[[Path], object] | None = None,
+    compact: bool | None = None,
 ) -> CatalogueChange:
     """Adds, updates and removes items of the current version of the deployment ``root`` and
     publishes the result as its new current version (:func:`retrieval.storage.versions.publish`).
@@ -318,6 +259,9 @@ def change_catalogue(
         grace: seconds an older version stays on disk after it stopped being current (idem).
         check: called with the new version's folder before it becomes current (as
             :func:`retrieval.artifacts.deployment.publish_deployment`'s).
+        compact: write the version whole (``True``) or as changes over the current files
+            (``False``); by default whole once the changes exceed :data:`COMPACT_SHARE` and
+            :data:`COMPACT_MIN`.
 
     Raises:
         ArtifactError: ``root`` has no current version, its model cannot embed new items, or
@@ -328,28 +272,37 @@ def change_catalogue(
     folder = resolve_current(Path(root))
     model_dir, index_dir = deployment_dirs(folder)
     refuse_outside_links(folder)
-    catalogue = _read_catalogue(model_dir)
-    index, index_manifest = load_index(index_dir, expected_model_version=catalogue.manifest["version"])
-    if not isinstance(index, FaissIndex):
+    current = _read_current(model_dir)
+    index_manifest = read_manifest(index_dir, INDEX_KIND, verify=False)
+    if index_manifest.get("backend") != "faiss":
         raise ArtifactError(
-            f"{index_dir} is a {index_manifest['backend']} index: items are added to FAISS deployments "
-            "only (upsert into the collection itself)"
+            f"{index_dir} is a {index_manifest.get('backend')} index: items are added to FAISS "
+            "deployments only (upsert into the collection itself)"
         )
-    ids, vectors, gone, updated = _apply(catalogue, items, remove)
-    keep_ids = ~np.isin(ids, catalogue.vocab.lookup(sorted(catalogue.removed)))
-    index.remove(gone)
-    try:
-        index.upsert(ids[keep_ids], vectors[keep_ids])
-    except ValueError as e:
-        raise ValueError(f"the index refuses the new vectors: {e}") from e
+    vectors = _vectors(current, items, remove)
+    if index_manifest.get("mips_norm"):
+        try:
+            check_mips_norm(vectors, float(index_manifest["mips_norm"]))
+        except ValueError as e:
+            raise ValueError(f"the index refuses the new vectors: {e}") from e
+    changes = current.changes.then(items, vectors, remove)
+    if compact is None:
+        compact = len(changes) > max(COMPACT_MIN, COMPACT_SHARE * current.base_items)
     rankers = [p for p in sorted((folder / RANKERS_DIR).glob("*")) if p.is_dir()]
     versions: list[str] = []
 
+    vocab = grown_vocab(current.vocab, changes)
+    index = IndexChanges(vocab.lookup(changes.ids), changes.vectors, changes.removed)
+
     def write(new: Path) -> None:
         new.mkdir()
-        versions.append(_write_model(catalogue, model_dir, new / MODEL_DIR))
-        extra = {k: index_manifest[k] for k in ("measured", "tuning") if k in index_manifest}
-        save_index(index, new / INDEX_DIR, versions[0], **extra)
+        model = _write_changes(current, changes, len(vocab), new / MODEL_DIR)
+        derive_folder(
+            index_dir, index_manifest, new / INDEX_DIR, index.save, {"model_version": model["version"]}
+        )
+        if compact:
+            model = _compact(new)
+        versions.append(str(model["version"]))
         for ranker in rankers:
             copy_listed(
                 ranker, read_manifest(ranker, "ranker", verify=False), new / RANKERS_DIR / ranker.name
@@ -358,6 +311,46 @@ def change_catalogue(
             check(new)
 
     published = publish(Path(root), write, keep, grace)
-    return CatalogueChange(
-        published, versions[0], len(items) - updated, updated, len(remove), len(catalogue.vocab)
-    )
+    updated = int((current.vocab.lookup([i.id for i in items]) != PAD).sum())
+    added = len(items) - updated
+    return CatalogueChange(published, versions[0], added, updated, len(remove), len(vocab), compact)
+
+
+def _write_changes(current: _Current, changes: CatalogueChanges, items: int, dst: Path) -> dict[str, Any]:
+    """The model folder ``dst``: the current one's files (hard links) and ``changes``."""
+    updates = {
+        "num_items": items,
+        "tower_items": int(current.manifest.get("tower_items", current.base_items)),
+        "previous_version": current.manifest["version"],
+    }
+    return derive_folder(current.folder, current.manifest, dst, changes.save, updates)
+
+
+def _compact(new: Path) -> dict[str, Any]:
+    """Rewrites the version ``new`` (written as changes) whole: its model files and its index
+    hold the changes, and carry none. Returns the model's manifest."""
+    model_dir, index_dir = new / MODEL_DIR, new / INDEX_DIR
+    manifest = read_manifest(model_dir, KIND, verify=False)
+    catalogue = load_catalogue(model_dir, manifest)
+    attributes = read_item_attributes(model_dir) or {}
+    removed = sorted(catalogue.vocab.external(catalogue.removed)) if len(catalogue.removed) else []
+
+    def write(dst: Path) -> list[str]:
+        catalogue.vocab.save(dst / VOCAB_FILE)
+        np.save(dst / EMBEDDINGS_FILE, catalogue.embeddings)
+        (dst / ATTRIBUTES_FILE).write_text(json.dumps(attributes, ensure_ascii=False))
+        (dst / REMOVED_FILE).write_text(json.dumps(removed, ensure_ascii=False))
+        return [VOCAB_FILE, EMBEDDINGS_FILE, ATTRIBUTES_FILE, REMOVED_FILE]
+
+    whole = dict(manifest)
+    whole["files"] = {
+        k: v for k, v in manifest["files"].items() if k not in (CHANGES_FILE, CHANGE_VECTORS_FILE)
+    }
+    staged = new / ".model"
+    model = derive_folder(model_dir, whole, staged, write, {})
+    index, index_manifest = load_index(index_dir)
+    extra = {k: index_manifest[k] for k in ("measured", "tuning") if k in index_manifest}
+    save_index(index, index_dir, model["version"], overwrite=True, **extra)
+    remove_folder(model_dir)
+    staged.rename(model_dir)
+    return model

@@ -13,8 +13,6 @@ downtime (:class:`retrieval.serving.reload.DeploymentWatcher`).
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from retrieval.artifacts.index import KIND as INDEX_KIND
 from retrieval.artifacts.model import KIND as MODEL_KIND
 from retrieval.artifacts.model import VOCAB_FILE
 from retrieval.data.vocab import ItemVocab
+from retrieval.storage.folders import link_or_copy
 from retrieval.storage.manifest import (
     MANIFEST,
     ArtifactError,
@@ -35,14 +34,6 @@ from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current
 MODEL_DIR = "model"
 INDEX_DIR = "index"
 RANKERS_DIR = "rankers"
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """Hard-links a file (artifacts are never modified in place), copying across filesystems."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def copy_listed(src: Path, manifest: Mapping[str, Any], dst: Path) -> None:

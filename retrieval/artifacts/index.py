@@ -6,6 +6,8 @@ Folder layout (``tools/build_index.py --out DIR``)::
                         metric, faiss_version, measured recall@k and latency, tuning, checksums
     DIR/index.faiss     FAISS IDMap2 index; ids are the model's dense item ids 1..n
     DIR/milvus.json     (backend "milvus" instead) uri and collection of a Milvus collection
+    DIR/changes.npz     catalogue changes over index.faiss, when a catalogue change wrote the
+                        folder (:mod:`retrieval.artifacts.changes`); ``count`` is before them
 
 Re-indexing without downtime (``tools/build_index.py --publish``) keeps versions side by side
 and swaps a symlink (:func:`retrieval.storage.versions.publish`), so a reader resolves either the old
@@ -23,9 +25,16 @@ import numpy as np
 
 from index import FaissIndex, VectorIndex, exact_neighbours, recall_of, tune
 from index.tuning import TuningResult, measure_latency
+from retrieval.artifacts.changes import INDEX_CHANGES_FILE, IndexChanges
 from retrieval.artifacts.model import ModelArtifact, data_options
 from retrieval.storage.folders import write_artifact
-from retrieval.storage.manifest import ArtifactError, contained_file, derived_version, read_manifest
+from retrieval.storage.manifest import (
+    ArtifactError,
+    contained_file,
+    derived_version,
+    read_manifest,
+    same_files,
+)
 from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current
 
 log = logging.getLogger(__name__)
@@ -259,12 +268,18 @@ def publish_index(
     )
 
 
-def load_index(path: Path, expected_model_version: str | None = None) -> tuple[VectorIndex, dict[str, Any]]:
+def load_index(
+    path: Path, expected_model_version: str | None = None, previous: tuple[Path, VectorIndex] | None = None
+) -> tuple[VectorIndex, dict[str, Any]]:
     """Loads an index artifact (or the current version of a published root).
 
     The manifest's fields are checked (types, a plain ``index_file`` name listed with a
     checksum), then the file's size, checksum and header before FAISS parses anything, so a
     truncated, corrupted or mismatched file is refused with an :class:`ArtifactError`.
+    Catalogue changes (``changes.npz``) are applied after the file is read, or to a copy of
+    ``previous`` (a folder and the index loaded from it, the one in service) when that folder
+    holds the same index file and changes that these extend: a catalogue change then costs a
+    copy of the index in memory and its own rows, not a read of the file.
 
     Raises:
         ArtifactError: missing, incomplete or corrupted folder, a malformed manifest, an index
@@ -281,13 +296,57 @@ def load_index(path: Path, expected_model_version: str | None = None) -> tuple[V
             f"{file} is truncated or replaced: {file.stat().st_size} bytes, "
             f"the manifest says {expected_bytes}"
         )
-    manifest = read_manifest(path, KIND)
+    reused = _reusable(path, manifest, previous)
+    manifest = read_manifest(path, KIND, verified={manifest["index_file"]} if reused else set())
     _check_index_manifest(path, manifest)  # read again: the file may have changed in between
     if expected_model_version is not None and manifest["model_version"] != expected_model_version:
         raise ArtifactError(
             f"{path} was built from model {manifest['model_version']!r}, not from model "
             f"{expected_model_version!r}: rebuild it with tools/build_index.py"
         )
+    changes = IndexChanges.load(path, manifest["dim"]) if INDEX_CHANGES_FILE in manifest["files"] else None
+    index: VectorIndex
+    if reused is not None and changes is not None:
+        index, changes = reused[0].copy(), changes.since(reused[1])
+    else:
+        index = _read_index(path, manifest, file)
+    if changes is not None:
+        _apply(index, changes, path)
+    if manifest["version"] != derived_version(manifest["files"]):  # save_index never names one
+        raise ArtifactError(f"{path}: version {manifest['version']!r} does not match the files' checksums")
+    return index, manifest
+
+
+def _reusable(
+    path: Path, manifest: dict[str, Any], previous: tuple[Path, VectorIndex] | None
+) -> tuple[FaissIndex, IndexChanges] | None:
+    """``previous``'s index and changes when this folder's changes can be applied over them: the
+    same index file (hard link, same checksum) and changes that extend ``previous``'s."""
+    if (
+        previous is None
+        or not isinstance(previous[1], FaissIndex)
+        or INDEX_CHANGES_FILE not in manifest["files"]
+    ):
+        return None
+    folder, index = previous[0], previous[1]
+    try:
+        theirs = read_manifest(folder, KIND, verify=False)
+        if manifest["index_file"] not in same_files(path, manifest, folder, theirs):
+            return None
+        dim = int(manifest["dim"])
+        changes = IndexChanges.load(path, dim)
+        earlier = (
+            IndexChanges.load(folder, dim)
+            if INDEX_CHANGES_FILE in theirs["files"]
+            else IndexChanges(np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros(0, bool))
+        )
+    except ArtifactError:
+        return None  # the full read says what is wrong
+    return (index, earlier) if changes.extends(earlier) else None
+
+
+def _read_index(path: Path, manifest: dict[str, Any], file: Path) -> VectorIndex:
+    """The index file, checked against the manifest (type, metric, exactness)."""
     backend = manifest["backend"]
     index: VectorIndex
     try:
@@ -311,14 +370,21 @@ def load_index(path: Path, expected_model_version: str | None = None) -> tuple[V
         raise ArtifactError(
             f"{path}: the manifest describes {manifest['factory']!r}, the file holds another index type"
         )
-    if (index.dim, index.ntotal) != (manifest["dim"], manifest["count"]):
+    if (index.dim, index.ntotal) != (manifest["dim"], manifest["count"]):  # before any change
         raise ArtifactError(
             f"{path}: index has dim {index.dim} and {index.ntotal} items, "
             f"manifest says dim {manifest['dim']} and {manifest['count']}"
         )
-    if manifest["version"] != derived_version(manifest["files"]):  # save_index never names one
-        raise ArtifactError(f"{path}: version {manifest['version']!r} does not match the files' checksums")
-    return index, manifest
+    return index
+
+
+def _apply(index: VectorIndex, changes: IndexChanges, path: Path) -> None:
+    """Removes and upserts the changed items."""
+    try:
+        index.remove(changes.ids[changes.removed])
+        index.upsert(changes.ids[~changes.removed], changes.vectors[~changes.removed])
+    except ValueError as e:
+        raise ArtifactError(f"{path}: the catalogue changes do not apply to the index: {e}") from e
 
 
 def _check_factory(path: Path, manifest: dict[str, Any], index: FaissIndex) -> None:

@@ -12,6 +12,10 @@ Folder layout (``tools/train.py --out DIR``)::
                               (in the order of side_vocab.json's attributes), when it has one:
                               what embeds an item added after training (cold start)
     DIR/removed_items.json    external ids removed from the catalogue (never indexed), if any
+    DIR/catalogue_changes.json, catalogue_vectors.npy
+                              items added, updated and removed since the files above were
+                              written, when a catalogue change wrote the folder
+                              (:mod:`retrieval.artifacts.changes`; ``num_items`` counts them)
     DIR/user_tower/           SavedModel, endpoint ``user_vectors({"items": [B, L], ...}) -> [B, K, d]``
                               and, when the manifest's ``explanation`` is "attention" or "routing",
                               ``interest_weights`` (same inputs) -> ``[B, K, L]``;
@@ -27,11 +31,18 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from index.multi_interest import ItemCategories
+from retrieval.artifacts.arrays import load_vectors
+from retrieval.artifacts.changes import (
+    CHANGE_VECTORS_FILE,
+    CHANGES_FILE,
+    CatalogueChanges,
+    changed_attributes,
+    grown_vocab,
+)
 from retrieval.artifacts.xla import COMPILED_BATCHES, XlaFunction, pad_to, padded_size
 from retrieval.data.features import SideVocab
 from retrieval.data.vocab import PAD, ItemVocab
@@ -70,6 +81,11 @@ class ModelArtifact:
         attribute_embeddings: float32 ``[len(side.attributes) + 1, d]``, the item tower's
             attribute part (row 0 = none), when it has one (cold start).
         removed: sorted int64 dense ids removed from the catalogue: never indexed.
+        changes: the catalogue changes layered over the folder's files
+            (:mod:`retrieval.artifacts.changes`), already applied to the fields above; ``None``
+            without any.
+        grown_from: the version of the model (``load_model``'s ``reuse``) over whose catalogue
+            the changes were applied; ``None`` when they were applied over the folder's files.
     """
 
     path: Path | None
@@ -81,6 +97,8 @@ class ModelArtifact:
     interest_weights: InterestWeightsFn | None = None
     attribute_embeddings: np.ndarray | None = None
     removed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    changes: CatalogueChanges | None = None
+    grown_from: str | None = None
 
     @property
     def version(self) -> str:
@@ -184,8 +202,9 @@ def load_model(
 
     ``reuse``, a model loaded before (the version in service), lends its user tower when this
     folder's tower files are the very files it was loaded from (hard links of one training,
-    as ``mitt add-items`` publishes): then nothing is read or verified twice, and a catalogue
-    change loads in the time its vocabulary and embeddings take.
+    as ``mitt add-items`` publishes): then nothing is read or verified twice. Catalogue
+    changes (:mod:`retrieval.artifacts.changes`) are applied over the base files, or over
+    ``reuse``'s catalogue when it shares them (:func:`load_catalogue`).
 
     Raises:
         retrieval.storage.manifest.ArtifactError: missing, incomplete, corrupted or inconsistent folder.
@@ -202,26 +221,7 @@ def load_model(
     listed = set(manifest.get("files", {}))
     for name in (VOCAB_FILE, EMBEDDINGS_FILE, f"{TOWER_DIR}/saved_model.pb"):
         _listed_file(path, listed, name)
-    optional = [
-        path / SIDE_FILE,
-        path / ATTRIBUTES_FILE,
-        path / ATTRIBUTE_EMBEDDINGS_FILE,
-        path / REMOVED_FILE,
-    ]
-    unlisted = sorted(
-        p.relative_to(path).as_posix()
-        for p in [*(path / TOWER_DIR).rglob("*"), *optional]
-        if (p.is_file() or p.is_symlink()) and p.relative_to(path).as_posix() not in listed
-    )
-    if unlisted:
-        raise ArtifactError(
-            f"{path}: {', '.join(unlisted)} not listed in the manifest (added after writing?)"
-        )
-
-    vocab = load_vocab(path)
-    if num_items != len(vocab):
-        raise ArtifactError(f"{path}: the manifest says {num_items} items, {VOCAB_FILE} has {len(vocab)}")
-    item_embeddings = load_embeddings(path / EMBEDDINGS_FILE, len(vocab) + 1, dim)
+    _refuse_unlisted(path, listed)
 
     side = SideVocab()
     if (path / SIDE_FILE).is_file():
@@ -234,8 +234,12 @@ def load_model(
     attribute_embeddings = None
     if ATTRIBUTE_EMBEDDINGS_FILE in listed:
         rows = len(side.attributes) + 1
-        attribute_embeddings = load_embeddings(path / ATTRIBUTE_EMBEDDINGS_FILE, rows, dim)
-    removed = _load_removed(path, vocab) if REMOVED_FILE in listed else np.zeros(0, np.int64)
+        attribute_embeddings = load_vectors(path / ATTRIBUTE_EMBEDDINGS_FILE, rows, dim)
+    catalogue = load_catalogue(path, manifest, reuse, shared)
+    if num_items != len(catalogue.vocab):
+        raise ArtifactError(
+            f"{path}: the manifest says {num_items} items, the catalogue has {len(catalogue.vocab)}"
+        )
     tower_items = manifest.setdefault("tower_items", num_items)
     # Only a catalogue change (which names the version it changed) adds items the tower lacks.
     least = 1 if "previous_version" in manifest else num_items
@@ -253,7 +257,17 @@ def load_model(
     else:
         user_vectors, weights = _load_tower(path, manifest, xla)
     model = ModelArtifact(
-        path, manifest, vocab, item_embeddings, user_vectors, side, weights, attribute_embeddings, removed
+        path,
+        manifest,
+        catalogue.vocab,
+        catalogue.embeddings,
+        user_vectors,
+        side,
+        weights,
+        attribute_embeddings,
+        catalogue.removed,
+        catalogue.changes,
+        catalogue.grown_from,
     )
     _check_tower(model, num_interests, max_len)
     return model
@@ -277,6 +291,71 @@ def _load_tower(
     except Exception as e:  # TensorFlow raises many types for unreadable or foreign SavedModels
         raise ArtifactError(f"{path / TOWER_DIR} is not a readable user tower: {_first_line(e)}") from e
     return tower_function(exported, xla), _interest_weights(path, manifest, exported)
+
+
+def _refuse_unlisted(path: Path, listed: set[str]) -> None:
+    """Refuses a tower file or an optional file the manifest does not list (added after writing)."""
+    optional = [
+        SIDE_FILE,
+        ATTRIBUTES_FILE,
+        ATTRIBUTE_EMBEDDINGS_FILE,
+        REMOVED_FILE,
+        CHANGES_FILE,
+        CHANGE_VECTORS_FILE,
+    ]
+    unlisted = sorted(
+        p.relative_to(path).as_posix()
+        for p in [*(path / TOWER_DIR).rglob("*"), *(path / name for name in optional)]
+        if (p.is_file() or p.is_symlink()) and p.relative_to(path).as_posix() not in listed
+    )
+    if unlisted:
+        raise ArtifactError(
+            f"{path}: {', '.join(unlisted)} not listed in the manifest (added after writing?)"
+        )
+
+
+class Catalogue(NamedTuple):
+    """A model folder's catalogue, changes applied (:func:`load_catalogue`)."""
+
+    vocab: ItemVocab
+    embeddings: np.ndarray
+    removed: np.ndarray
+    changes: CatalogueChanges | None = None
+    grown_from: str | None = None
+
+
+def load_catalogue(
+    path: Path, manifest: dict[str, Any], reuse: ModelArtifact | None = None, shared: set[str] | None = None
+) -> Catalogue:
+    """The vocabulary, the item table and the removed ids, catalogue changes applied. They are
+    applied over ``reuse``'s catalogue instead of the base files when ``reuse`` was loaded from
+    the same base files and its changes come first in these (:meth:`CatalogueChanges.extends`):
+    the cost of a catalogue change is then its own size."""
+    listed, dim = set(manifest["files"]), int(manifest["dim"])
+    changes = CatalogueChanges.load(path, dim) if CHANGES_FILE in listed else None
+    base = {VOCAB_FILE, EMBEDDINGS_FILE, REMOVED_FILE, ATTRIBUTES_FILE} & listed
+    over_reuse = (
+        reuse is not None
+        and changes is not None
+        and base <= (shared or set())
+        and changes.extends(reuse.changes or CatalogueChanges.none(dim))
+    )
+    if reuse is not None and over_reuse:
+        start = Catalogue(reuse.vocab, reuse.item_embeddings, reuse.removed, grown_from=reuse.version)
+    else:
+        vocab = load_vocab(path)
+        table = load_vectors(path / EMBEDDINGS_FILE, len(vocab) + 1, dim)
+        removed = _load_removed(path, vocab) if REMOVED_FILE in listed else np.zeros(0, np.int64)
+        start = Catalogue(vocab, table, removed)
+    if changes is None:
+        return start
+    vocab = grown_vocab(start.vocab, changes)
+    dense, kept = vocab.lookup(changes.ids), ~changes.removed
+    table = np.zeros((len(vocab) + 1, dim), np.float32)
+    table[: len(start.embeddings)] = start.embeddings
+    table[dense[changes.has_vector]] = changes.vectors[changes.has_vector]
+    removed = np.union1d(np.setdiff1d(start.removed, dense[kept]), dense[changes.removed])
+    return Catalogue(vocab, table, removed, changes, start.grown_from)
 
 
 def _tower_files(manifest: dict[str, Any]) -> set[str]:
@@ -334,8 +413,11 @@ def read_model_vocab(path: Path, verify: bool = False) -> ItemVocab:
         retrieval.storage.ArtifactError: not a model folder, or an invalid vocabulary.
     """
     path = Path(path)
-    read_manifest(path, KIND, verify=verify)
-    return load_vocab(path)
+    manifest = read_manifest(path, KIND, verify=verify)
+    vocab = load_vocab(path)
+    if CHANGES_FILE in manifest.get("files", {}):
+        vocab = grown_vocab(vocab, CatalogueChanges.load(path, int(manifest["dim"])))
+    return vocab
 
 
 def load_vocab(path: Path) -> ItemVocab:
@@ -424,21 +506,6 @@ def _listed_file(path: Path, listed: set[str], name: str) -> Path:
     if name not in listed:
         raise ArtifactError(f"{path} is incomplete: {name} is not listed in the manifest")
     return contained_file(path, name)
-
-
-def load_embeddings(file: Path, rows: int, dim: int) -> np.ndarray:
-    """The ``.npy`` item table, read without pickle and checked: float32 ``[rows, dim]``, finite."""
-    try:
-        table = np.load(file, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:  # a bad header, pickled objects, a short file
-        raise ArtifactError(f"{file} is not a readable .npy array: {e}") from e
-    if table.dtype != np.float32 or table.ndim != 2 or table.shape[0] != rows:
-        raise ArtifactError(f"{file} holds {table.dtype} {list(table.shape)}, expected float32 [{rows}, d]")
-    if table.shape[1] != dim:
-        raise ArtifactError(f"{file} has dimension {table.shape[1]}, the manifest says {dim}")
-    if not np.isfinite(table).all():
-        raise ArtifactError(f"{file} holds NaN or infinite values")
-    return table
 
 
 def _check_against_config(path: Path, manifest: dict[str, Any], side: SideVocab, listed: set[str]) -> None:
@@ -536,16 +603,15 @@ def data_options(model_dir: Path | None) -> dict[str, Any]:
 
 
 def read_item_attributes(model_dir: Path) -> dict[str, list[str]] | None:
-    """A model folder's ``item_attributes.json`` (external id -> attributes); ``None`` without one."""
+    """A model folder's ``item_attributes.json`` (external id -> attributes), catalogue changes
+    applied; ``None`` without one."""
     path = Path(model_dir) / ATTRIBUTES_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def dense_categories(vocab: ItemVocab, item_attributes: Mapping[str, Sequence[str]]) -> ItemCategories:
-    """Category -> the dense ids of the items whose attributes contain it, from external id ->
-    attributes; ids missing from ``vocab`` are dropped."""
-    external = list(item_attributes)
-    dense = vocab.lookup(external) if external else np.zeros(0, np.int64)
-    return ItemCategories.from_attributes(
-        {int(d): item_attributes[e] for e, d in zip(external, dense, strict=True) if d != PAD}
-    )
+    if not path.is_file():
+        return None
+    attributes = json.loads(path.read_text(encoding="utf-8"))
+    if (Path(model_dir) / CHANGES_FILE).is_file():
+        manifest = read_manifest(Path(model_dir), KIND, verify=False)
+        attributes = changed_attributes(
+            attributes, CatalogueChanges.load(Path(model_dir), int(manifest["dim"]))
+        )
+    return attributes

@@ -9,8 +9,10 @@ vector of its attributes (cold start: the model must have been trained with
 the catalogue is updated. ``--remove`` lists ids, one per line, never to be retrieved again.
 
 The change is published as a new version of the root, atomically, as ``mitt deploy`` does: a
-server started with ``mitt serve --watch runs/live`` swaps it in without dropping a request
-(only the vocabulary, the item vectors and the index are loaded again), and a restart serves it.
+server started with ``mitt serve --watch runs/live`` swaps it in without dropping a request,
+and a restart serves it. The version holds the current one's files (hard links) and the changes
+since they were written, which a watching server applies to what it already holds; once the
+changes outgrow a tenth of the catalogue (or with ``--compact``) the version is written whole.
 A change that cannot be made leaves the root unchanged, with exit code 2. Prints the version.
 """
 
@@ -33,6 +35,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--root", required=True, type=Path, help="deployment root (mitt deploy --root)")
     p.add_argument("--items", type=Path, help="JSON-lines file of items to add or update")
     p.add_argument("--remove", type=Path, help="file of item ids to remove, one per line")
+    p.add_argument("--compact", action="store_true", help="write the version whole, changes merged in")
     p.add_argument("--keep", type=int, default=3, help="versions kept on disk (default %(default)s)")
     args = p.parse_args(argv)
     if args.items is None and args.remove is None:
@@ -45,12 +48,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     try:
         items = read_items(args.items) if args.items else []
         remove = read_ids(args.remove) if args.remove else []
-        change = change_catalogue(args.root, items, remove, keep=args.keep)
+        change = change_catalogue(args.root, items, remove, keep=args.keep, compact=args.compact or None)
     except (ArtifactError, ValueError, OSError) as e:
         print(f"error: not published, {args.root} unchanged: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(
         f"{change.folder}: model {change.model_version}, {change.added} added, {change.updated} updated, "
-        f"{change.removed} removed, {change.items} items"
+        f"{change.removed} removed, {change.items} items{', written whole' if change.compacted else ''}"
     )
     return 0

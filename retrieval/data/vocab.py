@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +43,30 @@ class ItemVocab:
         unique = tuple(dict.fromkeys(str(i) for i in ids))
         aligned = None if titles is None else tuple(titles.get(i, i) for i in unique)
         return cls(unique, aligned)
+
+    def extended(self, ids: Sequence[str], titles: Mapping[str, str] | None = None) -> ItemVocab:
+        """This vocabulary with the unknown ``ids`` appended in order (known dense ids never
+        move) and ``titles`` (external id -> title) replacing those of their items. Costs a copy
+        of the id index, not a rebuild of it.
+        """
+        index = dict(self._index)
+        new = [i for i in dict.fromkeys(map(str, ids)) if i not in index]
+        index.update({item: len(self.ids) + 1 + n for n, item in enumerate(new)})
+        vocab = object.__new__(ItemVocab)
+        all_titles = self.titles
+        if titles or all_titles is not None:
+            old = all_titles if all_titles is not None else self.ids
+            all_titles = (*old, *new)
+            if titles:
+                changed = list(all_titles)
+                for item, title in titles.items():
+                    changed[index[item] - 1] = title
+                all_titles = tuple(changed)
+        object.__setattr__(vocab, "ids", (*self.ids, *new))
+        object.__setattr__(vocab, "titles", all_titles)
+        object.__setattr__(vocab, "_index", index)
+        object.__setattr__(vocab, "_by_index", np.concatenate([self._by_index, np.array(new, object)]))
+        return vocab
 
     def __len__(self) -> int:
         return len(self.ids)

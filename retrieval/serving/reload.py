@@ -192,7 +192,7 @@ def load_deployment(
             index_dir,
             deployment_rankers(folder),
             xla=xla,
-            reuse=None if reuse is None else reuse.model,
+            reuse=reuse,
         )
         warm_up(retriever, batch_sizes)
         check_answers(retriever)

@@ -32,14 +32,17 @@ from retrieval.api.types import (
     Rerank,
     Retrieved,
 )
+from retrieval.artifacts.categories import Categories
+from retrieval.artifacts.changes import changed_attributes
 from retrieval.artifacts.index import load_index
 from retrieval.artifacts.model import KIND as MODEL_KIND
-from retrieval.artifacts.model import ModelArtifact, dense_categories, load_model, read_item_attributes
+from retrieval.artifacts.model import ModelArtifact, load_model, read_item_attributes
 from retrieval.artifacts.ranker import LoadedRanker, check_same_vocab, load_ranker
 from retrieval.data.features import encode_events
 from retrieval.data.vocab import PAD
 from retrieval.serving.explain import explain_histories
 from retrieval.storage.manifest import ArtifactError, read_manifest
+from retrieval.storage.versions import resolve_current
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +95,9 @@ class Retriever:
         index_model_version: str | None = None,
         *,
         index_manifest: Mapping[str, Any] | None = None,
-        item_attributes: Mapping[str, Sequence[str]] | None = None,
+        item_attributes: Mapping[str, Sequence[str]] | Categories | None = None,
         rankers: Sequence[LoadedRanker] = (),
+        index_dir: Path | None = None,
     ) -> None:
         """Pairs a model with an index of its item embeddings.
 
@@ -104,9 +108,11 @@ class Retriever:
                 ``model_version``); ``None`` when the index was just built from ``model``.
             index_manifest: the index folder's manifest (for :meth:`model_info`), if any.
             item_attributes: external id -> attributes, the first being the item's category
-                (for the diversity merge); by default the model folder's ``item_attributes.json``.
+                (for the diversity merge), or :class:`Categories` built from them; by default
+                the model folder's ``item_attributes.json``.
             rankers: pre-ranking models a query can ask to rerank with (:class:`Rerank`), loaded
                 against this model's vocabulary (:func:`~retrieval.artifacts.ranker.load_ranker`).
+            index_dir: the folder ``index`` was read from, if any (a later version may reuse it).
 
         Raises:
             ArtifactError: the index was built from another model or has another dimension;
@@ -120,11 +126,14 @@ class Retriever:
             raise ArtifactError(f"index has dimension {index.dim}, model {model.dim}")
         self.model = model
         self.index = index
+        self.index_dir = index_dir
         self.index_manifest = dict(index_manifest or {})
-        if item_attributes is None and model.path is not None:
-            item_attributes = read_item_attributes(model.path)
-        self.categories = item_categories(model, item_attributes or {})
-        self.item_categories = dense_categories(model.vocab, item_attributes or {})
+        if isinstance(item_attributes, Categories):
+            self.categories = item_attributes
+        else:
+            if item_attributes is None and model.path is not None:
+                item_attributes = read_item_attributes(model.path)
+            self.categories = Categories.of(model.vocab, item_attributes or {})
         self.rankers: dict[str, LoadedRanker] = {}
         for ranker in rankers:
             if ranker.name in self.rankers:
@@ -144,13 +153,16 @@ class Retriever:
         index_dir: Path,
         ranker_dirs: Sequence[Path] = (),
         xla: bool = False,
-        reuse: ModelArtifact | None = None,
+        reuse: Retriever | None = None,
     ) -> Retriever:
         """Loads a model folder, an index folder and ranker folders, refusing an index built
         from another model and rankers trained against another vocabulary. ``xla`` compiles the
         user tower (:func:`retrieval.artifacts.model.load_model`) and the rankers
-        (:class:`retrieval.artifacts.ranker_scorer.RankerScorer`); ``reuse`` lends its user
-        tower when the model folder shares it (``load_model``).
+        (:class:`retrieval.artifacts.ranker_scorer.RankerScorer`).
+
+        ``reuse`` (the retriever in service) lends what the new folders share with its own: its
+        user tower, and for a catalogue change (``mitt add-items``) its catalogue, index and
+        categories, to which only the change is applied.
 
         The versions are compared before the model's TensorFlow graph is loaded, so a mismatch
         fails fast.
@@ -159,12 +171,25 @@ class Retriever:
             ArtifactError: a folder is missing or corrupted, or the versions differ.
         """
         model_version = str(read_manifest(Path(model_dir), MODEL_KIND, verify=False)["version"])
-        index, manifest = load_index(Path(index_dir), expected_model_version=model_version)
-        model = load_model(Path(model_dir), xla=xla, reuse=reuse)
+        previous = None if reuse is None or reuse.index_dir is None else (reuse.index_dir, reuse.index)
+        index, manifest = load_index(Path(index_dir), expected_model_version=model_version, previous=previous)
+        model = load_model(Path(model_dir), xla=xla, reuse=None if reuse is None else reuse.model)
+        categories = None
+        if reuse is not None and model.grown_from == reuse.model_version and model.changes is not None:
+            changed = changed_attributes({}, model.changes)
+            categories = reuse.categories.changed(model.vocab, changed)
         rankers = []
         if ranker_dirs:
             rankers = [load_ranker(Path(d), model, xla=xla) for d in ranker_dirs]
-        return cls(model, index, manifest["model_version"], index_manifest=manifest, rankers=rankers)
+        return cls(
+            model,
+            index,
+            manifest["model_version"],
+            index_manifest=manifest,
+            item_attributes=categories,
+            rankers=rankers,
+            index_dir=resolve_current(Path(index_dir)),
+        )
 
     @property
     def model_version(self) -> str:
@@ -361,7 +386,9 @@ class Retriever:
                 max(rows[i].depth for i in members),
                 exclude=[rows[i].exclude for i in members],
                 allow=rows[members[0]].allow,
-                merge=None if merge is MergeStrategy.MAX_SCORE else strategy(merge, self.categories, lam),
+                merge=None
+                if merge is MergeStrategy.MAX_SCORE
+                else strategy(merge, self.categories.codes, lam),
                 per_interest_k=fetch,
                 # DIVERSITY ranks by each item's best score over all interests: score exactly.
                 item_vectors=self.model.item_embeddings if merge is MergeStrategy.DIVERSITY else None,
@@ -513,10 +540,10 @@ class Retriever:
             allowed = self.model.vocab.lookup(list(query.allow))
             allow = np.unique(allowed[allowed != PAD]).astype(np.int64)
         if query.category:
-            if query.category not in self.item_categories:
+            if query.category not in self.categories.members:
                 shown = shorten(query.category)
                 raise InvalidArgument(f"unknown category {shown}: no item of the model has it")
-            members = self.item_categories.ids(query.category)
+            members = self.categories.members.ids(query.category)
             allow = members if allow is None else np.intersect1d(allow, members)
         return allow
 
@@ -616,18 +643,3 @@ def _check(query: Query) -> None:
     ):
         if len(text) > limit:
             raise InvalidArgument(f"{name} has {len(text)} characters, at most {limit}")
-
-
-def item_categories(model: ModelArtifact, item_attributes: Mapping[str, Sequence[str]]) -> np.ndarray:
-    """Category code per dense id, int64 ``[num_items + 1]``: items with the same first attribute
-    share a code; items without attributes (and the padding row) each get a code of their own."""
-    n = model.vocab.num_embeddings
-    codes = np.arange(n, dtype=np.int64) + n  # own categories, above every shared code
-    external = list(item_attributes)
-    dense = model.vocab.lookup(external) if external else np.zeros(0, np.int64)
-    names: dict[str, int] = {}
-    for item, d in zip(external, dense, strict=True):
-        values = item_attributes[item]
-        if d != PAD and values:
-            codes[d] = names.setdefault(str(values[0]), len(names))
-    return codes

@@ -1,6 +1,6 @@
 """The public API of :mod:`retrieval.storage` (loaded on first use by ``__init__.py``)."""
 
-from .folders import remove_folder, remove_stale_temporaries, write_artifact
+from .folders import derive_folder, link_or_copy, remove_folder, remove_stale_temporaries, write_artifact
 from .manifest import (
     FORMAT_VERSION,
     MANIFEST,
@@ -21,7 +21,9 @@ __all__ = [
     "VERSIONS",
     "ArtifactError",
     "contained_file",
+    "derive_folder",
     "derived_version",
+    "link_or_copy",
     "publish",
     "read_manifest",
     "refuse_outside_links",

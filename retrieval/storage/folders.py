@@ -18,7 +18,7 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,10 @@ from retrieval.storage.manifest import (
     FORMAT_VERSION,
     MANIFEST,
     ArtifactError,
+    contained_file,
     derived_version,
     file_checksums,
+    sha256_file,
 )
 
 _TEMPORARY = re.compile(r"^\..+\.(?:tmp|old)-(?P<pid>\d+)@(?P<host>[A-Za-z0-9._]+)-[^-]+$")
@@ -190,3 +192,46 @@ def fsync_tree(root: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-links a file (artifacts are never modified in place), copying across filesystems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def derive_folder(
+    src: Path,
+    manifest: Mapping[str, Any],
+    dst: Path,
+    write: Callable[[Path], Iterable[str]],
+    updates: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Writes the new folder ``dst``: the artifact ``src`` (whose manifest is ``manifest``) with
+    the files ``write(dst)`` writes (it returns their names) and every other listed file
+    hard-linked, keeping the checksum ``manifest`` lists for it, so that nothing unchanged is
+    read again. The new manifest is ``manifest`` with ``updates``, the new checksums and a
+    version derived from them. ``dst`` is not written atomically: write it inside a folder that
+    is (:func:`write_artifact`, :func:`retrieval.storage.versions.publish`).
+
+    Returns:
+        The new manifest.
+    """
+    dst.mkdir()
+    written = set(write(dst))
+    files = dict(manifest["files"])
+    for name in sorted(set(files) - written):
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
+        link_or_copy(contained_file(src, name), dst / name)
+    files.update({name: sha256_file(dst / name) for name in written})
+    new = {
+        **manifest,
+        **updates,
+        "files": files,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "version": derived_version(files),
+    }
+    (dst / MANIFEST).write_text(json.dumps(new, indent=2, sort_keys=True))
+    return new

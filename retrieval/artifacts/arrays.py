@@ -1,0 +1,37 @@
+"""Float tables in artifact folders (``.npy``), read without pickle and checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from retrieval.storage.manifest import ArtifactError
+
+
+def load_vectors(file: Path, rows: int, dim: int) -> np.ndarray:
+    """A ``.npy`` table, read without pickle and checked: float32 ``[rows, dim]``, finite.
+
+    Raises:
+        ArtifactError: an unreadable file, or another shape, type or non-finite values.
+    """
+    try:
+        table = np.load(file, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:  # a bad header, pickled objects, a short file
+        raise ArtifactError(f"{file} is not a readable .npy array: {e}") from e
+    return checked_vectors(table, rows, dim, str(file))
+
+
+def checked_vectors(table: np.ndarray, rows: int, dim: int, where: str) -> np.ndarray:
+    """``table`` if it is float32 ``[rows, dim]`` and finite.
+
+    Raises:
+        ArtifactError: it is not (the message starts with ``where``).
+    """
+    if table.dtype != np.float32 or table.ndim != 2 or table.shape[0] != rows:
+        raise ArtifactError(f"{where} holds {table.dtype} {list(table.shape)}, expected float32 [{rows}, d]")
+    if table.shape[1] != dim:
+        raise ArtifactError(f"{where} has dimension {table.shape[1]}, the manifest says {dim}")
+    if not np.isfinite(table).all():
+        raise ArtifactError(f"{where} holds NaN or infinite values")
+    return table

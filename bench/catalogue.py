@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -152,21 +152,28 @@ def new_items(path: Path, root: Path, count: int, prefix: str, seed: int) -> lis
     return ids
 
 
-def wait_until(stub: Any, request: retrieval_pb2.RetrieveRequest, returned: bool, limit: float) -> float:
-    """Polls ``request`` until its answer holds items (``returned``) or none; the monotonic time."""
+def wait_until(done: Callable[[], bool], limit: float) -> float:
+    """Polls ``done`` until it holds; the monotonic time it first did."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        if bool(stub.Retrieve(request, timeout=10).items) == returned:
+        if done():
             return time.monotonic()
         time.sleep(POLL_SECONDS)
-    raise TimeoutError(f"not {'returned' if returned else 'gone'} after {limit} s")
+    raise TimeoutError(f"not done after {limit} s")
 
 
-def change(root: Path, args: Sequence[str]) -> float:
-    """Runs ``tools/add_items.py --root ROOT ARGS``; its wall seconds."""
+def measure(root: Path, label: str, args: Sequence[str], done: Callable[[], bool]) -> dict[str, Any]:
+    """Runs ``tools/add_items.py --root ROOT ARGS`` and polls ``done`` until the server serves
+    the change: the command's wall seconds and those from its start to the change served."""
     started = time.monotonic()
     subprocess.run([sys.executable, "tools/add_items.py", "--root", str(root), *args], cwd=REPO, check=True)
-    return time.monotonic() - started
+    command = time.monotonic() - started
+    served = wait_until(done, 120)
+    return {"change": label, "command_s": command, "retrievable_s": served - started}
+
+
+def served_version(stub: Any) -> str:
+    return str(stub.GetModelInfo(retrieval_pb2.GetModelInfoRequest(), timeout=10).model_version)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -181,25 +188,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with grpc.insecure_channel(server.address) as channel, Callers(server.address, batch, 2) as callers:
             stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
             history = list(batch[0].history)
+
+            def returns(item: str) -> Callable[[], bool]:
+                probe = retrieval_pb2.RetrieveRequest(history=history, k=1, allow_ids=[item])
+                return lambda: bool(stub.Retrieve(probe, timeout=10).items)
+
             first: list[str] = []
             for r in range(args.rounds):
                 ids = new_items(args.out / "new.jsonl", root, args.add, f"new-{time.time_ns()}-", r)
                 first = first or ids
-                started = time.monotonic()
-                seconds = change(root, ["--items", str(args.out / "new.jsonl")])
-                probe = retrieval_pb2.RetrieveRequest(history=history, k=1, allow_ids=ids[:1])
-                done = wait_until(stub, probe, True, 120)
-                rounds.append(
-                    {"change": f"add {args.add}", "command_s": seconds, "retrievable_s": done - started}
-                )
+                items = ["--items", str(args.out / "new.jsonl")]
+                rounds.append(measure(root, f"add {args.add}", items, returns(ids[0])))
             (args.out / "gone.txt").write_text("\n".join(first) + "\n")
-            started = time.monotonic()
-            seconds = change(root, ["--remove", str(args.out / "gone.txt")])
-            probe = retrieval_pb2.RetrieveRequest(history=history, k=1, allow_ids=first[:1])
-            done = wait_until(stub, probe, False, 120)
+            gone = returns(first[0])
             rounds.append(
-                {"change": f"remove {len(first)}", "command_s": seconds, "retrievable_s": done - started}
+                measure(
+                    root, f"remove {len(first)}", ["--remove", str(args.out / "gone.txt")], lambda: not gone()
+                )
             )
+            if args.compact:
+                before = served_version(stub)
+                whole = measure(
+                    root, "compact (written whole)", ["--compact"], lambda: served_version(stub) != before
+                )
+                rounds.append(whole)
     finally:
         server.stop()
     return {
@@ -246,6 +258,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         default=0.5,
         help="the server's --watch-interval (default %(default)s)",
+    )
+    p.add_argument(
+        "--compact", action="store_true", help="end with mitt add-items --compact (a version written whole)"
     )
     p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-catalogue", help="cache and results")
     add_data_root_argument(p)

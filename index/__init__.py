@@ -11,7 +11,7 @@
   lists merged (:mod:`index.merge`: max-score, round-robin, ComiRec's diversity) into a top-k.
 """
 
-from index.base import METRIC, SearchFilter, VectorIndex
+from index.base import METRIC, SearchFilter, VectorIndex, members, sorted_update
 from index.faiss_index import FaissIndex, check_mips_norm, parse_search_params, recall_at_k, recall_of
 from index.memory import MemoryEstimate, estimate_memory
 from index.merge import MERGES, Merged, MergeFn, best_per_item, diversity, max_score, round_robin, strategy
@@ -38,11 +38,13 @@ __all__ = [
     "estimate_memory",
     "exact_neighbours",
     "max_score",
+    "members",
     "parse_search_params",
     "recall_at_k",
     "recall_of",
     "round_robin",
     "search_interests",
+    "sorted_update",
     "strategy",
     "tune",
 ]

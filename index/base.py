@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,6 +240,36 @@ def check_matrix(x: np.ndarray, name: str, dim: int | None = None) -> np.ndarray
 def check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
         raise ValueError(f"k must be a positive integer, got {k!r}")
+
+
+def members(values: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
+    """Boolean mask over ``values``: which occur in the sorted unique array ``sorted_ids``
+    (``O(len(values) log len(sorted_ids))``, no hashing of either)."""
+    if not len(sorted_ids) or not len(values):
+        return np.zeros(len(values), bool)
+    at = np.minimum(np.searchsorted(sorted_ids, values), len(sorted_ids) - 1)
+    return sorted_ids[at] == values
+
+
+def sorted_update(
+    sorted_ids: np.ndarray, remove: np.ndarray | Sequence[int] = (), add: np.ndarray | Sequence[int] = ()
+) -> np.ndarray:
+    """The sorted unique int64 ``sorted_ids`` without ``remove`` and with ``add`` (any order,
+    repeats allowed), still sorted and unique: a few passes over ``sorted_ids``, not a new sort
+    of it, so a small change to a large set costs little.
+
+    Example:
+        >>> sorted_update(np.array([1, 3, 5]), remove=[3], add=[4, 1])
+        array([1, 4, 5])
+    """
+    out = sorted_ids
+    if len(remove):
+        out = out[~members(out, np.unique(np.asarray(remove, np.int64)))]
+    if len(add):
+        new = np.unique(np.asarray(add, np.int64))
+        new = new[~members(new, out)]
+        out = np.insert(out, np.searchsorted(out, new), new)
+    return out
 
 
 def check_ids(ids: np.ndarray, n: int) -> np.ndarray:

@@ -46,6 +46,8 @@ from index.base import (
     check_ids,
     check_k,
     check_matrix,
+    members,
+    sorted_update,
 )
 
 _FAISS: Any = faiss  # for the parts of FAISS its type stubs leave out
@@ -241,7 +243,7 @@ class FaissIndex(VectorIndex):
         if not len(ids):
             return
         with self._write_lock():
-            clash = np.intersect1d(ids, self._live)
+            clash = ids[members(ids, self._live)]
             if len(clash):
                 raise ValueError(
                     f"{len(clash)} ids are already in the index (e.g. {clash[:5].tolist()}): use upsert"
@@ -254,7 +256,7 @@ class FaissIndex(VectorIndex):
                 self._index.add_with_ids(self._augment(vectors), ids)
             except RuntimeError as e:
                 raise ValueError(f"cannot add to {self._factory!r}: {e}") from e
-            self._live = np.union1d(self._live, ids)
+            self._live = sorted_update(self._live, add=ids)
 
     def upsert(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Adds items, replacing the vectors of ids already present; all or nothing."""
@@ -268,7 +270,8 @@ class FaissIndex(VectorIndex):
 
     def remove(self, ids: Collection[int] | np.ndarray) -> int:
         with self._write_lock():
-            present = np.intersect1d(as_id_array(ids), self._live)
+            wanted = as_id_array(ids)
+            present = wanted[members(wanted, self._live)]
             if not len(present):
                 return 0
             if isinstance(faiss.downcast_index(self._index.index), faiss.IndexFlatCodes):
@@ -279,11 +282,11 @@ class FaissIndex(VectorIndex):
                 # removal has shifted its table (IVF keeps the old row numbers in its lists):
                 # relabel the entries to negative ids, which every search filters out.
                 labels = self._labels()
-                rows = np.flatnonzero(np.isin(labels, present))
+                rows = np.flatnonzero(members(labels, present))
                 labels[rows] = -2 - rows
                 self._index.construct_rev_map()
                 self._dead += len(rows)
-            self._live = np.setdiff1d(self._live, present, assume_unique=True)
+            self._live = sorted_update(self._live, remove=present)
             return len(present)
 
     # ---------------------------------------------------------------------------------- search
@@ -342,9 +345,9 @@ class FaissIndex(VectorIndex):
         if filter is None:
             return self._live
         if filter.allow is not None:
-            allowed = filter.allow[_members(filter.allow, self._live)]
-            return allowed[~_members(allowed, filter.exclude)]
-        return self._live[~_members(self._live, filter.exclude)]
+            allowed = filter.allow[members(filter.allow, self._live)]
+            return allowed[~members(allowed, filter.exclude)]
+        return self._live[~members(self._live, filter.exclude)]
 
     def _eligible_count(self, filter: SearchFilter | None) -> int:
         """``len(self._eligible(filter))`` in ``O(m log n)`` for ``m`` filtered ids: this runs on
@@ -353,7 +356,7 @@ class FaissIndex(VectorIndex):
             return len(self._live)
         if filter.allow is not None:
             return len(self._eligible(filter))
-        return len(self._live) - int(_members(filter.exclude, self._live).sum())
+        return len(self._live) - int(members(filter.exclude, self._live).sum())
 
     def _supports_selector(self) -> bool:
         if self._selector_ok is None:
@@ -610,14 +613,6 @@ class FaissIndex(VectorIndex):
         if rows == 0:
             return np.zeros(0, np.int64)
         return faiss.rev_swig_ptr(self._index.id_map.data(), rows)
-
-
-def _members(values: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
-    """Boolean mask over ``values``: which occur in the sorted unique array ``sorted_ids``."""
-    if not len(sorted_ids) or not len(values):
-        return np.zeros(len(values), bool)
-    at = np.minimum(np.searchsorted(sorted_ids, values), len(sorted_ids) - 1)
-    return sorted_ids[at] == values
 
 
 def _fill(scores: np.ndarray, ids: np.ndarray, found_scores: np.ndarray, found_ids: np.ndarray) -> None:

@@ -399,3 +399,19 @@ def test_failed_upsert_changes_nothing(data: tuple[np.ndarray, ...]) -> None:
     assert index.ntotal == len(ids)
     for a, b in zip(index.search(queries, 5), before, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_sorted_update_matches_set_arithmetic() -> None:
+    from index import sorted_update
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        ids = np.unique(rng.integers(0, 200, size=int(rng.integers(0, 80))))
+        remove, add = (
+            rng.integers(0, 220, size=int(rng.integers(0, 20))),
+            rng.integers(0, 220, size=int(rng.integers(0, 20))),
+        )
+        want = np.union1d(np.setdiff1d(ids, remove), add)
+        got = sorted_update(ids, remove, add)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.int64

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from index.multi_interest import ItemCategories
+from index import ItemCategories, sorted_update
 from retrieval.data.vocab import PAD, ItemVocab
 
 
@@ -63,8 +63,9 @@ class Categories:
             codes[d] = names.setdefault(str(values[0]), len(names)) if values else d + n
         members = dict(self.members.ids_by_category)
         for name in drop.keys() | add.keys():
-            ids = np.setdiff1d(members.get(name, np.zeros(0, np.int64)), drop.get(name, []))
-            ids = np.union1d(ids, np.asarray(add.get(name, []), np.int64))
+            ids = sorted_update(
+                members.get(name, np.zeros(0, np.int64)), drop.get(name, ()), add.get(name, ())
+            )
             if len(ids):
                 members[name] = ids
             else:

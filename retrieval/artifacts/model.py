@@ -351,8 +351,9 @@ def load_catalogue(
         return start
     vocab = grown_vocab(start.vocab, changes)
     dense, kept = vocab.lookup(changes.ids), ~changes.removed
-    table = np.zeros((len(vocab) + 1, dim), np.float32)
+    table = np.empty((len(vocab) + 1, dim), np.float32)  # one pass over the table, not two
     table[: len(start.embeddings)] = start.embeddings
+    table[len(start.embeddings) :] = 0.0
     table[dense[changes.has_vector]] = changes.vectors[changes.has_vector]
     removed = np.union1d(np.setdiff1d(start.removed, dense[kept]), dense[changes.removed])
     return Catalogue(vocab, table, removed, changes, start.grown_from)
@@ -426,9 +427,7 @@ def load_vocab(path: Path) -> ItemVocab:
         vocab = ItemVocab.load(path / VOCAB_FILE)
     except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{path / VOCAB_FILE} is not a valid vocabulary: {e}") from e
-    if not all(isinstance(i, str) for i in vocab.ids) or (
-        vocab.titles is not None and not all(isinstance(t, str) for t in vocab.titles)
-    ):
+    if not set(map(type, vocab.ids)) <= {str} or not set(map(type, vocab.titles or ())) <= {str}:
         raise ArtifactError(f"{path / VOCAB_FILE}: item ids and titles must be strings")
     return vocab
 

@@ -1,6 +1,7 @@
 r"""Add, update or remove items of a deployment and publish the result as its new version.
 
-    mitt add-items --root runs/live --items new.jsonl [--remove gone.txt]
+    mitt add-items --root runs/live --items new.jsonl [--remove gone.txt] [--compact]
+    mitt add-items --root runs/live --compact     # the current version, written whole
 
 ``--items`` is JSON lines, one item per line: ``{"id": "B0999", "attributes": ["Lipstick",
 "Brand 7"], "title": "Rose lipstick"}`` (title optional). An item the model never saw gets the
@@ -38,8 +39,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--compact", action="store_true", help="write the version whole, changes merged in")
     p.add_argument("--keep", type=int, default=3, help="versions kept on disk (default %(default)s)")
     args = p.parse_args(argv)
-    if args.items is None and args.remove is None:
-        p.error("give --items, --remove or both")
+    if args.items is None and args.remove is None and not args.compact:
+        p.error("give --items, --remove, --compact or several")
     if args.keep < 1:
         p.error("--keep must be >= 1")
     # Imported here, never for --help: the artifacts layer loads FAISS and NumPy.

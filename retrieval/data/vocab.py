@@ -27,7 +27,7 @@ class ItemVocab:
     _by_index: np.ndarray = field(init=False, repr=False, compare=False)  # object [n + 1], row 0 ""
 
     def __post_init__(self) -> None:
-        index = {item: i + 1 for i, item in enumerate(self.ids)}
+        index = dict(zip(self.ids, range(1, len(self.ids) + 1), strict=True))
         if len(index) != len(self.ids):
             raise ValueError("ItemVocab ids must be unique")
         if self.titles is not None and len(self.titles) != len(self.ids):

@@ -300,3 +300,24 @@ def test_serve_forever_stops_gracefully_on_sigterm(retriever: Retriever) -> None
     caller.join(timeout=10)
     assert len(answers) == 1 and len(answers[0].items) == 2
     assert signal.getsignal(signal.SIGTERM) is default  # handlers restored
+
+
+def test_a_second_server_on_a_served_port_is_refused(retriever: Retriever) -> None:
+    """grpcio would share the port (SO_REUSEPORT) and split the traffic between two servers,
+    maybe of two model versions: the second one fails instead, and the first keeps answering."""
+    first, port = create_server(retriever, port=0)
+    try:
+        with pytest.raises(
+            OSError, match=rf"cannot serve gRPC on 127\.0\.0\.1:{port}: the address is in use"
+        ):
+            create_server(retriever, port=port)
+        code = subprocess.run(
+            [sys.executable, "-c", "import grpc, concurrent.futures as f; "
+             f"grpc.server(f.ThreadPoolExecutor(1)).add_insecure_port('127.0.0.1:{port}')"],
+            capture_output=True, text=True, timeout=120,
+        ).returncode  # fmt: skip
+        assert code != 0  # nor can a server with grpcio's defaults share it
+        with RetrievalClient(f"127.0.0.1:{port}", retries=0) as client:
+            assert client.retrieve([ITEMS[0]], 3).items
+    finally:
+        first.stop(None)

@@ -383,6 +383,9 @@ def create_server(
         options=[
             ("grpc.max_receive_message_length", max_request_bytes),
             ("grpc.max_send_message_length", max_response_bytes),
+            # grpcio shares a served port by default (SO_REUSEPORT): a second server, maybe of
+            # another model version, would silently take half the traffic. Refuse it instead.
+            ("grpc.so_reuseport", 0),
         ],
         maximum_concurrent_rpcs=max_queued,
         interceptors=None if access is None else access.interceptors(),
@@ -412,7 +415,12 @@ def create_server(
         else:
             bound = server.add_secure_port(address, tls.credentials())
     except RuntimeError as e:  # grpcio's "Failed to bind to address"
-        raise OSError(f"cannot serve gRPC on {address}: {e}") from None
+        bound = 0
+        cause = f": {e}"
+    else:
+        cause = ""
+    if not bound:  # older grpcio answers 0 instead of raising
+        raise OSError(f"cannot serve gRPC on {address}: the address is in use or not available{cause}")
     health_port = None if access is None else access.health_port
     health_server = None if health_port is None else start_health_server(health_servicer, host, health_port)
     running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)

@@ -41,7 +41,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -367,12 +367,11 @@ def explanation_kind(address: str, request: retrieval_pb2.RetrieveRequest) -> st
     )
 
 
-def compute_per_request(
-    model_dir: Path, index_dir: Path, sent: Sequence[retrieval_pb2.RetrieveRequest], batch: int = 32
-) -> float:
-    """Milliseconds of server work per request without gRPC: one thread (FAISS's too) parsing
-    ``batch`` requests, answering them with one ``retrieve_many`` and serializing the answers,
-    as a micro-batch does. The floor of the retrieval server's CPU per request at that batch."""
+def answerer(
+    model_dir: Path, index_dir: Path, sent: Sequence[retrieval_pb2.RetrieveRequest], batch: int
+) -> Callable[[int], None]:
+    """``answer(start)``: ``batch`` requests from ``sent`` (from ``start``, cyclically) parsed from
+    the wire, answered with one ``retrieve_many`` and serialised, on one thread."""
     import faiss
 
     from retrieval.api import query_from_request, response_from_result
@@ -388,12 +387,25 @@ def compute_per_request(
         for result in retriever.retrieve_many(queries):
             response_from_result(result).SerializeToString()
 
-    rounds = max(1, len(wire) // batch)
-    answer(0)  # warm-up
+    return answer
+
+
+def ms_per_request(answer: Callable[[int], None], batch: int, requests_: int) -> float:
+    """Milliseconds per request of ``answer`` over about ``requests_`` requests (after one warm-up)."""
+    rounds = max(1, requests_ // batch)
+    answer(0)
     started = time.perf_counter()
     for r in range(rounds):
         answer(r * batch)
     return (time.perf_counter() - started) * 1000 / (rounds * batch)
+
+
+def compute_per_request(
+    model_dir: Path, index_dir: Path, sent: Sequence[retrieval_pb2.RetrieveRequest], batch: int = 32
+) -> float:
+    """Milliseconds of server work per request without gRPC at ``batch`` (:func:`answerer`): the
+    floor of the retrieval server's CPU per request (``python -m bench.floor`` splits it)."""
+    return ms_per_request(answerer(model_dir, index_dir, sent, batch), batch, len(sent))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -126,8 +126,11 @@ def candidate_factories(n: int, d: int) -> list[str]:
     MIPS-to-L2 reduction (``L2MIPS,``, see :mod:`index.faiss_index`) at the nlist choices and,
     for comparison, plain inner-product IVF-Flat at the larger one; IVF-PQ with ``d/2``
     one-byte sub-quantizers (a quarter of Flat's memory, usually short of 0.99 recall at
-    k = 50; ``np``: no polysemous training, which takes minutes); HNSW32 up to
-    :data:`HNSW_MAX_AUTO_ITEMS` items.
+    k = 50; ``np``: no polysemous training, which takes minutes); the ``L2MIPS`` IVF with 4-bit
+    fast-scan PQ codes, one per dimension (``PQ{d+1}x4fs``, scored in SIMD registers), whose
+    shortlist is re-ranked exactly (``RFlat``: it keeps the vectors, so it costs Flat's memory
+    and more, for speed);
+    HNSW32 up to :data:`HNSW_MAX_AUTO_ITEMS` items.
     """
     out = ["Flat"]
     nlists = nlist_choices(n)
@@ -138,7 +141,13 @@ def candidate_factories(n: int, d: int) -> list[str]:
         out.append("HNSW32")
     if nlists and d % 2 == 0 and n >= 256 * 39:
         out.append(f"IVF{nlists[-1]},PQ{d // 2}np")
+        out.append(f"L2MIPS,IVF{nlists[-1]},PQ{d + 1}x4fs,RFlat")
     return out
+
+
+REFINE_FACTORS = (4, 16, 64)
+"""Shortlist sizes (× k) an index with an exact re-ranking stage (``RFlat``) is tried with: 4-bit
+codes rank coarsely, and re-ranking a longer shortlist exactly costs little next to the scan."""
 
 
 def search_param_grid(index: FaissIndex, k: int) -> list[str]:
@@ -146,9 +155,12 @@ def search_param_grid(index: FaissIndex, k: int) -> list[str]:
     ivf = faiss.try_extract_index_ivf(index.faiss_index.index)
     if ivf is not None:
         top = int(ivf.nlist)
-        return [f"nprobe={p}" for p in _powers_of_two(1, top)] + (
+        probes = [f"nprobe={p}" for p in _powers_of_two(1, top)] + (
             [f"nprobe={top}"] if top & (top - 1) else []
         )
+        if isinstance(faiss.downcast_index(index.faiss_index.index), faiss.IndexRefine):
+            return [f"{p},k_factor_rf={f}" for p in probes for f in REFINE_FACTORS]
+        return probes
     inner = faiss.downcast_index(index.faiss_index.index)
     if isinstance(inner, faiss.IndexHNSW):
         return [f"efSearch={e}" for e in _powers_of_two(max(16, 2 ** math.ceil(math.log2(k))), 4096)]

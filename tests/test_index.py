@@ -415,3 +415,23 @@ def test_sorted_update_matches_set_arithmetic() -> None:
         got = sorted_update(ids, remove, add)
         np.testing.assert_array_equal(got, want)
         assert got.dtype == np.int64
+
+
+def test_fast_scan_with_exact_refinement_reaches_the_target_on_clustered_vectors() -> None:
+    """``--factory auto`` proposes the L2MIPS IVF with 4-bit fast-scan codes and an exact
+    re-ranking stage; its grid sweeps the shortlist with nprobe, and it reaches recall 0.95 on
+    clustered vectors of varied norms."""
+    from index import candidate_factories, exact_neighbours, recall_of, tune
+    from index.tuning import search_param_grid
+
+    assert "L2MIPS,IVF4096,PQ65x4fs,RFlat" in candidate_factories(1_000_000, 64)
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(50, 16)).astype(np.float32)
+    x = centers[rng.integers(50, size=20_000)] + 0.3 * rng.normal(size=(20_000, 16))
+    x = (x * rng.uniform(0.3, 2.0, size=(20_000, 1))).astype(np.float32)  # norms vary, as learned ones
+    ids = np.arange(1, 20_001)
+    result = tune(ids, x, x[:200] + 0.1, k=10, target_recall=0.95, factories=["L2MIPS,IVF64,PQ17x4fs,RFlat"])
+    assert result.reached and "k_factor_rf=" in result.chosen.search_params
+    assert search_param_grid(result.index, 10)[:2] == ["nprobe=1,k_factor_rf=4", "nprobe=1,k_factor_rf=16"]
+    _, found = result.index.search(x[:200] + 0.1, 10)
+    assert recall_of(found, exact_neighbours(ids, x, x[:200] + 0.1, 10)) >= 0.95

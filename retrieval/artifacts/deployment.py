@@ -19,8 +19,7 @@ from typing import Any
 
 from retrieval.artifacts.index import KIND as INDEX_KIND
 from retrieval.artifacts.model import KIND as MODEL_KIND
-from retrieval.artifacts.model import VOCAB_FILE
-from retrieval.data.vocab import ItemVocab
+from retrieval.artifacts.model import read_model_vocab
 from retrieval.storage.folders import link_or_copy
 from retrieval.storage.manifest import (
     MANIFEST,
@@ -92,7 +91,7 @@ def publish_deployment(
         from retrieval.artifacts.ranker import KIND as RANKER_KIND  # TensorFlow: only with rankers
         from retrieval.artifacts.ranker import vocab_digest
 
-        digest = vocab_digest(ItemVocab.load(model_dir / VOCAB_FILE))
+        digest = vocab_digest(read_model_vocab(model_dir))  # catalogue changes included
         for ranker_dir in map(Path, ranker_dirs):
             manifest = read_manifest(ranker_dir, RANKER_KIND)
             if manifest.get("vocab_sha256") != digest:

@@ -3,7 +3,6 @@ each item's attribute ids (:class:`AttributeTable`) and a request's context (:fu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -12,12 +11,8 @@ import numpy as np
 
 from retrieval.data.vocab import PAD, ItemVocab
 
-if TYPE_CHECKING:  # for types only: the model artifact's module loads FAISS
+if TYPE_CHECKING:  # for types only: the model artifact's module loads pandas
     from retrieval.artifacts.model import ModelArtifact
-
-
-MODEL_ATTRIBUTES_FILE = "item_attributes.json"
-"""The retrieval model folder's external id -> attributes (``retrieval.artifacts.model``)."""
 
 
 MAX_ATTRIBUTES = 16
@@ -69,11 +64,13 @@ class AttributeTable:
 
     @classmethod
     def from_model(cls, model: ModelArtifact) -> AttributeTable | None:
-        """The attributes saved with a retrieval model (``item_attributes.json``); ``None`` when
-        the model folder has none or the attributes are empty."""
-        if model.path is None or not (model.path / MODEL_ATTRIBUTES_FILE).is_file():
+        """The attributes saved with a retrieval model (``item_attributes.json``, catalogue
+        changes applied); ``None`` when the model folder has none or the attributes are empty."""
+        from retrieval.artifacts.model import read_item_attributes
+
+        raw = None if model.path is None else read_item_attributes(model.path)
+        if raw is None:
             return None
-        raw = json.loads((model.path / MODEL_ATTRIBUTES_FILE).read_text(encoding="utf-8"))
         table = cls.from_external(model.vocab, raw)
         return table if table.names else None
 

@@ -432,3 +432,17 @@ def test_changes_keep_first_places_and_last_states() -> None:
     assert second.then([CatalogueItem("x", ("d",))], np.ones((1, 2), np.float32), []).items[0].title == "X"
     assert CatalogueChanges.none(2).then([], np.zeros((0, 2), np.float32), ["y", "x"]).extends(none)
     assert not first.extends(CatalogueChanges.none(2).then([], np.zeros((0, 2), np.float32), ["y"]))
+
+
+def test_an_update_reads_the_item_table_only_verified(deployed: Path, tmp_path: Path) -> None:
+    """A new item needs none of the large files; updating a trained item reads its row, and a
+    corrupted table is refused rather than turned into its new vector."""
+    root = _copy_root(deployed, tmp_path)
+    table = deployment_dirs(root)[0] / "item_embeddings.npy"
+    data = bytearray(table.read_bytes())
+    data[-4:] = b"\x00\x00\x80\x7f"  # the last value becomes +inf
+    table.unlink()  # a hard link of the trained model's file: write another one
+    table.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"item_embeddings\.npy does not match its checksum"):
+        change_catalogue(root, [CatalogueItem("5", ("1",))])
+    assert change_catalogue(root, [CatalogueItem("fresh", ("1",))], compact=False).added == 1

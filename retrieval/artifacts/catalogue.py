@@ -54,7 +54,7 @@ from retrieval.artifacts.model import (
 from retrieval.data.features import SideVocab, attribute_table
 from retrieval.data.vocab import PAD, ItemVocab
 from retrieval.storage.folders import derive_folder, remove_folder
-from retrieval.storage.manifest import ArtifactError, read_manifest, refuse_outside_links
+from retrieval.storage.manifest import ArtifactError, read_manifest, refuse_outside_links, sha256_file
 from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current
 
 __all__ = ["CatalogueChange", "CatalogueItem", "change_catalogue", "cold_vectors", "read_ids", "read_items"]
@@ -216,7 +216,7 @@ def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence
     trained = (dense != PAD) & (dense <= int(current.manifest.get("tower_items", current.base_items)))
     if trained.any():
         ids = [i.id for i, t in zip(items, trained, strict=True) if t]
-        table = np.load(current.folder / EMBEDDINGS_FILE, mmap_mode="r", allow_pickle=False)
+        table = np.load(_verified(current, EMBEDDINGS_FILE), mmap_mode="r", allow_pickle=False)
         now = _latest(current, ids, table, dense[trained])
         before, _ = _attribute_means(current.side, current.attribute_embeddings, [a for a, _ in now])
         vectors[trained] += np.stack([v for _, v in now]) - before
@@ -231,11 +231,26 @@ def _latest(
     changes = current.changes
     pairs = zip(changes.items, changes.vectors, changes.has_vector, strict=True)
     changed = {i.id: (list(i.attributes), v) for i, v, known in pairs if known}
-    base = {} if all(i in changed for i in ids) else (read_item_attributes(current.folder) or {})
+    if all(i in changed for i in ids) or ATTRIBUTES_FILE not in current.manifest["files"]:
+        base: dict[str, list[str]] = {}
+    else:
+        base = json.loads(_verified(current, ATTRIBUTES_FILE).read_text(encoding="utf-8"))
     return [
         changed.get(i) or (base.get(i, []), np.asarray(table[d], np.float32))
         for i, d in zip(ids, dense, strict=True)
     ]
+
+
+def _verified(current: _Current, name: str) -> Path:
+    """The model folder's file ``name``, its checksum verified (the large files are read only
+    when a change needs them).
+
+    Raises:
+        ArtifactError: it does not match the manifest.
+    """
+    if sha256_file(current.folder / name) != current.manifest["files"][name]:
+        raise ArtifactError(f"{current.folder / name} does not match its checksum in the manifest")
+    return current.folder / name
 
 
 def change_catalogue(

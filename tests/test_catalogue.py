@@ -446,3 +446,17 @@ def test_an_update_reads_the_item_table_only_verified(deployed: Path, tmp_path: 
     with pytest.raises(ArtifactError, match=r"item_embeddings\.npy does not match its checksum"):
         change_catalogue(root, [CatalogueItem("5", ("1",))])
     assert change_catalogue(root, [CatalogueItem("fresh", ("1",))], compact=False).added == 1
+
+
+def test_a_compaction_refuses_a_damaged_base_file(deployed: Path, tmp_path: Path) -> None:
+    root = _copy_root(deployed, tmp_path)
+    change_catalogue(root, [CatalogueItem("fresh", ("1",))], compact=False)
+    current = resolve_current(root)
+    table = deployment_dirs(root)[0] / "item_embeddings.npy"
+    data = bytearray(table.read_bytes())
+    data[-4:] = b"\x00\x00\x80\x3f"  # the last value becomes 1.0: finite, only the checksum tells
+    table.unlink()  # a hard link of the trained model's file: write another one
+    table.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"item_embeddings\.npy"):
+        change_catalogue(root, compact=True)
+    assert resolve_current(root) == current

@@ -346,6 +346,9 @@ def _compact(new: Path) -> dict[str, Any]:
     hold the changes, and carry none. Returns the model's manifest."""
     model_dir, index_dir = new / MODEL_DIR, new / INDEX_DIR
     manifest = read_manifest(model_dir, KIND, verify=False)
+    read = {VOCAB_FILE, EMBEDDINGS_FILE, ATTRIBUTES_FILE, REMOVED_FILE, CHANGES_FILE, CHANGE_VECTORS_FILE}
+    # What is read is verified: a damaged base file must not become a whole file with a new checksum.
+    manifest = read_manifest(model_dir, KIND, verified=set(manifest["files"]) - read)
     catalogue = load_catalogue(model_dir, manifest)
     attributes = read_item_attributes(model_dir) or {}
     removed = sorted(catalogue.vocab.external(catalogue.removed)) if len(catalogue.removed) else []

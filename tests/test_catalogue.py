@@ -429,6 +429,8 @@ def test_changes_keep_first_places_and_last_states() -> None:
     assert second.items[0] == CatalogueItem("x", ("a",), "X")  # removal keeps the last state
     np.testing.assert_array_equal(second.vectors[0], [1, 0])
     np.testing.assert_array_equal(second.has_vector, [True, True, False, True])
+    assert second.since(first).ids == ["x", "y", "w"]  # z: removed in both, the same
+    assert second.since(second).ids == [] and second.since(CatalogueChanges.none(2)).ids == second.ids
     assert second.then([CatalogueItem("x", ("d",))], np.ones((1, 2), np.float32), []).items[0].title == "X"
     assert CatalogueChanges.none(2).then([], np.zeros((0, 2), np.float32), ["y", "x"]).extends(none)
     assert not first.extends(CatalogueChanges.none(2).then([], np.zeros((0, 2), np.float32), ["y"]))

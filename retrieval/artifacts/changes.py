@@ -89,6 +89,16 @@ class CatalogueChanges:
         over the base gives."""
         return len(earlier) <= len(self) and self.ids[: len(earlier)] == earlier.ids
 
+    def since(self, earlier: CatalogueChanges) -> CatalogueChanges:
+        """The items whose state differs from ``earlier``'s, which these extend (:meth:`extends`):
+        what applying them over a state ``earlier`` was applied to still has to do."""
+        n = len(earlier)
+        same = (self.removed[:n] == earlier.removed) & (self.vectors[:n] == earlier.vectors).all(axis=1)
+        same &= np.array([a == b for a, b in zip(self.items[:n], earlier.items, strict=True)], bool)
+        keep = np.concatenate([~same, np.ones(len(self) - n, bool)])
+        rows = [item for item, k in zip(self.items, keep, strict=True) if k]
+        return CatalogueChanges(tuple(rows), self.removed[keep], self.vectors[keep])
+
     def then(
         self, items: Sequence[CatalogueItem], vectors: np.ndarray, removed: Sequence[str]
     ) -> CatalogueChanges:
@@ -206,6 +216,11 @@ class IndexChanges:
         if len(ids) and (ids.min() < 1 or len(np.unique(ids)) != len(ids)):
             raise ArtifactError(f"{file}: ids must be distinct and >= 1")
         return cls(ids, checked_vectors(vectors, len(ids), dim, str(file)), removed)
+
+    @classmethod
+    def none(cls, dim: int) -> IndexChanges:
+        """No change."""
+        return cls(np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros(0, bool))
 
     def since(self, earlier: IndexChanges) -> IndexChanges:
         """The rows that differ from ``earlier``'s, which these extend (:meth:`extends`): what

@@ -279,7 +279,7 @@ def load_index(
     Catalogue changes (``changes.npz``) are applied after the file is read, or to a copy of
     ``previous`` (a folder and the index loaded from it, the one in service) when that folder
     holds the same index file and changes that these extend: a catalogue change then costs a
-    copy of the index in memory and its own rows, not a read of the file.
+    copy of the index in memory and the rows that differ, not a read of the file.
 
     Raises:
         ArtifactError: missing, incomplete or corrupted folder, a malformed manifest, an index
@@ -296,19 +296,26 @@ def load_index(
             f"{file} is truncated or replaced: {file.stat().st_size} bytes, "
             f"the manifest says {expected_bytes}"
         )
-    reused = _reusable(path, manifest, previous)
-    manifest = read_manifest(path, KIND, verified={manifest["index_file"]} if reused else set())
+    same = _same_file(path, manifest, previous)
+    manifest = read_manifest(path, KIND, verified={manifest["index_file"]} if same else set())
     _check_index_manifest(path, manifest)  # read again: the file may have changed in between
     if expected_model_version is not None and manifest["model_version"] != expected_model_version:
         raise ArtifactError(
             f"{path} was built from model {manifest['model_version']!r}, not from model "
             f"{expected_model_version!r}: rebuild it with tools/build_index.py"
         )
-    changes = IndexChanges.load(path, manifest["dim"]) if INDEX_CHANGES_FILE in manifest["files"] else None
+    dim = int(manifest["dim"])
+    changes = IndexChanges.load(path, dim) if INDEX_CHANGES_FILE in manifest["files"] else None
     index: VectorIndex
-    if reused is not None and changes is not None:
-        index, changes = reused[0].copy(), changes.since(reused[1])
+    if (
+        same is not None
+        and changes is not None
+        and changes.extends(earlier := same[1] or IndexChanges.none(dim))
+    ):
+        index, changes = same[0].copy(), changes.since(earlier)
     else:
+        if same is not None:  # the file is read after all: verified like any other
+            read_manifest(path, KIND, verified=set(manifest["files"]) - {manifest["index_file"]})
         index = _read_index(path, manifest, file)
     if changes is not None:
         _apply(index, changes, path)
@@ -317,32 +324,22 @@ def load_index(
     return index, manifest
 
 
-def _reusable(
+def _same_file(
     path: Path, manifest: dict[str, Any], previous: tuple[Path, VectorIndex] | None
-) -> tuple[FaissIndex, IndexChanges] | None:
-    """``previous``'s index and changes when this folder's changes can be applied over them: the
-    same index file (hard link, same checksum) and changes that extend ``previous``'s."""
-    if (
-        previous is None
-        or not isinstance(previous[1], FaissIndex)
-        or INDEX_CHANGES_FILE not in manifest["files"]
-    ):
+) -> tuple[FaissIndex, IndexChanges | None] | None:
+    """``previous``'s FAISS index and changes (``None``: none) when its folder holds this
+    folder's index file (a hard link with the same checksum): verified when it was loaded."""
+    if previous is None or not isinstance(previous[1], FaissIndex):
         return None
     folder, index = previous[0], previous[1]
     try:
         theirs = read_manifest(folder, KIND, verify=False)
         if manifest["index_file"] not in same_files(path, manifest, folder, theirs):
             return None
-        dim = int(manifest["dim"])
-        changes = IndexChanges.load(path, dim)
-        earlier = (
-            IndexChanges.load(folder, dim)
-            if INDEX_CHANGES_FILE in theirs["files"]
-            else IndexChanges(np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros(0, bool))
-        )
+        has_changes = INDEX_CHANGES_FILE in theirs["files"]
+        return index, IndexChanges.load(folder, int(manifest["dim"])) if has_changes else None
     except ArtifactError:
         return None  # the full read says what is wrong
-    return (index, earlier) if changes.extends(earlier) else None
 
 
 def _read_index(path: Path, manifest: dict[str, Any], file: Path) -> VectorIndex:

@@ -334,13 +334,12 @@ def load_catalogue(
     listed, dim = set(manifest["files"]), int(manifest["dim"])
     changes = CatalogueChanges.load(path, dim) if CHANGES_FILE in listed else None
     base = {VOCAB_FILE, EMBEDDINGS_FILE, REMOVED_FILE, ATTRIBUTES_FILE} & listed
-    over_reuse = (
+    if (
         reuse is not None
         and changes is not None
         and base <= (shared or set())
         and changes.extends(reuse.changes or CatalogueChanges.none(dim))
-    )
-    if reuse is not None and over_reuse:
+    ):
         start = Catalogue(reuse.vocab, reuse.item_embeddings, reuse.removed, grown_from=reuse.version)
     else:
         vocab = load_vocab(path)

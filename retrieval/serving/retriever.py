@@ -33,7 +33,7 @@ from retrieval.api.types import (
     Retrieved,
 )
 from retrieval.artifacts.categories import Categories
-from retrieval.artifacts.changes import changed_attributes
+from retrieval.artifacts.changes import CatalogueChanges, changed_attributes
 from retrieval.artifacts.index import load_index
 from retrieval.artifacts.model import KIND as MODEL_KIND
 from retrieval.artifacts.model import ModelArtifact, load_model, read_item_attributes
@@ -176,7 +176,8 @@ class Retriever:
         model = load_model(Path(model_dir), xla=xla, reuse=None if reuse is None else reuse.model)
         categories = None
         if reuse is not None and model.grown_from == reuse.model_version and model.changes is not None:
-            changed = changed_attributes({}, model.changes)
+            earlier = reuse.model.changes or CatalogueChanges.none(model.dim)
+            changed = changed_attributes({}, model.changes.since(earlier))
             categories = reuse.categories.changed(model.vocab, changed)
         rankers = []
         if ranker_dirs:

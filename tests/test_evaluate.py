@@ -15,6 +15,12 @@ from retrieval.data.loaders import load_interactions
 from retrieval.data.splits import comirec_split, sample_negatives
 from retrieval.data.vocab import ItemVocab
 from retrieval.evaluation.evaluate import candidate_scores, category_codes, exact_top_k, popularity_top_k
+from retrieval.evaluation.paired import (
+    USER_METRICS_FILE,
+    UserMetrics,
+    compare_user_metrics,
+    paired_comparison,
+)
 from retrieval.evaluation.protocols import evaluate_model_on_data, evaluate_protocol
 from tests.helpers import run_tool
 
@@ -288,3 +294,90 @@ def test_length_sorted_trimmed_encoding_equals_full_width(
         ]
     )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_paired_comparison_against_hand_worked_values() -> None:
+    a, b = np.array([1.0, 0.0, 0.5, 1.0]), np.array([0.0, 0.0, 0.5, 0.5])
+    c = paired_comparison(a, b)
+    # d = a - b = [1, 0, 0, 0.5]: mean 0.375, se = sqrt(sum((d - 0.375)^2) / 3) / sqrt(4).
+    se = np.sqrt((0.625**2 + 0.375**2 + 0.375**2 + 0.125**2) / 3) / 2
+    assert (c.users, c.mean_a, c.mean_b) == (4, 0.625, 0.25)
+    assert (c.difference, c.se) == pytest.approx((0.375, se))
+    assert (c.low, c.high) == pytest.approx((0.375 - 1.959964 * se, 0.375 + 1.959964 * se))
+    # R = 0.625 / 0.25 = 2.5; a - R b = [1, 0, -0.75, -0.25], mean 0, sample variance 1.625 / 3;
+    # relative se = sqrt(1.625 / 3) / (sqrt(4) * 0.25).
+    assert c.relative == pytest.approx(1.5)
+    assert c.relative_se == pytest.approx(np.sqrt(1.625 / 3) / 0.5)
+    low, high = c.relative_interval
+    assert (low + high) / 2 == pytest.approx(1.5) and high - low == pytest.approx(
+        2 * 1.959964 * c.relative_se
+    )
+    assert np.isnan(paired_comparison(a, np.zeros(4)).relative)
+    with pytest.raises(ValueError, match="at least 2 users"):
+        paired_comparison(a[:1], b[:1])
+
+
+def test_paired_errors_match_a_bootstrap_over_users() -> None:
+    # Recall-like values of two models on 3,000 users of varied difficulty, correlated by user.
+    rng = np.random.default_rng(0)
+    difficulty = rng.beta(0.5, 2.0, size=3000)
+    b = rng.binomial(10, difficulty) / 10
+    a = np.clip(b + rng.binomial(1, 0.08, size=3000) * 0.1 - rng.binomial(1, 0.03, size=3000) * 0.1, 0, 1)
+    c = paired_comparison(a, b)
+    draws = rng.integers(0, 3000, size=(2000, 3000))  # users resampled with replacement
+    differences = a[draws].mean(axis=1) - b[draws].mean(axis=1)
+    ratios = a[draws].mean(axis=1) / b[draws].mean(axis=1) - 1
+    assert c.se == pytest.approx(differences.std(), rel=0.08)
+    assert c.relative_se == pytest.approx(ratios.std(), rel=0.08)
+    # Unpaired errors (each model's own) would be several times larger: pairing is what helps.
+    assert np.hypot(a.std(ddof=1), b.std(ddof=1)) / np.sqrt(3000) > 3 * c.se
+
+
+def test_user_metrics_round_trip_and_pair_by_user_id(tmp_path: Path) -> None:
+    users = ("u,1", 'u"2', "u3", "u4")  # ids CSV must quote
+    a = UserMetrics(
+        users, {"recall@50": np.array([0.1, 1 / 3, 0.0, 1.0]), "ndcg@50": np.array([0.2, 0.3, 0.0, 0.9])}
+    )
+    a.save(tmp_path / "a.csv")
+    back = UserMetrics.load(tmp_path / "a.csv")
+    assert back.users == users
+    for m in a.values:
+        np.testing.assert_array_equal(back.values[m], a.values[m])  # exact floats
+    (tmp_path / "run").mkdir()
+    a.save(tmp_path / "run" / USER_METRICS_FILE)
+    assert UserMetrics.load(tmp_path / "run").users == users  # a run folder
+    # b holds the same users in another order: pairing goes by id, not by position.
+    order = [2, 0, 3, 1]
+    b_values = {"recall@50": np.array([0.0, 0.2, 0.5, 0.6]), "ndcg@50": np.array([0.1, 0.1, 0.1, 0.1])}
+    b = UserMetrics(tuple(users[i] for i in order), {m: v[order] for m, v in b_values.items()})
+    got = compare_user_metrics(a, b, ["recall@50"])
+    assert list(got) == ["recall@50"]
+    expected = paired_comparison(a.values["recall@50"], b_values["recall@50"])
+    assert got["recall@50"] == expected
+    assert list(compare_user_metrics(a, b)) == ["recall@50", "ndcg@50"]
+    # Folds pool, seeds average.
+    pooled = UserMetrics.concat(
+        [
+            UserMetrics(users[:2], {"r": np.array([1.0, 0.0])}),
+            UserMetrics(users[2:], {"r": np.array([0.5, 0.5])}),
+        ]
+    )
+    assert pooled.users == users and pooled.means() == {"r": 0.5}
+    mean = UserMetrics.average(
+        [
+            UserMetrics(users[:2], {"r": np.array([1.0, 0.0])}),
+            UserMetrics(users[1::-1], {"r": np.array([1.0, 0.0])}),
+        ]
+    )
+    np.testing.assert_allclose(mean.values["r"], [0.5, 0.5])
+    with pytest.raises(ValueError, match="different users"):
+        compare_user_metrics(a, UserMetrics(users[:3], {m: v[:3] for m, v in a.values.items()}))
+    with pytest.raises(ValueError, match="not measured by both"):
+        compare_user_metrics(a, b, ["hitrate@50"])
+    with pytest.raises(ValueError, match="more than once"):
+        UserMetrics.concat([pooled, pooled])
+    with pytest.raises(ValueError, match="values for 4 users"):
+        UserMetrics(users, {"r": np.zeros(3)})
+    (tmp_path / "bad.csv").write_text("id,r\nx,1\n")
+    with pytest.raises(ValueError, match="cannot read per-user metrics"):
+        UserMetrics.load(tmp_path / "bad.csv")

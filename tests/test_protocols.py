@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from retrieval.data.splits import comirec_split, history_length, sample_negatives
+from retrieval.data.interactions import SequenceData, build_sequences
+from retrieval.data.splits import comirec_split, comirec_users, history_length, sample_negatives
+from retrieval.data.tables import interactions_from_frame
+from retrieval.training.config import DataConfig
+from retrieval.training.protocols import make_protocol
 
 
 def _sequences(lengths: list[int], seed: int = 0) -> list[np.ndarray]:
@@ -99,3 +104,100 @@ def test_negatives_are_uniform_over_the_items_left(num_items: int) -> None:
 def test_negatives_need_enough_items() -> None:
     with pytest.raises(ValueError, match="only 95 items left"):
         sample_negatives([np.arange(1, 6)], 100, 100)
+
+
+def _single_split_reference(num_users: int, seed: int) -> tuple[list[int], list[int], list[int]]:
+    """ComiRec's 8:1:1 cut written out as its ``preprocess/data.py`` does it (the oracle of folds = 1)."""
+    order = np.random.default_rng(seed).permutation(num_users)
+    a, b = int(num_users * 0.8), int(num_users * 0.9)
+    return sorted(order[:a]), sorted(order[a:b]), sorted(order[b:])
+
+
+@pytest.mark.parametrize(("num_users", "seed"), [(50, 3), (37, 1), (943, 42), (1, 0)])
+def test_one_fold_is_the_single_8_1_1_split(num_users: int, seed: int) -> None:
+    got = comirec_users(num_users, seed)
+    assert [g.tolist() for g in got] == [list(map(int, r)) for r in _single_split_reference(num_users, seed)]
+    assert all(g.dtype == np.int64 for g in got)
+
+
+@pytest.mark.parametrize(("num_users", "folds"), [(50, 2), (37, 10), (943, 10), (12, 12)])
+def test_folds_are_disjoint_cover_every_user_and_keep_validation_apart(num_users: int, folds: int) -> None:
+    tested = []
+    for fold in range(folds):
+        train, valid, test = comirec_users(num_users, 7, folds=folds, fold=fold)
+        # Within a fold: three disjoint sets of all the users, validation 10% of them.
+        assert sorted(np.concatenate([train, valid, test]).tolist()) == list(range(num_users))
+        assert len(valid) == int(num_users * 0.1) and len(train) == num_users - len(test) - len(valid)
+        # Folds of U // N or U // N + 1 users.
+        assert num_users // folds <= len(test) <= -(-num_users // folds)
+        tested.append(test)
+    everyone = np.concatenate(tested)
+    assert sorted(everyone.tolist()) == list(range(num_users))  # each user tested exactly once
+
+
+def test_folds_are_deterministic_by_seed_and_the_last_of_ten_is_the_single_split() -> None:
+    a = comirec_users(200, 5, folds=4, fold=2)
+    b = comirec_users(200, 5, folds=4, fold=2)
+    c = comirec_users(200, 6, folds=4, fold=2)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a[2], c[2])
+    # 50 users: fold 9 of 10 is shuffled positions 45..49 and validation the 5 before it,
+    # exactly ComiRec's cut at int(50 * 0.8) = 40 and int(50 * 0.9) = 45.
+    single = comirec_users(50, 3)
+    for x, y in zip(comirec_users(50, 3, folds=10, fold=9), single, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_folds_reject_bad_numbers() -> None:
+    with pytest.raises(ValueError, match="0 <= fold < folds"):
+        comirec_users(10, folds=3, fold=3)
+    with pytest.raises(ValueError, match="folds >= 1"):
+        comirec_users(10, folds=0)
+    with pytest.raises(ValueError, match="a fold would be empty"):
+        comirec_users(3, folds=4, fold=0)
+
+
+def test_comirec_split_of_a_fold_cuts_its_users_and_drops_the_short_ones() -> None:
+    lengths = [1 if u % 9 == 0 else 2 + u % 11 for u in range(60)]
+    sequences = _sequences(lengths)
+    tested, dropped = [], []
+    for fold in range(3):
+        split = comirec_split(sequences, seed=4, folds=3, fold=fold)
+        train, _, test = comirec_users(60, 4, folds=3, fold=fold)
+        np.testing.assert_array_equal(split.train_users, train)
+        assert set(split.test_users) | {u for u in split.dropped_users if u in test} == set(test.tolist())
+        for u, h, t in zip(split.test_users, split.test_histories, split.test_targets, strict=True):
+            np.testing.assert_array_equal(np.concatenate([h, t]), sequences[u])
+        tested += split.test_users.tolist()
+        dropped += [u for u in split.dropped_users if u in test]
+    assert sorted(tested + dropped) == list(range(60))
+    assert sorted(dropped) == [u for u in range(60) if lengths[u] == 1]
+
+
+def _sequence_data(num_users: int) -> SequenceData:
+    rows = [(f"u{u}", f"i{(u + e) % 9}", e) for u in range(num_users) for e in range(3 + u % 4)]
+    frame = pd.DataFrame(rows, columns=["user", "item", "timestamp"])
+    return build_sequences(interactions_from_frame(frame))
+
+
+def test_protocol_splits_the_configured_fold_and_names_its_users() -> None:
+    data = _sequence_data(40)
+    protocol = make_protocol(DataConfig(protocol="comirec", split_seed=9, folds=4, fold=1), data)
+    train, valid, test = comirec_users(40, 9, folds=4, fold=1)
+    np.testing.assert_array_equal(protocol.split.test_users, test)
+    np.testing.assert_array_equal(protocol.train_users, train)
+    assert protocol.held_out_ids("test") == [data.users[u] for u in test]
+    assert protocol.held_out_ids("valid") == [data.users[u] for u in valid]
+    single = make_protocol(DataConfig(protocol="comirec", split_seed=9), data)
+    np.testing.assert_array_equal(single.split.test_users, comirec_users(40, 9)[2])
+    loo = make_protocol(DataConfig(protocol="loo"), data)
+    assert loo.held_out_ids("test") == list(data.users)  # every user has 3 events or more
+    with pytest.raises(ValueError, match=r"needs data\.protocol=comirec"):
+        make_protocol(DataConfig(protocol="loo", folds=2), data)
+    with pytest.raises(ValueError, match="0 <= fold < folds"):
+        make_protocol(DataConfig(protocol="comirec", folds=2, fold=2), data)
+    with pytest.raises(ValueError, match=r"data\.folds must be >= 1"):
+        DataConfig(folds=0)
+    with pytest.raises(ValueError, match="unknown split"):
+        protocol.held_out_ids("train")

@@ -8,7 +8,8 @@
 * ``comirec``: ComiRec's split (:func:`comirec_split`): users, not events, are divided 8:1:1
   into training, validation and test users; a validation or test user's first 80% of events
   are the history and the remaining 20% the targets. Models are trained on the training
-  users' whole sequences only.
+  users' whole sequences only. With ``folds = N`` (:func:`comirec_users`) the users are cut
+  into N disjoint test folds instead, so that N runs test every user once.
 """
 
 from __future__ import annotations
@@ -78,17 +79,74 @@ def history_length(n: int, history_fraction: float = 0.8) -> int:
     return min(max(int(n * history_fraction), 1), n - 1)
 
 
+def comirec_users(
+    num_users: int,
+    seed: int = DEFAULT_SEED,
+    user_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    folds: int = 1,
+    fold: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which users train, validate and test under ComiRec's protocol, in ``folds`` folds or one split.
+
+    The users are shuffled with ``seed``. With ``folds = 1`` (ComiRec's own split) the first
+    ``int(U * 0.8)`` train, the next ``int(U * 0.9) - int(U * 0.8)`` validate, the rest test.
+    With ``folds = N >= 2`` the shuffled users are cut into N contiguous folds of
+    ``U // N`` or ``U // N + 1`` users; fold ``fold`` tests, and of the other users in shuffled
+    order the last ``int(U * user_fractions[1])`` validate and the rest train. Every user is
+    then tested in exactly one fold, and validation never meets test. Validation is a slice of
+    the training folds rather than a fold of its own so that training keeps ``1 - 1/N - 0.1``
+    of the users (8:1:1 at N = 10, as ComiRec; a whole validation fold would leave none at
+    N = 2). With N = 10 the last fold (``fold = 9``) is the single split up to rounding.
+
+    Args:
+        num_users: users are ``0 .. num_users - 1``.
+        seed: the shuffle's seed; the same seed always gives the same folds.
+        user_fractions: training, validation and test shares (summing to 1); with folds, only
+            the validation share is read (the test share is ``1 / folds``, training the rest).
+        folds: the number of disjoint test folds (1 = the single 8:1:1 split).
+        fold: the test fold, ``0 .. folds - 1``.
+
+    Returns:
+        int64 ``(train, valid, test)`` user numbers, each ascending, disjoint, together all users.
+
+    Raises:
+        ValueError: fractions not three shares summing to 1, ``folds < 1``, more folds than
+            users, or ``fold`` outside ``0 .. folds - 1``.
+    """
+    if len(user_fractions) != 3 or min(user_fractions) < 0 or not np.isclose(sum(user_fractions), 1.0):
+        raise ValueError(f"user_fractions must be three shares summing to 1, got {user_fractions}")
+    if folds < 1 or not 0 <= fold < folds:
+        raise ValueError(f"need folds >= 1 and 0 <= fold < folds, got fold {fold} of {folds}")
+    if folds > max(num_users, 1):
+        raise ValueError(f"{folds} folds of {num_users} users: a fold would be empty")
+    order = np.random.default_rng(seed).permutation(num_users)
+    if folds == 1:
+        cut_train = int(num_users * user_fractions[0])
+        cut_valid = int(num_users * (user_fractions[0] + user_fractions[1]))
+        parts = order[:cut_train], order[cut_train:cut_valid], order[cut_valid:]
+    else:
+        start, stop = fold * num_users // folds, (fold + 1) * num_users // folds
+        rest = np.concatenate([order[:start], order[stop:]])
+        cut = len(rest) - int(num_users * user_fractions[1])
+        parts = rest[:cut], rest[cut:], order[start:stop]
+    train, valid, test = (np.sort(users).astype(np.int64) for users in parts)
+    return train, valid, test
+
+
 def comirec_split(
     sequences: Sequence[np.ndarray],
     seed: int = DEFAULT_SEED,
     user_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
     history_fraction: float = 0.8,
+    folds: int = 1,
+    fold: int = 0,
 ) -> ComirecSplit:
     """ComiRec's protocol split (``preprocess/data.py`` and ``DataIterator`` of THUDM/ComiRec).
 
-    Users are shuffled with ``seed``; of ``U`` users the first ``int(U * 0.8)`` train, the
-    next ``int(U * 0.9) - int(U * 0.8)`` validate, the rest test. Each held-out user's
-    sequence is cut by :func:`history_length`. Held-out users with fewer than
+    Users are divided by :func:`comirec_users`: with ``folds = 1`` ComiRec's 8:1:1 (the first
+    ``int(U * 0.8)`` shuffled users train, the next ``int(U * 0.9) - int(U * 0.8)`` validate,
+    the rest test); with ``folds = N`` fold ``fold`` of N disjoint folds tests. Each held-out
+    user's sequence is cut by :func:`history_length`. Held-out users with fewer than
     :data:`MIN_EVAL_LENGTH` events are dropped (see :attr:`ComirecSplit.dropped_users`).
 
     Args:
@@ -96,6 +154,8 @@ def comirec_split(
         seed: the shuffle's seed; the same seed always gives the same split.
         user_fractions: training, validation and test shares of the users (summing to 1).
         history_fraction: share of a held-out sequence used as history.
+        folds: disjoint test folds (1 = the single split).
+        fold: the test fold, ``0 .. folds - 1``.
 
     Returns:
         The split; the trainer trains on ``split.train`` only.
@@ -104,15 +164,8 @@ def comirec_split(
         >>> split = comirec_split(data.sequences, seed=42)
         >>> model.fit(examples_from(split.train)); evaluate(split.test_histories, split.test_targets)
     """
-    if len(user_fractions) != 3 or min(user_fractions) < 0 or not np.isclose(sum(user_fractions), 1.0):
-        raise ValueError(f"user_fractions must be three shares summing to 1, got {user_fractions}")
     history_length(MIN_EVAL_LENGTH, history_fraction)  # validates the fraction
-    num_users = len(sequences)
-    order = np.random.default_rng(seed).permutation(num_users)
-    cut_train = int(num_users * user_fractions[0])
-    cut_valid = int(num_users * (user_fractions[0] + user_fractions[1]))
-    train_users = np.sort(order[:cut_train]).astype(np.int64)
-    held_out = [np.sort(order[cut_train:cut_valid]), np.sort(order[cut_valid:])]
+    train_users, *held_out = comirec_users(len(sequences), seed, user_fractions, folds, fold)
     too_short = [users[[len(sequences[u]) < MIN_EVAL_LENGTH for u in users]] for users in held_out]
     valid_users, test_users = (
         users[[len(sequences[u]) >= MIN_EVAL_LENGTH for u in users]].astype(np.int64) for users in held_out

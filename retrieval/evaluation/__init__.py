@@ -7,6 +7,8 @@
 * :mod:`~retrieval.evaluation.protocols`: a saved model on a dataset under one protocol.
 * :mod:`~retrieval.evaluation.prepared`: the same, streamed from a prepared folder.
 * :mod:`~retrieval.evaluation.runs`: runs side by side as a table.
+* :mod:`~retrieval.evaluation.paired`: per-user results of a run, and two runs compared on the
+  same users (difference, standard error, 95% interval, relative change).
 """
 
 import lazy_loader

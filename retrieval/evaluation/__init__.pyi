@@ -23,6 +23,13 @@ from .metrics import (
     user_means,
     user_ranking_metrics,
 )
+from .paired import (
+    USER_METRICS_FILE,
+    PairedComparison,
+    UserMetrics,
+    compare_user_metrics,
+    paired_comparison,
+)
 from .prepared import evaluate_prepared, evaluate_prepared_users, popularity_prepared
 from .protocols import ProtocolResult, evaluate_model_on_data, evaluate_protocol
 from .runs import METRICS_FILE, comparison_markdown, load_run_rows, markdown_table
@@ -32,10 +39,14 @@ __all__ = [
     "DEFAULT_KS",
     "METRICS_FILE",
     "SAMPLED_KS",
+    "USER_METRICS_FILE",
+    "PairedComparison",
     "ProtocolResult",
+    "UserMetrics",
     "candidate_scores",
     "category_codes",
     "comirec_metrics",
+    "compare_user_metrics",
     "comparison_markdown",
     "diversity_at_k",
     "evaluate_comirec",
@@ -49,6 +60,7 @@ __all__ = [
     "full_ranking_top_k",
     "load_run_rows",
     "markdown_table",
+    "paired_comparison",
     "paired_difference",
     "popularity_prepared",
     "popularity_top_k",

@@ -62,7 +62,11 @@ class DataConfig:
     ``"loo-refit"`` (the same test, the model trained on every event before it, validation
     events included: no validation, so a fixed number of epochs, chosen by a ``loo`` run) or
     ``"comirec"`` (ComiRec's: users split 8:1:1 by ``split_seed``; only training users train;
-    validation/test users' first 80% of events predict the remaining 20%). ``shuffle_buffer``:
+    validation/test users' first 80% of events predict the remaining 20%). ``folds`` > 1
+    (``comirec`` only) cuts the shuffled users into that many disjoint folds instead: fold
+    ``fold`` (0-based) tests, 10% of the other users validate, the rest train
+    (:func:`retrieval.data.splits.comirec_users`); the ``folds`` runs of folds 0 .. N-1 test
+    every user once. ``shuffle_buffer``:
     ``prepared`` only, the examples gathered before each shuffle (memory ~ ``shuffle_buffer``
     × ``max_len`` × 4 bytes per input).
 
@@ -78,6 +82,8 @@ class DataConfig:
     format: DataFormat | None = None
     protocol: TrainingProtocol = "loo"
     split_seed: int = 42
+    folds: int = 1
+    fold: int = 0
     shuffle_buffer: int = 100_000
     columns: dict[str, str] = field(default_factory=dict)
     timestamp_unit: TimestampUnit = "s"
@@ -85,6 +91,10 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         object.__setattr__(self, "columns", check_columns(self.columns))  # names as text
+        # One field at a time (overrides apply in order); fold < folds and the protocol are
+        # checked where the split is made (retrieval.training.protocols.make_protocol).
+        if self.folds < 1 or self.fold < 0:
+            raise ValueError(f"data.folds must be >= 1 and data.fold >= 0, got {self.folds} and {self.fold}")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ class Protocol:
             ``evaluate`` without diversity, before averaging).
         depth: the top-k ``per_user`` reads.
         shown: validation metrics shown per epoch; the first is the early-stopping monitor.
+        user_ids: the external id of every user (``SequenceData.users``; the split's user
+            numbers are positions in it).
     """
 
     name: str
@@ -51,6 +53,15 @@ class Protocol:
     per_user: Callable[[np.ndarray, Any], dict[str, np.ndarray]]
     depth: int
     shown: tuple[str, ...]
+    user_ids: Sequence[str]
+
+    def held_out_ids(self, split: str) -> list[str]:
+        """The external ids of the ``valid`` or ``test`` users, in the split's order (that of
+        ``per_user``'s values), so that per-user results of two runs can be paired by user."""
+        if split not in ("valid", "test"):
+            raise ValueError(f"unknown split {split!r}; expected valid or test")
+        users = self.split.valid_users if split == "valid" else self.split.test_users
+        return [self.user_ids[u] for u in users]
 
 
 LOO_SHOWN = ("ndcg@10", "hr@10", "recall@50")
@@ -60,8 +71,11 @@ def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
     """The split and scoring of ``config.protocol``.
 
     Raises:
-        ValueError: an unknown protocol.
+        ValueError: an unknown protocol, ``data.folds > 1`` with another protocol than
+            ``comirec``, or ``data.fold`` not below ``data.folds``.
     """
+    if config.folds > 1 and config.protocol != "comirec":
+        raise ValueError(f"data.folds > 1 needs data.protocol=comirec, not {config.protocol!r}")
     if config.protocol in ("loo", "loo-refit"):
         return Protocol(
             "loo",
@@ -74,9 +88,10 @@ def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
             user_ranking_metrics,
             max(DEFAULT_KS),
             LOO_SHOWN,
+            data.users,
         )
     if config.protocol == "comirec":
-        parts = comirec_split(data.sequences, seed=config.split_seed)
+        parts = comirec_split(data.sequences, seed=config.split_seed, folds=config.folds, fold=config.fold)
         first = {i: str(a[0]) for i, a in (data.item_attributes or {}).items() if len(a)}
         categories = category_codes(first, data.vocab.num_embeddings) if first else None
         return Protocol(
@@ -90,5 +105,6 @@ def make_protocol(config: DataConfig, data: SequenceData) -> Protocol:
             user_comirec_metrics,
             max(COMIREC_KS),
             ("recall@50", "hitrate@50", "recall@20"),
+            data.users,
         )
     raise ValueError(f"unknown protocol {config.protocol!r}; choose one of {TRAINING_PROTOCOLS}")

@@ -57,7 +57,7 @@ from bench.data import add_data_root_argument, dataset_file
 from retrieval.artifacts import load_model
 from retrieval.config import apply_overrides
 from retrieval.data import DATASETS, load_interactions
-from retrieval.evaluation import paired_difference
+from retrieval.evaluation import USER_METRICS_FILE, UserMetrics, compare_user_metrics
 from retrieval.training import (
     Config,
     InMemoryData,
@@ -121,7 +121,8 @@ class Dataset:
 
 @dataclass(frozen=True)
 class Run:
-    """One training run: a dataset, a protocol, a tower with a fusion mode, a seed."""
+    """One training run: a dataset, a protocol, a tower with a fusion mode, a seed, and under the
+    ComiRec protocol with ``folds`` > 1 the test fold."""
 
     dataset: Dataset
     protocol: str
@@ -129,6 +130,8 @@ class Run:
     fusion: str
     side_features: str
     seed: int
+    folds: int = 1
+    fold: int = 0
 
     @property
     def preset(self) -> str | None:
@@ -136,8 +139,9 @@ class Run:
         return preset_for(self.dataset.preset, self.tower)
 
     def folder(self, out: Path) -> Path:
-        """The run's model artifact folder."""
-        return out / self.dataset.name / self.protocol / f"{self.tower}-{self.fusion}" / f"seed{self.seed}"
+        """The run's model artifact folder: ``.../seed<N>``, or ``.../seed<N>-fold<i>of<folds>``."""
+        name = f"seed{self.seed}" + (f"-fold{self.fold}of{self.folds}" if self.folds > 1 else "")
+        return out / self.dataset.name / self.protocol / f"{self.tower}-{self.fusion}" / name
 
 
 def slice_dataset(source: str, max_users: int, folder: Path) -> str:
@@ -193,9 +197,12 @@ def plan(
     side_features: str,
     seeds: Sequence[int],
     fusion_towers: Sequence[str] | None = None,
+    folds: int = 1,
 ) -> list[Run]:
-    """Every run, in the order they are trained: by dataset, protocol, tower, fusion, then seed.
+    """Every run, in the order they are trained: by dataset, protocol, tower, fusion, seed, then fold.
 
+    Under the ``comirec`` protocol each seed runs ``folds`` test folds (one run, the single
+    8:1:1 split, when ``folds`` is 1); leave-one-out tests every user already and runs once.
     Each of ``fusion_towers`` (default: every tower of ``towers`` that reads side information,
     :func:`retrieval.training.model.takes_side_information`) runs each of ``fusions``, the modes other
     than ``none`` with ``side_features``; every other tower runs ``none`` only.
@@ -216,7 +223,12 @@ def plan(
             for tower in towers:
                 for fusion in fusions if tower in fusion_towers else ("none",):
                     side = side_features if fusion != "none" else ""
-                    runs += [Run(dataset, protocol, tower, fusion, side, seed) for seed in seeds]
+                    n = folds if protocol == "comirec" else 1
+                    runs += [
+                        Run(dataset, protocol, tower, fusion, side, seed, n, fold)
+                        for seed in seeds
+                        for fold in range(n)
+                    ]
     return runs
 
 
@@ -231,6 +243,8 @@ def run_config(run: Run, epochs: int | None, overrides: Sequence[str]) -> Config
         f"model.fusion={run.fusion}",
         f"model.side_features={run.side_features}",
         f"train.seed={run.seed}",
+        f"data.folds={run.folds}",
+        f"data.fold={run.fold}",
         *([f"train.epochs={epochs}"] if epochs is not None else []),
     ]
     return apply_overrides(config, [*own, *overrides])
@@ -253,7 +267,9 @@ def finished(config: Config, out: Path) -> bool:
     """
     if not (out / "metrics.json").is_file():
         return False
-    differ = _differences(json.loads((out / "config.json").read_text()), config.to_dict())
+    # Read through Config so that a field added since the run was saved takes its default.
+    saved = Config.from_dict(json.loads((out / "config.json").read_text())).to_dict()
+    differ = _differences(saved, config.to_dict())
     if differ:
         raise ValueError(
             f"{out} holds a finished run of another configuration ({'; '.join(differ)}): "
@@ -274,17 +290,23 @@ def run_one(config: Config, out: Path, verbose: int = 2) -> tuple[dict[str, Any]
     return metrics, "resumed" if resume else "trained"
 
 
-def user_test_metrics(
-    config: Config, folder: Path, data: dict[tuple[Any, ...], InMemoryData]
-) -> dict[str, np.ndarray]:
+def user_test_metrics(config: Config, folder: Path, data: dict[tuple[Any, ...], InMemoryData]) -> UserMetrics:
     """A finished run's test metrics per user (:meth:`InMemoryData.user_metrics`, exact search
-    with its saved model), in the split's user order. ``data`` caches the loaded datasets (by
+    with its saved model), by external user id. Kept in the run folder as
+    ``user_metrics.csv`` (:data:`retrieval.evaluation.USER_METRICS_FILE`) and read from there
+    while it is newer than the run's ``metrics.json``. ``data`` caches the loaded datasets (by
     what the split and the features depend on)."""
+    kept = folder / USER_METRICS_FILE
+    if kept.is_file() and kept.stat().st_mtime >= (folder / "metrics.json").stat().st_mtime:
+        return UserMetrics.load(kept)
     d = config.data
-    key = (d.path, d.format, d.protocol, d.split_seed, config.model.side_features)
+    key = (d.path, d.format, d.protocol, d.split_seed, d.folds, d.fold, config.model.side_features)
     if key not in data:
         data[key] = InMemoryData(config)
-    return data[key].user_metrics(load_model(folder), "test")
+    values = data[key].user_metrics(load_model(folder), "test")
+    result = UserMetrics(tuple(data[key].rules.held_out_ids("test")), values)
+    result.save(kept)
+    return result
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -294,6 +316,48 @@ def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
     """The mean and the sample standard deviation (``ddof = 1``; None for a single value)."""
     x = np.asarray(values, np.float64)
     return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else None
+
+
+def pool_folds(
+    records: Sequence[Mapping[str, Any]], per_user: Sequence[UserMetrics]
+) -> tuple[list[dict[str, Any]], list[UserMetrics]]:
+    """One record per (dataset, protocol, tower, fusion, seed): the test folds of a seed pooled.
+
+    A pooled record's test metrics and popularity baseline are means over the users of all its
+    folds (each fold's mean weighted by its test users: every metric, diversity included, is a
+    mean over users), its ``train_seconds`` the folds' sum, ``folds_pooled`` the folds in it; its
+    per-user values are the folds' together. A run without folds is kept as it is.
+
+    Args:
+        records: the runs, as :func:`train_and_report` records them (``fold``, ``folds``).
+        per_user: each run's :func:`user_test_metrics`, aligned with ``records``.
+    """
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, r in enumerate(records):
+        groups.setdefault((r["dataset"], r["protocol"], r["tower"], r["fusion"], r["seed"]), []).append(i)
+    pooled_records, pooled_users = [], []
+    for members in groups.values():
+        first = records[members[0]]
+        if first.get("folds", 1) == 1:
+            pooled_records += [dict(records[i]) for i in members]
+            pooled_users += [per_user[i] for i in members]
+            continue
+        weights = [len(per_user[i].users) for i in members]
+
+        def pooled(key: str, members: list[int] = members, weights: list[int] = weights) -> dict[str, float]:
+            runs = [records[i]["metrics"][key] for i in members]
+            names = [m for m in runs[0] if all(m in r for r in runs)]
+            return {m: float(np.average([r[m] for r in runs], weights=weights)) for m in names}
+
+        metrics = {
+            "test": pooled("test"),
+            "baseline_popularity_test": pooled("baseline_popularity_test"),
+            "train_seconds": float(sum(records[i]["metrics"]["train_seconds"] for i in members)),
+        }
+        folds = [records[i]["fold"] for i in members]
+        pooled_records.append({**first, "fold": None, "folds_pooled": folds, "metrics": metrics})
+        pooled_users.append(UserMetrics.concat([per_user[i] for i in members]))
+    return pooled_records, pooled_users
 
 
 def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -330,26 +394,28 @@ def _name(record: Mapping[str, Any]) -> str:
 
 def paired(
     records: Sequence[Mapping[str, Any]],
-    per_user: Sequence[Mapping[str, np.ndarray]],
+    per_user: Sequence[UserMetrics],
     reference: str | None = None,
 ) -> list[dict[str, Any]]:
     """Per dataset × protocol with two or more towers/fusions: each against the reference on the
     same test users.
 
     Per user, a row's value of a metric is its mean over the row's seeds; a row's difference is
-    the mean over the users of (row − reference), with its standard error
-    (:func:`retrieval.evaluation.metrics.paired_difference`).
+    the mean over the users of (row − reference), with its standard error, 95% interval and
+    the relative change (:func:`retrieval.evaluation.paired_comparison`), users paired by id.
 
     Args:
-        records: the runs (``dataset``, ``protocol``, ``tower``, ``fusion``, ``seed``).
-        per_user: each run's :func:`user_test_metrics`, aligned with ``records``.
+        records: the runs (``dataset``, ``protocol``, ``tower``, ``fusion``, ``seed``), folds
+            pooled (:func:`pool_folds`).
+        per_user: each run's per-user test metrics, aligned with ``records``.
         reference: ``<tower>-<fusion>`` (``sasrec-none``); None or absent from a dataset ×
             protocol = its first row.
 
     Returns:
         ``[{"dataset", "protocol", "reference", "users", "reference_mean", "reference_se",
-        "rows": [{"tower", "fusion", "seeds", "difference": {metric: …}, "se": {metric: …}}]}]``;
-        ``reference_se`` is the reference's own standard error over the users.
+        "rows": [{"tower", "fusion", "seeds", "difference": {metric: …}, "se", "low", "high",
+        "relative", "relative_se"}]}]``; ``reference_se`` is the reference's own standard error
+        over the users.
     """
     out = []
     for key in dict.fromkeys((r["dataset"], r["protocol"]) for r in records):
@@ -359,33 +425,29 @@ def paired(
                 rows.setdefault(_name(r), []).append(i)
         if len(rows) < 2:
             continue
-        means = {
-            name: {m: np.mean([per_user[i][m] for i in members], axis=0) for m in per_user[members[0]]}
-            for name, members in rows.items()
-        }
+        means = {name: UserMetrics.average([per_user[i] for i in members]) for name, members in rows.items()}
         ref = reference if reference in rows else next(iter(rows))
-        users = len(next(iter(means[ref].values())))
         entry: dict[str, Any] = {
             "dataset": key[0],
             "protocol": key[1],
             "reference": ref,
-            "users": users,
-            "reference_mean": {m: float(v.mean()) for m, v in means[ref].items()},
-            "reference_se": {m: float(v.std(ddof=1) / np.sqrt(len(v))) for m, v in means[ref].items()},
+            "users": len(means[ref].users),
+            "reference_mean": means[ref].means(),
+            "reference_se": {m: float(v.std(ddof=1) / np.sqrt(len(v))) for m, v in means[ref].values.items()},
             "rows": [],
         }
         for name, members in rows.items():
             if name == ref:
                 continue
-            pairs = {m: paired_difference(v, means[ref][m]) for m, v in means[name].items()}
+            comparison = compare_user_metrics(means[name], means[ref])
             first = records[members[0]]
+            fields = ("difference", "se", "low", "high", "relative", "relative_se")
             entry["rows"].append(
                 {
                     "tower": first["tower"],
                     "fusion": first["fusion"],
                     "seeds": [records[i]["seed"] for i in members],
-                    "difference": {m: d for m, (d, _) in pairs.items()},
-                    "se": {m: e for m, (_, e) in pairs.items()},
+                    **{f: {m: getattr(c, f) for m, c in comparison.items()} for f in fields},
                 }
             )
         out.append(entry)
@@ -447,9 +509,10 @@ def tables(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
-def _signed(difference: float, se: float, digits: int = 4) -> str:
+def _signed(difference: float, se: float, relative: float, digits: int = 4) -> str:
     cell = f"{difference:+.{digits}f} ± {se:.{digits}f}"
-    return f"**{cell}**" if abs(difference) > 2 * se else cell
+    cell = f"**{cell}**" if abs(difference) > 2 * se else cell
+    return cell if np.isnan(relative) else f"{cell} ({relative:+.1%})"
 
 
 def paired_table(entry: Mapping[str, Any]) -> str:
@@ -462,7 +525,7 @@ def paired_table(entry: Mapping[str, Any]) -> str:
     cells = [f"{entry['reference_mean'][c]:.4f} ± {entry['reference_se'][c]:.4f}" for c in columns]
     lines.append(f"| `{tower}` (reference) | {fusion} | – | " + " | ".join(cells) + " |")
     for row in entry["rows"]:
-        cells = [_signed(row["difference"][c], row["se"][c]) for c in columns]
+        cells = [_signed(row["difference"][c], row["se"][c], row["relative"][c]) for c in columns]
         lines.append(
             f"| `{row['tower']}` | {row['fusion']} | {len(row['seeds'])} | " + " | ".join(cells) + " |"
         )
@@ -486,16 +549,22 @@ def markdown(report: Mapping[str, Any]) -> str:
         "given as a path), then the protocol, tower, fusion, seed, `--epochs` and every `--set`.",
     ]
     comparisons = {(p["dataset"], p["protocol"]): p for p in report.get("paired", [])}
+    folds = meta.get("folds", 1)
     for dataset, protocol, table in tables(report):
-        lines += ["", f"### {dataset}: {TITLES[protocol]}", "", table]
+        title = TITLES[protocol]
+        if protocol == "comirec" and folds > 1:
+            title += f", {folds} test folds pooled: every user tested once"
+        lines += ["", f"### {dataset}: {title}", "", table]
         entry = comparisons.get((dataset, protocol))
         if entry is not None:
             lines += [
                 "",
                 f"Paired against `{entry['reference']}` on the same {entry['users']} test users: per "
                 "user, each row's metric is averaged over its seeds; a cell is the mean over the users "
-                "of (row − reference) ± its standard error, **bold** beyond 2 errors. The reference "
-                "row is its mean ± its own standard error over the users.",
+                "of (row − reference) ± its standard error, **bold** beyond 2 errors, then the "
+                "relative change (row mean / reference mean − 1; the 95% intervals are in "
+                "`results.json` and `python -m bench.paired`). The reference row is its mean ± its "
+                "own standard error over the users.",
                 "",
                 paired_table(entry),
             ]
@@ -619,26 +688,48 @@ def plot_training_curves(report: Mapping[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def write_user_metrics(
+    out: Path, records: Sequence[Mapping[str, Any]], per_user: Sequence[UserMetrics]
+) -> None:
+    """``OUT/users/<dataset>/<protocol>/<tower>-<fusion>.csv``: per test user (folds pooled), each
+    metric averaged over the row's seeds: what ``python -m bench.paired`` compares across reports."""
+    rows: dict[tuple[str, str, str], list[UserMetrics]] = {}
+    for record, users in zip(records, per_user, strict=True):
+        rows.setdefault((record["dataset"], record["protocol"], _name(record)), []).append(users)
+    for (dataset, protocol, name), parts in rows.items():
+        path = out / "users" / dataset / protocol / f"{name}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        UserMetrics.average(parts).save(path)
+
+
 def write_report(
     out: Path,
     meta: dict[str, Any],
     records: Sequence[Mapping[str, Any]],
     plots: bool,
-    per_user: Sequence[Mapping[str, np.ndarray]] = (),
+    per_user: Sequence[UserMetrics],
     reference: str | None = None,
 ) -> dict[str, Any]:
-    """Writes ``results.json`` and ``results.md`` (and, with ``plots``, the two PNGs); returns the
-    report. With ``per_user`` (each run's :func:`user_test_metrics`) it has the :func:`paired`
-    comparisons against ``reference``."""
+    """Writes ``results.json``, ``results.md``, the per-user files (:func:`write_user_metrics`)
+    and, with ``plots``, the two PNGs; returns the report.
+
+    The tables and the :func:`paired` comparisons against ``reference`` (``per_user``: each
+    run's :func:`user_test_metrics`) cover the seeds whose test folds are all done, each pooled
+    over its folds (:func:`pool_folds`); ``runs`` lists every run, fold by fold.
+    """
     meta["load_end"] = load_average(2)
+    pooled, pooled_users = pool_folds(records, per_user)
+    done = [i for i, r in enumerate(pooled) if len(r.get("folds_pooled", [0])) == r.get("folds", 1)]
+    pooled, pooled_users = [pooled[i] for i in done], [pooled_users[i] for i in done]
     report = {
         "meta": meta,
         "runs": list(records),
-        "groups": aggregate(records),
-        "baselines": baselines(records),
-        "paired": paired(records, per_user, reference) if per_user else [],
+        "groups": aggregate(pooled),
+        "baselines": baselines(pooled),
+        "paired": paired(pooled, pooled_users, reference),
     }
     out.mkdir(parents=True, exist_ok=True)
+    write_user_metrics(out, pooled, pooled_users)
     (out / "results.json").write_text(json.dumps(report, indent=2))
     (out / "results.md").write_text(markdown(report))
     if plots and records:
@@ -678,6 +769,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--seeds", nargs="+", type=int, help=f"training seeds (default {' '.join(map(str, DEFAULT_SEEDS))})"
     )
     p.add_argument("--epochs", type=int, help="every run's train.epochs (default: the preset's)")
+    p.add_argument(
+        "--folds",
+        type=int,
+        default=1,
+        help="comirec: N disjoint test folds per seed (data.folds; each user tested once, metrics "
+        "pooled over all users); default 1, the single 8:1:1 split",
+    )
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="for every run")
     p.add_argument(
         "--max-users",
@@ -728,6 +826,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.towers = list(dict.fromkeys(args.towers or tower_names()))
     args.seeds = list(dict.fromkeys(args.seeds or DEFAULT_SEEDS))
     args.max_users = args.max_users or 0
+    if args.folds < 1:
+        p.error(f"--folds must be at least 1, got {args.folds}")
     args.out = args.out or Path("runs/quality-quick" if args.quick else "runs/quality")
     args.runs = args.runs or args.out
     return args
@@ -749,6 +849,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine(),
         "load_start": load_average(2),
         "seeds": args.seeds,
+        "folds": args.folds,
         "epochs": args.epochs,
         "set": args.set,
         "runs": str(args.runs),
@@ -785,6 +886,7 @@ def planned_runs(args: argparse.Namespace) -> tuple[list[Run], list[Config]]:
         args.side_features,
         args.seeds,
         args.fusion_towers,
+        args.folds,
     )
     return runs, [run_config(r, args.epochs, args.set) for r in runs]
 
@@ -811,7 +913,8 @@ def train_and_report(
     loaded: dict[tuple[Any, ...], InMemoryData] = {}
     for i, (run, config) in enumerate(zip(runs, configs, strict=True)):
         folder = run.folder(args.runs)
-        print(f"\n=== [{i + 1}/{len(runs)}] {folder}", flush=True)
+        fold = f" (test fold {run.fold} of 0..{run.folds - 1})" if run.folds > 1 else ""
+        print(f"\n=== [{i + 1}/{len(runs)}] {folder}{fold}", flush=True)
         metrics, how = run_one(config, folder, verbose=0 if args.quiet else 2)
         records.append(
             {
@@ -825,6 +928,12 @@ def train_and_report(
             }
         )
         per_user.append(user_test_metrics(config, folder, loaded))
+        headline = MONITOR[run.protocol]
+        print(
+            f"{how}: test {headline} {metrics['test'].get(headline, float('nan')):.4f} over "
+            f"{len(per_user[-1].users)} users, {metrics['train_seconds']:.0f} s",
+            flush=True,
+        )
         write_report(args.out, meta, records, plots=False, per_user=per_user, reference=args.reference)
     return write_report(args.out, meta, records, not args.no_plots, per_user, args.reference)
 

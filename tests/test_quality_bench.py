@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench import paired as paired_bench
 from bench import quality
 from retrieval.data.loaders import load_interactions
+from retrieval.evaluation import UserMetrics, compare_user_metrics
 from retrieval.training import presets
 from retrieval.training.config import Config
 from retrieval.training.presets import Preset
@@ -190,13 +192,14 @@ def test_quick_report(
     per_user = {
         key: quality.user_test_metrics(
             Config.from_dict(json.loads((folder / "config.json").read_text())), folder, {}
-        )
+        ).values
         for key, folder in folders.items()
     }
     for key, values in per_user.items():
         test = json.loads((folders[key] / "metrics.json").read_text())["test"]
         for metric, v in values.items():
             assert v.mean() == pytest.approx(test[metric], abs=1e-9), (key, metric)
+        assert (folders[key] / "user_metrics.csv").is_file()  # kept beside the run
     (entry,) = report["paired"]
     assert (entry["reference"], entry["users"]) == ("youtubednn-none", 60)
     (row,) = entry["rows"]
@@ -208,8 +211,9 @@ def test_quick_report(
         assert row["difference"][metric] == pytest.approx(d.mean(), abs=1e-12)
         assert row["se"][metric] == pytest.approx(d.std(ddof=1) / np.sqrt(60), abs=1e-12)
     paired_rows = _table_rows(markdown, "Paired against `youtubednn-none` on the same 60 test users")
-    cell = paired_rows["`sasrec` none"]["NDCG@10"].strip("*")
-    assert cell == f"{row['difference']['ndcg@10']:+.4f} ± {row['se']['ndcg@10']:.4f}"
+    cell = paired_rows["`sasrec` none"]["NDCG@10"].replace("*", "")
+    relative = f"{row['relative']['ndcg@10']:+.1%}"
+    assert cell == f"{row['difference']['ndcg@10']:+.4f} ± {row['se']['ndcg@10']:.4f} ({relative})"
     # --reference picks another row.
     again_argv = [*argv, "--reference", "sasrec-none", "--out", str(tmp_path / "ref"), "--runs", str(out)]
     assert quality.main(again_argv) == 0
@@ -237,3 +241,136 @@ def test_quick_report(
     assert listed == ["finished"] * 4
     # Another configuration over a finished run is refused before anything runs.
     assert quality.main([*argv, "--epochs", "2"]) == 2
+
+
+def test_folds_plan_comirec_runs_per_fold_with_their_own_folders_and_config() -> None:
+    data = quality.Dataset("log", "/x/log.csv")
+    runs = quality.plan([data], ["loo", "comirec"], ["sa"], ["none"], "", [1, 2], folds=3)
+    assert [(r.protocol, r.seed, r.folds, r.fold) for r in runs] == [
+        ("loo", 1, 1, 0),
+        ("loo", 2, 1, 0),  # leave-one-out tests every user already
+        *[("comirec", s, 3, f) for s in (1, 2) for f in range(3)],
+    ]
+    assert runs[0].folder(Path("out")) == Path("out/log/loo/sa-none/seed1")
+    assert runs[3].folder(Path("out")) == Path("out/log/comirec/sa-none/seed1-fold1of3")
+    config = quality.run_config(runs[3], None, [])
+    assert (config.data.protocol, config.data.folds, config.data.fold) == ("comirec", 3, 1)
+    assert quality.run_config(runs[0], None, []).data.folds == 1
+
+
+def _fold_records(
+    rng: np.random.Generator, towers: tuple[str, ...], folds: int, users: int
+) -> tuple[list[dict[str, Any]], list[UserMetrics]]:
+    """Records and per-user metrics as train_and_report keeps them, for runs that never trained."""
+    ids = [f"u{u}" for u in rng.permutation(users)]
+    bounds = [f * users // folds for f in range(folds + 1)]
+    records, per_user = [], []
+    for tower in towers:
+        for fold in range(folds):
+            fold_ids = tuple(ids[bounds[fold] : bounds[fold + 1]])
+            values = {m: rng.random(len(fold_ids)) for m in ("recall@50", "ndcg@50")}
+            means = {m: float(v.mean()) for m, v in values.items()}
+            metrics = {
+                "test": {**means, "diversity@50": 0.5 + fold},
+                "baseline_popularity_test": {"recall@50": 0.1 * (fold + 1)},
+                "train_seconds": 10.0 + fold,
+            }
+            run = {"dataset": "log", "protocol": "comirec", "tower": tower, "fusion": "none"}
+            records.append(
+                {**run, "side_features": "", "seed": 1, "folds": folds, "fold": fold, "metrics": metrics}
+            )
+            per_user.append(UserMetrics(fold_ids, values))
+    return records, per_user
+
+
+def test_pooled_folds_are_means_over_every_user(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    records, per_user = _fold_records(rng, ("sa", "sasrec"), 3, 31)  # folds of 10, 10, 11 users
+    pooled, users = quality.pool_folds(records, per_user)
+    assert [(r["tower"], r["folds_pooled"]) for r in pooled] == [("sa", [0, 1, 2]), ("sasrec", [0, 1, 2])]
+    for record, u, start in zip(pooled, users, (0, 3), strict=True):
+        assert len(u.users) == 31 and u.users == tuple(
+            x for p in per_user[start : start + 3] for x in p.users
+        )
+        for m in ("recall@50", "ndcg@50"):  # the mean of the pooled users' values
+            all_values = np.concatenate([p.values[m] for p in per_user[start : start + 3]])
+            assert record["metrics"]["test"][m] == pytest.approx(all_values.mean(), abs=1e-12)
+        # Fold means weighted by their users: (10 * 0.5 + 10 * 1.5 + 11 * 2.5) / 31.
+        assert record["metrics"]["test"]["diversity@50"] == pytest.approx((5 + 15 + 27.5) / 31)
+        assert record["metrics"]["baseline_popularity_test"]["recall@50"] == pytest.approx((1 + 2 + 3.3) / 31)
+        assert record["metrics"]["train_seconds"] == 33.0
+
+    # The report: tables of the pooled values, sa paired against sasrec by user id, per-user files.
+    meta = {"date": "d", "commit": "c", "command": "python -m bench.quality", "machine": "m", "load_start": 0}
+    meta["runs"] = str(tmp_path)
+    report = quality.write_report(tmp_path, {**meta, "folds": 3}, records, False, per_user, "sasrec-none")
+    assert [g["tower"] for g in report["groups"]] == ["sa", "sasrec"]
+    assert report["groups"][0]["mean"]["recall@50"] == pooled[0]["metrics"]["test"]["recall@50"]
+    (entry,) = report["paired"]
+    assert (entry["reference"], entry["users"]) == ("sasrec-none", 31)
+    sa = users[0]
+    sasrec = UserMetrics.load(tmp_path / "users" / "log" / "comirec" / "sasrec-none.csv").aligned_with(sa)
+    d = sa.values["recall@50"] - sasrec.values["recall@50"]
+    (row,) = entry["rows"]
+    assert row["difference"]["recall@50"] == pytest.approx(d.mean(), abs=1e-12)
+    assert row["se"]["recall@50"] == pytest.approx(d.std(ddof=1) / np.sqrt(31), abs=1e-12)
+    ratio = sa.values["recall@50"].mean() / sasrec.values["recall@50"].mean()
+    assert row["relative"]["recall@50"] == pytest.approx(ratio - 1)
+    assert "3 test folds pooled: every user tested once" in (tmp_path / "results.md").read_text()
+    # A seed whose folds are not all done yet is left out of the tables and comparisons.
+    partial = quality.write_report(tmp_path, {**meta, "folds": 3}, records[:5], False, per_user[:5])
+    assert [g["tower"] for g in partial["groups"]] == ["sa"] and partial["paired"] == []
+    assert len(partial["runs"]) == 5
+
+
+def test_paired_command_compares_two_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(1)
+    ids = tuple(f"u{u}" for u in range(40))
+    a = UserMetrics(ids, {"recall@50": rng.random(40), "ndcg@50": rng.random(40)})
+    b = UserMetrics(ids[::-1], {"recall@50": rng.random(40), "ndcg@50": rng.random(40)})
+    a.save(tmp_path / "a.csv")
+    b.save(tmp_path / "b.csv")
+    argv = [str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--metrics", "recall@50", "--names", "K4", "K1"]
+    assert paired_bench.main([*argv, "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    c = compare_user_metrics(a, b)["recall@50"]
+    low, high = c.relative_interval
+    row = next(line for line in out.splitlines() if line.startswith("| recall@50"))
+    assert row.replace("*", "") == (
+        f"| recall@50 | {c.mean_a:.4f} | {c.mean_b:.4f} | {c.difference:+.4f} ± {c.se:.4f} | "
+        f"[{c.low:+.4f}, {c.high:+.4f}] | {c.relative:+.1%} [{low:+.1%}, {high:+.1%}] |"
+    )
+    assert "| metric | K4 | K1 |" in out and "40 users" in out
+    saved = json.loads((tmp_path / "c.json").read_text())["metrics"]["recall@50"]
+    assert saved["difference"] == pytest.approx(c.difference) and saved["relative_interval"] == [low, high]
+    UserMetrics(ids[:30], {"recall@50": np.zeros(30)}).save(tmp_path / "fewer.csv")
+    assert paired_bench.main([str(tmp_path / "a.csv"), str(tmp_path / "fewer.csv")]) == 2
+    assert "different users" in capsys.readouterr().err
+
+
+def test_a_run_saved_before_a_config_field_existed_is_still_finished(tmp_path: Path) -> None:
+    config = Config()
+    saved = config.to_dict()
+    del saved["data"]["folds"], saved["data"]["fold"]  # written before the fields existed
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    (tmp_path / "metrics.json").write_text("{}")
+    assert quality.finished(config, tmp_path)
+    with pytest.raises(ValueError, match=r"data\.fold: 0 -> 1"):
+        quality.finished(quality.apply_overrides(config, ["data.folds=2", "data.fold=1"]), tmp_path)
+
+
+@pytest.mark.slow  # trains two folds of one tower: ~10 s here
+def test_quick_report_in_folds(synthetic_csv: Path, tmp_path: Path) -> None:
+    out = tmp_path / "folds"
+    argv = ["--quick", "--datasets", str(synthetic_csv), "--towers", "sasrec", "--protocols", "comirec"]
+    assert quality.main([*argv, "--folds", "2", "--out", str(out), "--quiet", "--no-plots"]) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert [(r["fold"], r["folds"]) for r in report["runs"]] == [(0, 2), (1, 2)]
+    folds = [UserMetrics.load(r["folder"]) for r in report["runs"]]
+    assert not set(folds[0].users) & set(folds[1].users)
+    pooled = UserMetrics.load(out / "users" / "log-200users" / "comirec" / "sasrec-none.csv")
+    assert set(pooled.users) == set(folds[0].users) | set(folds[1].users)
+    assert len(pooled.users) == 60  # every synthetic user has enough events: each is tested once
+    (group,) = report["groups"]
+    for metric in ("recall@50", "ndcg@50", "hitrate@20"):
+        assert group["mean"][metric] == pytest.approx(pooled.values[metric].mean(), abs=1e-9)

@@ -183,12 +183,7 @@ def request_from_query(query: Query) -> retrieval_pb2.RetrieveRequest:
 
 def response_from_result(result: Retrieved) -> retrieval_pb2.RetrieveResponse:
     """A :class:`Retrieved` as a ``RetrieveResponse``."""
-    rank_scores = result.rank_scores or [0.0] * len(result.items)
     response = retrieval_pb2.RetrieveResponse(
-        items=[
-            retrieval_pb2.ScoredItem(item_id=item, score=score, interest=interest, rank_score=rank)
-            for (item, score, interest), rank in zip(result.items, rank_scores, strict=True)
-        ],
         model_version=result.model_version,
         unknown_items=result.unknown_items,
         ranker_version=result.ranker_version,
@@ -196,6 +191,15 @@ def response_from_result(result: Retrieved) -> retrieval_pb2.RetrieveResponse:
         if result.interests is None
         else [retrieval_pb2.Interest(values=row.tolist()) for row in result.interests],
     )
+    # One add() per item, without a rank_score it does not have: half the cost of building
+    # ScoredItem objects and handing them to the constructor (bench.floor's response stage).
+    add = response.items.add
+    if result.rank_scores is None:
+        for item, score, interest in result.items:
+            add(item_id=item, score=score, interest=interest)
+    else:
+        for (item, score, interest), rank in zip(result.items, result.rank_scores, strict=True):
+            add(item_id=item, score=score, interest=interest, rank_score=rank)
     if result.explanations is not None:
         response.explanations.CopyFrom(_explanations_message(result.explanations))
     return response

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,7 @@ class ItemVocab:
 
     def lookup(self, item_ids: Sequence[str]) -> np.ndarray:
         """External ids -> int64 dense indices ``[n]``; unknown ids map to ``PAD`` (0)."""
-        return np.fromiter((self._index.get(i, PAD) for i in item_ids), np.int64, len(item_ids))
+        return np.fromiter(map(self._index.get, item_ids, repeat(PAD)), np.int64, len(item_ids))
 
     def external(self, indices: np.ndarray | Sequence[int]) -> list[str]:
         """Dense indices (``>= 1``) -> external ids.

@@ -169,6 +169,12 @@ def test_towers_taking_side_information_are_the_ones_build_model_accepts_it_for(
     from retrieval.training.model import build_model, takes_side_information
     from towers import tower_names
 
-    assert [t for t in tower_names() if takes_side_information(t)] == ["bert4rec", "sa", "sasrec"]
+    assert [t for t in tower_names() if takes_side_information(t)] == [
+        "bert4rec",
+        "bsarec",
+        "fmlprec",
+        "sa",
+        "sasrec",
+    ]
     with pytest.raises(ValueError, match="'youtubednn' does not take side information"):
         build_model(ModelConfig(tower="youtubednn", dim=8, max_len=5, fusion="sum"), 10)

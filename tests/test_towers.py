@@ -26,6 +26,8 @@ KWARGS = {
     "dr": {"num_interests": 3},
     "mind": {"num_interests": 3},
     "din": {"num_interests": 3},
+    "fmlprec": {"num_blocks": 2, "dropout": 0.1},
+    "bsarec": {"num_blocks": 2, "num_heads": 2, "dropout": 0.1, "filter_alpha": 0.5, "filter_cutoff": 2},
 }
 # Towers whose attention maps are checked for shape and zero weight on padding.
 ATTENTION_MAPS = {"sa": "interests", "dr": "routing", "mind": "routing", "din": "activation"}
@@ -156,6 +158,12 @@ def test_build_model_passes_the_config_fields_each_tower_accepts() -> None:
     assert build_model(ModelConfig(tower="sa", dim=8), 20).user_tower.num_interests == 4  # tower default
     with pytest.raises(ValueError, match="single-interest"):
         build_model(ModelConfig(tower="sasrec", dim=8, num_interests=4), 20)
+    bsarec = build_model(
+        ModelConfig(tower="bsarec", dim=8, num_blocks=3, filter_alpha=0.25, filter_cutoff=2), 20
+    )
+    assert [(b.alpha, b.beyond.cutoff) for b in bsarec.user_tower.blocks] == [(0.25, 2)] * 3
+    fmlprec = build_model(ModelConfig(tower="fmlprec", dim=8, max_len=7, num_blocks=1), 20)
+    assert [b.filter.length for b in fmlprec.user_tower.blocks] == [7]
 
 
 def learnable_examples(n: int = 96, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -180,8 +188,8 @@ def full_softmax_task() -> SampledSoftmaxTask:
 
 
 @pytest.mark.parametrize(
-    "name", tiered(tower_names(), slow={"bert4rec", "sasrec", "din", "dr", "mind"})
-)  # 2-4 s each
+    "name", tiered(tower_names(), slow={"bert4rec", "sasrec", "din", "dr", "mind", "fmlprec", "bsarec"})
+)  # 2-4 s each, the frequency towers 8-10 s
 def test_a_few_training_steps_reduce_the_loss(name: str) -> None:
     keras.utils.set_random_seed(0)
     config = dataclasses.replace(ModelConfig(tower=name, dim=DIM, max_len=MAX_LEN), **KWARGS.get(name, {}))
@@ -198,7 +206,7 @@ def test_a_few_training_steps_reduce_the_loss(name: str) -> None:
     assert loss() < 0.9 * before
 
 
-@pytest.mark.parametrize("name", tiered(tower_names(), slow={"bert4rec", "sasrec", "mind", "din"}))
+@pytest.mark.parametrize("name", tiered(tower_names(), slow={"bert4rec", "sasrec", "mind", "din", "bsarec"}))
 def test_exported_user_tower_gives_the_keras_vectors(name: str, tmp_path) -> None:
     model = TwoTowerModel(make_tower(name))
     x = histories(np.random.default_rng(6))
@@ -248,7 +256,7 @@ def oracle_interest_weights(name: str, tower, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "name", tiered(tower_names(), slow={"sasrec", "bert4rec", "din", "mind"})
+    "name", tiered(tower_names(), slow={"sasrec", "bert4rec", "din", "mind", "bsarec"})
 )  # 2-4 s each
 def test_interest_weights_explain_the_interests(name: str, tmp_path) -> None:
     tower = make_tower(name)

@@ -13,8 +13,63 @@ from towers.side import SideInformation
 
 
 @keras.saving.register_keras_serializable(package="towers")
-class TransformerBlock(keras.layers.Layer):
-    """``x + MHA(LN(x))`` then ``x + FFN(LN(x))`` (pre-layer-norm).
+class SequenceBlock(keras.layers.Layer):
+    """``x + mix(LN(x))`` then ``x + FFN(LN(x))`` (pre-layer-norm): the part every sequence
+    block shares; subclasses choose :meth:`mix`, how positions exchange information.
+
+    Call:
+        x: ``[B, L, d]``; attention_mask: bool ``[B, L, L]``, True where query i may attend to
+        key j; side: optional ``[B, L, d]`` (NOVA, see :class:`TransformerBlock`); keep: float
+        ``[B, L, 1]``, 1 at items and 0 at padding -> ``[B, L, d]`` (and the attention weights
+        ``[B, heads, L, L]``, or None for a block without attention, with ``return_attention=True``).
+    """
+
+    def __init__(self, dim: int, dropout: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dim, self.dropout_rate = dim, dropout
+        self.norm1 = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.norm2 = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.ffn_in = keras.layers.Dense(dim, activation="gelu")
+        self.ffn_out = keras.layers.Dense(dim)
+        self.dropout = keras.layers.Dropout(dropout)
+
+    def build(self, input_shape: Any) -> None:
+        self.norm1.build(input_shape)
+        self.norm2.build(input_shape)
+        self.ffn_in.build(input_shape)
+        self.ffn_out.build(input_shape)
+        self.built = True
+
+    def mix(self, h: Any, qk: Any, attention_mask: Any, keep: Any, training: bool) -> tuple[Any, Any]:
+        """Mixing across positions: ``h = LN(x)`` ``[B, L, d]`` (``qk`` = ``LN(x + side)`` under
+        NOVA, else ``h``) -> ``[B, L, d]`` and the attention weights ``[B, heads, L, L]`` or None."""
+        raise NotImplementedError
+
+    def call(
+        self,
+        x: Any,
+        attention_mask: Any,
+        side: Any = None,
+        keep: Any = None,
+        training: bool = False,
+        return_attention: bool = False,
+    ) -> Any:
+        h = self.norm1(x)
+        qk = h if side is None else self.norm1(x + side)
+        keep = ops.ones_like(x[:, :, :1]) if keep is None else keep
+        h, scores = self.mix(h, qk, attention_mask, keep, training)
+        x = x + self.dropout(h, training=training)
+        h = self.ffn_out(self.dropout(self.ffn_in(self.norm2(x)), training=training))
+        x = x + self.dropout(h, training=training)
+        return (x, scores) if return_attention else x
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "dim": self.dim, "dropout": self.dropout_rate}
+
+
+@keras.saving.register_keras_serializable(package="towers")
+class TransformerBlock(SequenceBlock):
+    """A :class:`SequenceBlock` mixing by multi-head self-attention.
 
     With ``side`` (NOVA), queries and keys are computed from ``LN(x + side)`` (NOVA-BERT's
     additive fusion of the layer's item representation and the side embedding, under this
@@ -23,58 +78,26 @@ class TransformerBlock(keras.layers.Layer):
     the sum, not adding ``side`` after the norm, keeps the side embedding at the scale it has
     in the invasive ``sum`` (beside the first block's ``sqrt(d)``-scaled item embeddings)
     instead of a few hundredths beside a unit-variance ``LN(x)``.
-
-    Call:
-        x: ``[B, L, d]``; attention_mask: bool ``[B, L, L]``, True where query i may attend
-        to key j; side: optional ``[B, L, d]`` -> ``[B, L, d]`` (and the attention weights
-        ``[B, heads, L, L]`` with ``return_attention=True``).
     """
 
     def __init__(self, dim: int, num_heads: int, dropout: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(dim, dropout, **kwargs)
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
-        self.dim, self.num_heads, self.dropout_rate = dim, num_heads, dropout
-        self.norm1 = keras.layers.LayerNormalization(epsilon=1e-6)
-        self.norm2 = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.num_heads = num_heads
         self.attention = keras.layers.MultiHeadAttention(num_heads, dim // num_heads, dropout=dropout)
-        self.ffn_in = keras.layers.Dense(dim, activation="gelu")
-        self.ffn_out = keras.layers.Dense(dim)
-        self.dropout = keras.layers.Dropout(dropout)
 
     def build(self, input_shape: Any) -> None:
-        self.norm1.build(input_shape)
-        self.norm2.build(input_shape)
         self.attention.build(input_shape, input_shape, input_shape)
-        self.ffn_in.build(input_shape)
-        self.ffn_out.build(input_shape)
-        self.built = True
+        super().build(input_shape)
 
-    def call(
-        self,
-        x: Any,
-        attention_mask: Any,
-        side: Any = None,
-        training: bool = False,
-        return_attention: bool = False,
-    ) -> Any:
-        h = self.norm1(x)
-        qk = h if side is None else self.norm1(x + side)
-        h, scores = self.attention(
+    def mix(self, h: Any, qk: Any, attention_mask: Any, keep: Any, training: bool) -> tuple[Any, Any]:
+        return self.attention(
             qk, h, qk, attention_mask=attention_mask, return_attention_scores=True, training=training
         )
-        x = x + self.dropout(h, training=training)
-        h = self.ffn_out(self.dropout(self.ffn_in(self.norm2(x)), training=training))
-        x = x + self.dropout(h, training=training)
-        return (x, scores) if return_attention else x
 
     def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "dim": self.dim,
-            "num_heads": self.num_heads,
-            "dropout": self.dropout_rate,
-        }
+        return {**super().get_config(), "num_heads": self.num_heads}
 
 
 class TransformerTower(UserTower):
@@ -117,7 +140,7 @@ class TransformerTower(UserTower):
         self.side_info = SideInformation(fusion, self.dim, self.side_features, item_tower.num_attributes > 0)
         self.positions = RecencyPositionEmbedding(max_len, self.dim)
         self.input_dropout = keras.layers.Dropout(dropout)
-        self.blocks = [TransformerBlock(self.dim, num_heads, dropout) for _ in range(num_blocks)]
+        self.blocks = [self.make_block() for _ in range(num_blocks)]
         self.final_norm = keras.layers.LayerNormalization(epsilon=1e-6)
 
     def build(self, input_shape: Any = None) -> None:
@@ -129,12 +152,17 @@ class TransformerTower(UserTower):
         self.side_info.build()
         self.built = True
 
+    def make_block(self) -> SequenceBlock:
+        """One block of the stack (the hook a tower overrides to mix positions otherwise)."""
+        return TransformerBlock(self.dim, self.num_heads, self.dropout_rate)
+
     def embed_items(self, items: Any) -> Any:
         """Item representations ``[B, L, d]`` (see :meth:`SideInformation.items`)."""
         return self.side_info.items(items, self.item_tower)
 
     def encode(self, inputs: dict[str, Any], training: bool = False) -> tuple[Any, list[Any]]:
-        """Outputs at every position ``[B, L, d]`` and each block's attention ``[B, heads, L, L]``."""
+        """Outputs at every position ``[B, L, d]`` and each block's attention ``[B, heads, L, L]``
+        (None for a block without attention)."""
         items = inputs["items"]
         mask = sequence_mask(items)  # [B, L]
         keep = ops.expand_dims(ops.cast(mask, "float32"), -1)  # [B, L, 1]
@@ -157,7 +185,9 @@ class TransformerTower(UserTower):
         side = None if side is None else side * keep
         attention = []
         for block in self.blocks:
-            x, scores = block(x, attention_mask, side=side, training=training, return_attention=True)
+            x, scores = block(
+                x, attention_mask, side=side, keep=keep, training=training, return_attention=True
+            )
             x = x * keep
             attention.append(scores)
         return self.final_norm(x), attention
@@ -169,11 +199,13 @@ class TransformerTower(UserTower):
     def attention_maps(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Per block, each head's attention from the newest position ``[B, heads, L]``."""
         _, attention = self.encode(inputs)
-        return {f"block{i}": a[:, :, -1, :] for i, a in enumerate(attention)}
+        return {f"block{i}": a[:, :, -1, :] for i, a in enumerate(attention) if a is not None}
 
     def interest_weights(self, inputs: dict[str, Any]) -> Any:
         """The last block's attention from the newest position, averaged over its heads:
         ``[B, 1, L]`` (the one interest is that position's output)."""
+        if self.explanation == "none":
+            return super().interest_weights(inputs)  # raises: no such weights
         _, attention = self.encode(inputs)
         return ops.mean(attention[-1][:, :, -1:, :], axis=1)
 

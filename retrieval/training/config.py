@@ -99,7 +99,13 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """User tower and embedding sizes. ``num_interests`` None = the tower's default (sa: 4, sasrec: 1)."""
+    """User tower and embedding sizes. ``num_interests`` None = the tower's default (sa: 4, sasrec: 1).
+
+    ``filter_alpha`` and ``filter_cutoff`` are bsarec's: the frequency filter's share of each
+    block's mixing (BSARec's α; 1 − α goes to self-attention, 0 = SASRec's block) and how many
+    of the lowest rFFT frequencies over ``max_len`` positions its low-pass keeps (the mean
+    included; the authors' ``c`` keeps ``c // 2 + 1``).
+    """
 
     tower: str = "sa"
     dim: int = 64
@@ -114,6 +120,8 @@ class ModelConfig:
     fusion: Fusion = "none"  # sasrec, bert4rec: side information fusion (towers.side)
     side_features: str = ""  # comma list of attributes, action, gap_prev (retrieval.data.features)
     id_dropout: float = 0.0  # share of item vectors trained on their attributes alone (cold start)
+    filter_alpha: float = 0.7  # bsarec: the filter's share of the mixing (BSARec's α)
+    filter_cutoff: int = 3  # bsarec: rFFT frequencies the low-pass keeps
 
     def __post_init__(self) -> None:
         check_fields(self)

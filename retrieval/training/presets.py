@@ -21,7 +21,7 @@ from retrieval.config import apply_overrides
 from retrieval.data.datasets import DATASETS, dataset_path
 from retrieval.training.config import Config
 
-TOWERS = ("youtubednn", "sa", "dr", "mind", "din", "sasrec", "bert4rec")
+TOWERS = ("youtubednn", "sa", "dr", "mind", "din", "sasrec", "bert4rec", "fmlprec", "bsarec")
 """Towers with a preset for every dataset (a test checks this is every registered tower)."""
 
 _NOT_TUNED = "not tuned: the defaults of retrieval.training.config"

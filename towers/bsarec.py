@@ -1,0 +1,100 @@
+"""BSARec: self-attention beside a frequency-domain inductive bias (Shin et al., AAAI 2024)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from towers.frequency import BeyondFilter, FrequencyTower
+from towers.item import ItemTower
+from towers.registry import register_tower
+from towers.transformer import SequenceBlock, TransformerBlock
+
+
+@keras.saving.register_keras_serializable(package="towers")
+class BSARecBlock(TransformerBlock):
+    """A :class:`~towers.transformer.TransformerBlock` whose mixing is
+    ``alpha · beyond(LN(x)) + (1 − alpha) · attention``, ``beyond`` the
+    :class:`~towers.frequency.BeyondFilter` over ``length`` positions (padding zeroed first)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        length: int,
+        alpha: float,
+        cutoff: int,
+        dropout: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dim, num_heads, dropout, **kwargs)
+        self.length, self.alpha, self.cutoff = length, alpha, cutoff
+        self.beyond = BeyondFilter(length, dim, cutoff)
+
+    def build(self, input_shape: Any) -> None:
+        self.beyond.build()
+        super().build(input_shape)
+
+    def mix(self, h: Any, qk: Any, attention_mask: Any, keep: Any, training: bool) -> tuple[Any, Any]:
+        attended, scores = super().mix(h, qk, attention_mask, keep, training)
+        return self.alpha * self.beyond(h * keep) + (1.0 - self.alpha) * attended, scores
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "length": self.length, "alpha": self.alpha, "cutoff": self.cutoff}
+
+
+@register_tower("bsarec")
+class BSARecTower(FrequencyTower):
+    """BSARec with this package's pre-LN blocks and side-information fusion (NOVA included:
+    it shapes the attention's queries and keys).
+
+    Args:
+        filter_alpha: BSARec's α, the filter's share of each block's mixing (1 − α is the
+            attention's; 0 = SASRec's block). The authors' 0.7 on Beauty is the default.
+        filter_cutoff: how many of the lowest rFFT frequencies (the mean included) the low-pass
+            keeps; the authors' ``c`` keeps ``c // 2 + 1`` (their ``c = 5`` on Beauty: 3).
+        Others: :class:`~towers.transformer.TransformerTower`'s. Interest weights are the
+        attention's only (the filter's share is not in them).
+    """
+
+    def __init__(
+        self,
+        item_tower: ItemTower,
+        max_len: int,
+        num_interests: int = 1,
+        num_blocks: int = 2,
+        num_heads: int = 1,
+        dropout: float = 0.2,
+        fusion: str = "none",
+        side_features: dict[str, int] | None = None,
+        filter_alpha: float = 0.7,
+        filter_cutoff: int = 3,
+        **kwargs: Any,
+    ) -> None:
+        if not 0.0 <= filter_alpha <= 1.0:
+            raise ValueError(f"filter_alpha must be in [0, 1], got {filter_alpha}")
+        self.filter_alpha, self.filter_cutoff = filter_alpha, filter_cutoff  # make_block reads them
+        super().__init__(
+            item_tower,
+            max_len,
+            num_interests,
+            num_blocks,
+            num_heads,
+            dropout,
+            fusion,
+            side_features,
+            **kwargs,
+        )
+
+    def make_block(self) -> SequenceBlock:
+        return BSARecBlock(
+            self.dim, self.num_heads, self.max_len, self.filter_alpha, self.filter_cutoff, self.dropout_rate
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "filter_alpha": self.filter_alpha,
+            "filter_cutoff": self.filter_cutoff,
+        }

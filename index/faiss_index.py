@@ -140,6 +140,7 @@ class FaissIndex(VectorIndex):
                 f"got FAISS metric {index.metric_type}"
             )
         self._index = index
+        self._mapped = False  # set by load(mmap=True): the vectors are the file's pages, read-only
         self._factory = factory if factory is not None else type(faiss.downcast_index(index.index)).__name__
         self._mips_norm = mips_norm
         self._search_params = ""
@@ -242,6 +243,7 @@ class FaissIndex(VectorIndex):
         ids = check_ids(ids, len(vectors))
         if not len(ids):
             return
+        self._check_writable()
         with self._write_lock():
             clash = ids[members(ids, self._live)]
             if len(clash):
@@ -269,6 +271,7 @@ class FaissIndex(VectorIndex):
             self.add(ids, vectors)
 
     def remove(self, ids: Collection[int] | np.ndarray) -> int:
+        self._check_writable()
         with self._write_lock():
             wanted = as_id_array(ids)
             present = wanted[members(wanted, self._live)]
@@ -288,6 +291,12 @@ class FaissIndex(VectorIndex):
                 self._dead += len(rows)
             self._live = sorted_update(self._live, remove=present)
             return len(present)
+
+    def _check_writable(self) -> None:
+        """Raises ``ValueError`` for a memory-mapped index: FAISS would write into the file's
+        read-only pages (and crash the process)."""
+        if self._mapped:
+            raise ValueError(f"this {self._factory!r} index is memory-mapped (read-only): change a copy()")
 
     # ---------------------------------------------------------------------------------- search
 
@@ -550,11 +559,15 @@ class FaissIndex(VectorIndex):
     # ----------------------------------------------------------------------------- persistence
 
     def copy(self) -> FaissIndex:
-        """An independent copy (FAISS ``clone_index``): changing one leaves the other as it was."""
+        """An independent copy in memory (FAISS ``clone_index``): changing one leaves the other as
+        it was. A memory-mapped index is copied through its serialised form: ``clone_index``
+        would share its read-only pages."""
         with self._read_lock():
-            return FaissIndex(
-                faiss.clone_index(self._index), self._factory, self._search_params, mips_norm=self._mips_norm
-            )
+            if self._mapped:
+                clone = faiss.deserialize_index(faiss.serialize_index(self._index))
+            else:
+                clone = faiss.clone_index(self._index)
+            return FaissIndex(clone, self._factory, self._search_params, mips_norm=self._mips_norm)
 
     def save(self, path: Path) -> None:
         """Writes the index to the file ``path`` in FAISS's own format (the factory string is not
@@ -578,8 +591,15 @@ class FaissIndex(VectorIndex):
         search_params: str = "",
         *,
         mips_norm: float | None = None,
+        mmap: bool = False,
     ) -> FaissIndex:
         """Reads a file written by :meth:`save`.
+
+        With ``mmap`` the stored vectors (flat codes, IVF lists; FAISS's ``IO_FLAG_MMAP_IFC``)
+        stay in the file and are read through a read-only shared mapping: processes serving the
+        same file share its pages instead of holding a copy each. Such an index cannot be
+        changed (``add``, ``upsert`` and ``remove`` raise ``ValueError``); :meth:`copy` gives a
+        changeable one. The file must not be changed in place while it is mapped.
 
         The header is checked before FAISS parses anything, so a foreign or empty file is
         refused with a clear message; a truncated one fails in FAISS's reader, whose error is
@@ -601,11 +621,13 @@ class FaissIndex(VectorIndex):
                 f"{_IDMAP2_FOURCC!r}), found {header!r}"
             )
         try:
-            index = faiss.read_index(str(path))
+            index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC if mmap else 0)
         except RuntimeError as e:
             last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise ValueError(f"{path} is not a readable FAISS index (truncated or corrupted?): {last}") from e
-        return cls(index, factory, search_params, mips_norm=mips_norm)
+        loaded = cls(index, factory, search_params, mips_norm=mips_norm)
+        loaded._mapped = mmap
+        return loaded
 
     def _labels(self) -> np.ndarray:
         """A writable view of IDMap2's row -> id table, int64 ``[rows]``."""

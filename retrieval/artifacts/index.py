@@ -269,7 +269,11 @@ def publish_index(
 
 
 def load_index(
-    path: Path, expected_model_version: str | None = None, previous: tuple[Path, VectorIndex] | None = None
+    path: Path,
+    expected_model_version: str | None = None,
+    previous: tuple[Path, VectorIndex] | None = None,
+    *,
+    mmap: bool = False,
 ) -> tuple[VectorIndex, dict[str, Any]]:
     """Loads an index artifact (or the current version of a published root).
 
@@ -280,6 +284,10 @@ def load_index(
     ``previous`` (a folder and the index loaded from it, the one in service) when that folder
     holds the same index file and changes that these extend: a catalogue change then costs a
     copy of the index in memory and the rows that differ, not a read of the file.
+
+    With ``mmap`` (a server's load) a FAISS index without catalogue changes is memory-mapped
+    (:meth:`FaissIndex.load`): the processes of a serving group share the file's pages. One with
+    changes is read (or copied) into memory, where the changes apply.
 
     Raises:
         ArtifactError: missing, incomplete or corrupted folder, a malformed manifest, an index
@@ -316,7 +324,7 @@ def load_index(
     else:
         if same is not None:  # the file is read after all: verified like any other
             read_manifest(path, KIND, verified=set(manifest["files"]) - {manifest["index_file"]})
-        index = _read_index(path, manifest, file)
+        index = _read_index(path, manifest, file, mmap=mmap and changes is None)
     if changes is not None:
         _apply(index, changes, path)
     if manifest["version"] != derived_version(manifest["files"]):  # save_index never names one
@@ -342,14 +350,19 @@ def _same_file(
         return None  # the full read says what is wrong
 
 
-def _read_index(path: Path, manifest: dict[str, Any], file: Path) -> VectorIndex:
-    """The index file, checked against the manifest (type, metric, exactness)."""
+def _read_index(path: Path, manifest: dict[str, Any], file: Path, mmap: bool = False) -> VectorIndex:
+    """The index file, checked against the manifest (type, metric, exactness); ``mmap``: a
+    FAISS index memory-mapped."""
     backend = manifest["backend"]
     index: VectorIndex
     try:
         if backend == "faiss":
             index = FaissIndex.load(
-                file, manifest["factory"], manifest["search_params"], mips_norm=manifest.get("mips_norm")
+                file,
+                manifest["factory"],
+                manifest["search_params"],
+                mips_norm=manifest.get("mips_norm"),
+                mmap=mmap,
             )
         else:
             from index.milvus_index import MilvusIndex

@@ -6,6 +6,8 @@ mitt serve ... --max-cost 256 --max-memory-mb 4096 --metrics-port 9090 \
     --tls-cert server.pem --tls-key server.key --tls-ca clients-ca.pem   # mutual TLS
 # hot reload: serve ROOT's current version, swap to each one mitt deploy publishes
 mitt serve --watch runs/live --log-format json
+# one process per core (the default) answering on one port; --processes 1: a single process
+mitt serve ... --processes 4 --threads 32
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import argparse
 import gc
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from retrieval.api import DEFAULT_MAX_REQUEST_BYTES
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
@@ -25,8 +29,19 @@ from retrieval.storage import ArtifactError
 
 if TYPE_CHECKING:
     from retrieval.serving import AccessControl
+    from retrieval.serving.worker import WorkerLink
 
-__all__ = ["access_control", "main", "parse_args"]
+__all__ = ["access_control", "main", "parse_args", "serve_worker"]
+
+
+class _DeprecatedWorkers(argparse.Action):
+    """``--workers N``: the old name of ``--threads N``, with a warning."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        warnings.warn(
+            "--workers is deprecated: use --threads (request threads per process)", FutureWarning, 2
+        )
+        namespace.threads = values
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.Namespace:
@@ -61,7 +76,17 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         "--host", default="127.0.0.1", help="interface to bind, 0.0.0.0 for all (default %(default)s)"
     )
     p.add_argument("--port", type=int, default=50051, help="0 picks a free port (default %(default)s)")
-    p.add_argument("--workers", type=int, default=64, help="request threads (default %(default)s)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="server processes answering on the port, each with its own model and request "
+        "threads; 1 = one process, no supervisor (default: one per core)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=64, help="request threads per process (default %(default)s)"
+    )
+    p.add_argument("--workers", type=int, action=_DeprecatedWorkers, help="deprecated name of --threads")
     p.add_argument(
         "--max-batch",
         type=int,
@@ -91,6 +116,10 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
     p.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="default %(default)s")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
+    if args.processes is None:
+        from retrieval.serving.group import default_processes
+
+        args.processes = default_processes()
     direct = (args.model is not None, args.index is not None)
     if direct != ((False, False) if args.watch else (True, True)):
         p.error("give --model and --index, or --watch alone")
@@ -106,8 +135,8 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         p.error("--grace must be >= 0")
     if min(args.max_cost, args.cheap_cost, args.max_request_mb) <= 0 or args.max_waiting < 0:
         p.error("--max-cost, --cheap-cost and --max-request-mb must be > 0, --max-waiting >= 0")
-    if args.search_threads < 1 or args.watch_interval <= 0:
-        p.error("--search-threads must be >= 1 and --watch-interval > 0")
+    if args.search_threads < 1 or args.watch_interval <= 0 or args.processes < 1 or args.threads < 1:
+        p.error("--search-threads, --processes and --threads must be >= 1, --watch-interval > 0")
     _check_access_control(p, args)
     return args
 
@@ -226,7 +255,7 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
         "--max-queued",
         type=int,
         default=0,
-        help="calls held at once, computing or waiting for a thread (0 = twice --workers)",
+        help="calls held at once per process, computing or waiting for a thread (0 = twice --threads)",
     )
     limits.add_argument(
         "--cheap-cost",
@@ -253,6 +282,49 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
+    if args.processes > 1:
+        return _serve_group(args, list(sys.argv[1:] if argv is None else argv))
+    return _serve(args)
+
+
+def serve_worker(argv: Sequence[str], link: WorkerLink) -> int:
+    """A serving group's worker (:mod:`retrieval.serving.worker`): the server ``argv`` asks for,
+    as one of the group's processes."""
+    return _serve(parse_args(argv), link)
+
+
+def _serve_group(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--processes N``: a supervisor starts N workers serving ``argv`` on one port
+    (:mod:`retrieval.serving.group`) and loads no model itself."""
+    from retrieval.serving.group import GroupOptions, serve_group
+    from retrieval.serving.logs import configure_logging
+
+    configure_logging(args.log_format)
+    try:
+        access = access_control(args)  # a bad file fails here, before any worker starts
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    options = GroupOptions(
+        processes=args.processes,
+        worker=partial(serve_worker, argv),
+        host=args.host,
+        port=args.port,
+        health_port=args.health_port or None,
+        watch=args.watch,
+        watch_interval=args.watch_interval,
+        grace=args.grace,
+        drain=args.drain,
+        metrics_port=args.metrics_port or None,
+        metrics_host=args.metrics_host,
+        metrics_auth=access.metrics_auth,
+    )
+    return serve_group(options)
+
+
+def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
+    """Serves until a signal: one process, or (``link``) one worker of a serving group, which
+    loads the group's version, shares its port and follows its supervisor."""
     quiet_tensorflow(args.verbose)
     # Imported here, once TensorFlow's logging is set and never for --help: the serving layer
     # loads FAISS and pandas, and TensorFlow with the model.
@@ -268,39 +340,46 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         warm_up,
     )
 
+    def fail(message: str) -> int:
+        print(f"error: {message}", file=sys.stderr)
+        if link is not None:
+            link.failed(message)
+        return 2
+
     configure_logging(args.log_format)
     try:
         access = access_control(args)  # before loading the model: a bad file fails at once
     except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     try:
         if args.watch:  # the current version, or the newest one that loads (logged as an error)
-            slot = open_deployment(args.watch)
+            slot = open_deployment(args.watch, None if link is None else link.folder)
         else:
             retriever = Retriever.from_dirs(args.model, args.index, args.ranker, xla=args.xla)
             warm_up(retriever)  # XLA compiles here, before the server reports SERVING
             slot = RetrieverSlot(retriever)
     except ArtifactError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     # Objects loaded so far live as long as the process: keep them out of every later
     # collection, which would otherwise pause the request threads for much longer.
     gc.freeze()
-    watcher = DeploymentWatcher(args.watch, slot, args.watch_interval) if args.watch else None
+    # A group's supervisor watches the deployment for its workers.
+    watcher = DeploymentWatcher(args.watch, slot, args.watch_interval) if args.watch and not link else None
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
+    group: dict[str, Any] = {} if link is None else link.server_options()
+    on_start = link.start if link is not None else None if watcher is None else lambda server: watcher.start()
     try:
         serve_forever(
             slot,
             args.host,
-            args.port,
+            group.pop("port", args.port),
             grace=args.grace,
             drain=args.drain,
-            metrics_port=args.metrics_port or None,
+            metrics_port=(args.metrics_port or None) if link is None else None,
             metrics_host=args.metrics_host,
             access=access,
-            on_start=None if watcher is None else lambda server: watcher.start(),
-            max_workers=args.workers,
+            on_start=on_start,
+            max_workers=args.threads,
             max_batch=args.max_batch,
             max_wait=args.max_wait_ms / 1000,
             search_threads=args.search_threads,
@@ -313,10 +392,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             ),
             max_request_bytes=int(args.max_request_mb * 2**20),
             tls=tls,
+            **group,
         )
     except OSError as e:  # a port in use: nothing was left serving
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     finally:
         if watcher is not None:
             watcher.stop()

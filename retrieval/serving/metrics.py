@@ -1,5 +1,6 @@
 """Prometheus metrics of one server, in their own registry, served over HTTP (optionally behind
-basic authentication)."""
+basic authentication); a serving group's (:mod:`retrieval.serving.group`) summed over its workers
+by prometheus_client's multiprocess mode."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.multiprocess import MultiProcessCollector
 
-from retrieval.serving.retriever import Retriever
+if TYPE_CHECKING:  # a group's supervisor imports this module without the serving stack
+    from retrieval.serving.reload import RetrieverSlot
+    from retrieval.serving.retriever import Retriever
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -75,7 +79,61 @@ class _QuietHandler(WSGIRequestHandler):
         """Logs nothing: scrapes every few seconds would flood the log."""
 
 
-class Metrics:
+class _HttpEndpoint:
+    """``/metrics`` of a registry over HTTP, in a daemon thread."""
+
+    registry: CollectorRegistry
+
+    def __init__(self) -> None:
+        self._http: Any = None
+
+    def serve(self, port: int, host: str = "127.0.0.1", auth: BasicAuth | None = None) -> int:
+        """Serves ``/metrics`` on ``host:port`` (0 picks a free port) in a daemon thread,
+        asking for ``auth`` if given.
+
+        Returns:
+            The bound port.
+        """
+        app = make_wsgi_app(self.registry)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self._http = make_server(
+            host.strip("[]"), port, app if auth is None else auth.protect(app), Server, _QuietHandler
+        )
+        threading.Thread(target=self._http.serve_forever, name="metrics", daemon=True).start()
+        return int(self._http.server_port)
+
+    def close(self) -> None:
+        """Stops the HTTP server, if any."""
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
+class _VersionMetrics:
+    """``retrieval_model_info{model_version}`` and ``retrieval_reload_refusals_total``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.model = Gauge(
+            "retrieval_model_info", "The served model (value 1)", ["model_version"], registry=registry
+        )
+        self.reload_refusals = Counter(
+            "retrieval_reload_refusals",
+            "Deployment versions refused: failed to load, warm up or answer",
+            registry=registry,
+        )
+
+    def serves(self, old: str | None, new: str) -> None:
+        """Moves ``retrieval_model_info`` from version ``old`` (``None``: none) to ``new``."""
+        if old is not None and old != new:
+            self.model.remove(old)
+        self.model.labels(new).set(1)
+
+
+class Metrics(_HttpEndpoint):
     """Prometheus metrics of one server, in their own registry, served over HTTP by :meth:`serve`.
 
     ``retrieval_requests_total`` and ``retrieval_request_seconds`` by ``method`` and ``code``
@@ -83,9 +141,15 @@ class Metrics:
     micro-batch of ``Retrieve`` calls, or one ``BatchRetrieve``),
     ``retrieval_index_search_seconds``, ``retrieval_model_info{model_version}`` = 1 for the
     version in service, and ``retrieval_reload_refusals_total`` (deployment versions refused).
+
+    A ``worker`` of a serving group (:mod:`retrieval.serving.group`, in a process started with
+    ``PROMETHEUS_MULTIPROC_DIR`` set) keeps only the per-request metrics, which the group's
+    :class:`GroupMetrics` sums over its workers; the model version and the refusals are the
+    group's, kept by its supervisor (``version`` is then ``None``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, worker: bool = False) -> None:
+        super().__init__()
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "retrieval_requests", "Requests answered", ["method", "code"], registry=self.registry
@@ -109,47 +173,40 @@ class Metrics:
             buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0),
             registry=self.registry,
         )
-        self.model = Gauge(
-            "retrieval_model_info", "The served model (value 1)", ["model_version"], registry=self.registry
-        )
-        self.reload_refusals = Counter(
-            "retrieval_reload_refusals",
-            "Deployment versions refused: failed to load, warm up or answer",
-            registry=self.registry,
-        )
-        self._http: Any = None
+        self.version = None if worker else _VersionMetrics(self.registry)
 
-    def serve(self, port: int, host: str = "127.0.0.1", auth: BasicAuth | None = None) -> int:
-        """Serves ``/metrics`` on ``host:port`` (0 picks a free port) in a daemon thread,
-        asking for ``auth`` if given.
-
-        Returns:
-            The bound port.
-        """
-        app = make_wsgi_app(self.registry)
-
-        class Server(ThreadingWSGIServer):
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-        self._http = make_server(
-            host.strip("[]"), port, app if auth is None else auth.protect(app), Server, _QuietHandler
-        )
-        threading.Thread(target=self._http.serve_forever, name="metrics", daemon=True).start()
-        return int(self._http.server_port)
+    def follow(self, slot: RetrieverSlot) -> None:
+        """Times the searches of every retriever ``slot`` serves, and (not in a worker) follows its
+        version and counts its refusals, those before this call included."""
+        slot.current.observe_search = self.search.observe  # a swap passes it on
+        if self.version is not None:
+            self.version.serves(None, slot.current.model_version)
+            slot.on_swap(self.swapped)
+            slot.on_refuse(self.refused)
+            self.version.reload_refusals.inc(slot.refusals)
 
     def swapped(self, old: Retriever, new: Retriever) -> None:
         """Moves ``retrieval_model_info`` to the new version (a :class:`RetrieverSlot` hook)."""
-        if old.model_version != new.model_version:
-            self.model.remove(old.model_version)
-        self.model.labels(new.model_version).set(1)
+        if self.version is not None:
+            self.version.serves(old.model_version, new.model_version)
 
     def refused(self, folder: Path, reason: str) -> None:
         """Counts a refused version (a :class:`RetrieverSlot` hook)."""
-        self.reload_refusals.inc()
+        if self.version is not None:
+            self.version.reload_refusals.inc()
 
-    def close(self) -> None:
-        """Stops the HTTP server, if any."""
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
+
+class GroupMetrics(_HttpEndpoint):
+    """A serving group's metrics, served by its supervisor: the workers' :class:`Metrics` summed
+    over their processes (prometheus_client's multiprocess mode, from the files the workers
+    write in ``directory``; a restarted worker's counts stay in the sums), the group's model
+    version and refusals (as :class:`Metrics` names them), and ``retrieval_workers``, the
+    workers up and loaded.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.registry = CollectorRegistry()
+        MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
+        self.version = _VersionMetrics(self.registry)
+        self.workers = Gauge("retrieval_workers", "Worker processes up and loaded", registry=self.registry)

@@ -201,8 +201,10 @@ def load_deployment(
     return retriever
 
 
-def open_deployment(root: Path) -> RetrieverSlot:
-    """A slot serving the current version of the deployment ``root`` (:func:`load_deployment`).
+def open_deployment(root: Path, current: Path | None = None) -> RetrieverSlot:
+    """A slot serving the current version of the deployment ``root`` (:func:`load_deployment`),
+    or its version folder ``current`` (a serving group's workers all load the one its
+    supervisor resolved).
 
     If that version fails, the newest other version on disk that loads is served instead: an
     error is logged naming both, and the refusal is counted on the slot (a watcher does not try
@@ -211,7 +213,7 @@ def open_deployment(root: Path) -> RetrieverSlot:
     Raises:
         retrieval.storage.manifest.ArtifactError: no version loads (the current one's error).
     """
-    current = resolve_current(Path(root))
+    current = resolve_current(Path(root)) if current is None else current.resolve()
     try:
         return RetrieverSlot(load_deployment(current))
     except ArtifactError as e:
@@ -234,6 +236,28 @@ def open_deployment(root: Path) -> RetrieverSlot:
         slot.refuse(current, refused)
         return slot
     raise refused
+
+
+def swap_version(slot: RetrieverSlot, folder: Path, retriever: Retriever) -> None:
+    """Puts ``retriever`` (loaded from the version ``folder``) in service in ``slot``, logs it,
+    and frees the old version."""
+    old = slot.swap(retriever)
+    logger.info("now serving model %s from %s (was %s)", retriever.model_version, folder, old.model_version)
+    # The old version's TensorFlow objects sit in reference cycles that only a full collection
+    # frees, and a busy server seldom runs one: each reload would keep the old model's memory.
+    del old, retriever
+    gc.collect()
+
+
+def refuse_version(slot: RetrieverSlot, folder: Path, error: BaseException) -> None:
+    """Records on ``slot`` that the version ``folder`` was refused because of ``error`` and logs
+    it as an error; the version in service keeps serving."""
+    slot.refuse(folder, error)
+    logger.error(
+        "refused the new %s; still serving model %s",
+        describe_error(error, limit=2000),
+        slot.current.model_version,
+    )
 
 
 class DeploymentWatcher:
@@ -275,21 +299,9 @@ class DeploymentWatcher:
             # The version folder itself (it cannot move); its tower may be the one in service.
             retriever = load_deployment(folder, reuse=self.slot.current)
         except ArtifactError as e:  # the old version keeps serving
-            self.slot.refuse(folder, e)
-            logger.error(
-                "refused the new %s; still serving model %s",
-                describe_error(e, limit=2000),
-                self.slot.current.model_version,
-            )
+            refuse_version(self.slot, folder, e)
             return False
-        old = self.slot.swap(retriever)
-        logger.info(
-            "now serving model %s from %s (was %s)", retriever.model_version, folder, old.model_version
-        )
-        # The old version's TensorFlow objects sit in reference cycles that only a full collection
-        # frees, and a busy server seldom runs one: each reload would keep the old model's memory.
-        del old, retriever
-        gc.collect()
+        swap_version(self.slot, folder, retriever)
         return True
 
     def start(self) -> None:

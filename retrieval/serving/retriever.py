@@ -172,7 +172,9 @@ class Retriever:
         """
         model_version = str(read_manifest(Path(model_dir), MODEL_KIND, verify=False)["version"])
         previous = None if reuse is None or reuse.index_dir is None else (reuse.index_dir, reuse.index)
-        index, manifest = load_index(Path(index_dir), expected_model_version=model_version, previous=previous)
+        index, manifest = load_index(
+            Path(index_dir), expected_model_version=model_version, previous=previous, mmap=True
+        )
         model = load_model(Path(model_dir), xla=xla, reuse=None if reuse is None else reuse.model)
         categories = None
         if reuse is not None and model.grown_from == reuse.model_version and model.changes is not None:

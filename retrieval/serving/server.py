@@ -268,6 +268,8 @@ class RetrievalServer:
         self.slot = slot
         self._health = health_servicer
         self._batcher = batcher
+        self._stopped: threading.Event | None = None
+        self._stop_lock = threading.Lock()
 
     def set_serving(self, serving: bool) -> None:
         """Sets the health status of the server and of the retrieval service."""
@@ -277,15 +279,29 @@ class RetrievalServer:
         for service in ("", SERVICE_NAME):  # "" is the whole server, which most probes ask for
             self._health.set(service, status)
 
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stopped is not None
+
     def stop(self, grace: float | None, drain: float = 0.0) -> threading.Event:
         """Reports NOT_SERVING, keeps answering for ``drain`` seconds (clients that watch health,
         as :class:`~retrieval.api.client.RetrievalClient` over replicas does, move their calls to
         other replicas meanwhile), then refuses new calls and gives in-flight ones ``grace``
         seconds (``None``: cancels them at once). Does not block.
 
+        Only the first call counts (a group's worker may be asked to stop by its supervisor and
+        by a signal of its own).
+
         Returns:
             An event set once every call has finished.
         """
+        with self._stop_lock:
+            if self._stopped is None:
+                self._stopped = self._stop(grace, drain)
+            return self._stopped
+
+    def _stop(self, grace: float | None, drain: float) -> threading.Event:
         self.set_serving(False)
         if drain <= 0:
             return self._shut_down(grace)
@@ -327,6 +343,8 @@ def create_server(
     metrics: Metrics | None = None,
     search_threads: int | None = None,
     access: AccessControl | None = None,
+    reuse_port: bool = False,
+    serving: bool = True,
 ) -> tuple[RetrievalServer, int]:
     """Starts a server for ``retriever`` with health checking and reflection.
 
@@ -357,9 +375,14 @@ def create_server(
         access: who may call (tokens, certificates, permissions, rate limits), the access log,
             reflection and a plaintext health port (:class:`AccessControl`); ``None``: anyone
             may call anything, with reflection and no health port.
+        reuse_port: share the port with other servers that set it (``SO_REUSEPORT``): only the
+            workers of one serving group (:mod:`retrieval.serving.group`) do. Without it, a
+            port already served is refused.
+        serving: report SERVING once started; ``False`` leaves it NOT_SERVING until
+            :meth:`RetrievalServer.set_serving` (a group's worker waits for its group).
 
     Returns:
-        ``(server, bound port)``; the server is started and reports SERVING.
+        ``(server, bound port)``; the server is started.
 
     Raises:
         ValueError: a bound out of range.
@@ -385,17 +408,13 @@ def create_server(
             ("grpc.max_send_message_length", max_response_bytes),
             # grpcio shares a served port by default (SO_REUSEPORT): a second server, maybe of
             # another model version, would silently take half the traffic. Refuse it instead.
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
         ],
         maximum_concurrent_rpcs=max_queued,
         interceptors=None if access is None else access.interceptors(),
     )
     if metrics is not None:
-        metrics.model.labels(slot.current.model_version).set(1)
-        slot.current.observe_search = metrics.search.observe
-        slot.on_swap(metrics.swapped)
-        slot.on_refuse(metrics.refused)
-        metrics.reload_refusals.inc(slot.refusals)  # refused before the server started
+        metrics.follow(slot)
     batcher = None
     if max_batch > 1:
         observe = None if metrics is None else metrics.batch_size.observe
@@ -426,7 +445,7 @@ def create_server(
     running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)
     running.set_serving(False)
     server.start()
-    running.set_serving(True)
+    running.set_serving(serving)
     return running, bound
 
 
@@ -442,6 +461,7 @@ def serve_forever(
     search_threads: int | None = 1,
     on_start: Callable[[RetrievalServer], None] | None = None,
     access: AccessControl | None = None,
+    metrics: Metrics | None = None,
     **options: Any,
 ) -> None:
     """Serves until SIGTERM or SIGINT, then stops gracefully.
@@ -454,8 +474,9 @@ def serve_forever(
     ``search_threads`` sets FAISS's threads per search (see :func:`create_server`; one thread
     each is faster and steadier with concurrent requests, see the index benchmark);
     ``on_start`` is called with the started server (e.g. to start a
-    :class:`~retrieval.serving.reload.DeploymentWatcher`); ``access`` and ``options`` go to
-    :func:`create_server`.
+    :class:`~retrieval.serving.reload.DeploymentWatcher`); ``metrics`` counts in a
+    :class:`Metrics` served elsewhere (a group's worker's; ignored with ``metrics_port``);
+    ``access`` and ``options`` go to :func:`create_server`.
 
     Raises:
         OSError: the metrics port or the gRPC port cannot be bound; nothing is left serving.
@@ -464,8 +485,8 @@ def serve_forever(
     # call's thread asks for it, and a call asks many times: 1 ms (instead of 5) keeps cheap
     # calls' latency under heavy load (bench/robustness --abuse).
     sys.setswitchinterval(SWITCH_INTERVAL)
-    metrics = None if metrics_port is None else Metrics()
-    if metrics is not None and metrics_port is not None:
+    if metrics_port is not None:
+        metrics = Metrics()
         # Before the gRPC port: a metrics port in use must fail the start, not a serving server.
         try:
             metrics_bound = metrics.serve(
@@ -479,7 +500,7 @@ def serve_forever(
             retriever, host, port, metrics=metrics, search_threads=search_threads, access=access, **options
         )
     except BaseException:
-        if metrics is not None:
+        if metrics_port is not None and metrics is not None:
             metrics.close()
         raise
 
@@ -501,7 +522,7 @@ def serve_forever(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if metrics is not None:
+        if metrics_port is not None and metrics is not None:
             metrics.close()
     logger.info("server stopped")
 

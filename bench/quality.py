@@ -544,7 +544,8 @@ def markdown(report: Mapping[str, Any]) -> str:
         "Test split. Each cell is the mean ± sample standard deviation over the seeds (`seeds`: how "
         "many; they vary training only, the split is fixed). `train s`: training wall seconds, the "
         "per-epoch validation included. Each run's `metrics.json` is in "
-        f"`{meta['runs']}/<dataset>/<protocol>/<tower>-<fusion>/seed<N>/`, with its resolved "
+        f"`{meta['runs']}/<dataset>/<protocol>/<tower>-<fusion>/seed<N>/` (`seed<N>-fold<i>of<folds>/` "
+        "for a test fold), with its per-user test metrics `user_metrics.csv` and its resolved "
         "`config.json`: its preset `<dataset>-<tower>` (`retrieval/training/presets.py`; none for a dataset "
         "given as a path), then the protocol, tower, fusion, seed, `--epochs` and every `--set`.",
     ]

@@ -148,6 +148,20 @@ def test_comirec_protocol_against_brute_force(toy_data: Path, numpy_model: Model
         assert result.metrics[f"diversity@{n}"] == pytest.approx(diversity / 4)
 
 
+def test_comirec_protocol_scores_the_test_fold_asked_for(toy_data: Path, numpy_model: ModelArtifact) -> None:
+    data = build_sequences(load_interactions(toy_data))
+    scored = 0
+    for fold in range(4):
+        result = evaluate_protocol(numpy_model, toy_data, "comirec", seed=5, folds=4, fold=fold)
+        split = comirec_split(data.sequences, seed=5, folds=4, fold=fold)
+        assert result.users == len(split.test_users)
+        assert (result.settings["folds"], result.settings["fold"]) == (4, fold)
+        scored += result.users
+    assert scored == sum(len(s) >= 2 for s in data.sequences)  # every user that can be split, once
+    with pytest.raises(ValueError, match="comirec protocol only"):
+        evaluate_protocol(numpy_model, toy_data, "loo", folds=2)
+
+
 def test_loo_sampled_protocol_against_brute_force(toy_data: Path, numpy_model: ModelArtifact) -> None:
     result = evaluate_protocol(numpy_model, toy_data, "loo-sampled", split="valid", seed=2, num_negatives=30)
     assert set(result.metrics) == {"sampled_hr@10", "sampled_ndcg@10"}

@@ -90,6 +90,8 @@ def evaluate_protocol(
     *,
     seed: int = DEFAULT_SEED,
     num_negatives: int = 100,
+    folds: int = 1,
+    fold: int = 0,
 ) -> ProtocolResult:
     """A trained model's metrics on a dataset under one protocol (:mod:`retrieval.data.splits`).
 
@@ -101,18 +103,21 @@ def evaluate_protocol(
       at 5, 10, 20, 50 (exact, or through ``index``).
     * ``loo-sampled``: leave-one-out, the target against ``num_negatives`` items the user
       never interacted with (drawn with ``seed``): ``sampled_hr@10``, ``sampled_ndcg@10``.
-    * ``comirec``: ComiRec's user split (``seed``), history = first 80%, targets = the rest:
+    * ``comirec``: ComiRec's user split (``seed``; with ``folds`` > 1 test fold ``fold``, as
+      ``data.folds`` and ``data.fold`` train), history = first 80%, targets = the rest:
       ``recall``, ``hitrate``, ``ndcg`` (ComiRec's definitions) and, when the data has item
       attributes, ``diversity`` (categories = first attribute), at 20 and 50.
 
     Raises:
-        ValueError: unknown protocol or split, ``index`` with ``loo-sampled``, or too few
-            items to sample negatives from.
+        ValueError: unknown protocol or split, ``index`` with ``loo-sampled``, too few items to
+            sample negatives from, or ``folds`` > 1 with another protocol than ``comirec``.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
     if split not in ("valid", "test"):
         raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
+    if folds > 1 and protocol != "comirec":
+        raise ValueError(f"test folds apply to the comirec protocol only, not {protocol!r}")
     if protocol == "loo-sampled" and index is not None:
         raise ValueError("loo-sampled scores the target and its negatives exactly: an index does not apply")
     interactions = load_interactions(data_path, data_format, **data_options(model.path))
@@ -122,7 +127,7 @@ def evaluate_protocol(
     test = split == "test"
 
     if protocol == "comirec":
-        parts = comirec_split(data.sequences, seed)
+        parts = comirec_split(data.sequences, seed, folds=folds, fold=fold)
         users = parts.test_users if test else parts.valid_users
         histories, features = _model_histories(
             to_model, per_user, users, parts.test_histories if test else parts.valid_histories
@@ -132,6 +137,8 @@ def evaluate_protocol(
         metrics = evaluate_comirec(model, histories, targets, features, categories, index=index)
         settings = {
             "seed": seed,
+            "folds": folds,
+            "fold": fold,
             "train_users": len(parts.train_users),
             "valid_users": len(parts.valid_users),
             "test_users": len(parts.test_users),

@@ -22,17 +22,19 @@ from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
 from tests.helpers import run_tool, tiered
 
-TOWERS = ["sa", "sasrec", "youtubednn", "dr", "mind", "din"]
+TOWERS = ["sa", "sasrec", "youtubednn", "dr", "mind", "din", "bsarec"]
 # Extra training options per tower: mind trains with its own interest selection (the
-# TrainConfig fields reach the task), sa with its attention penalty (add_loss reaches fit).
+# TrainConfig fields reach the task), sa with its attention penalty (add_loss reaches fit),
+# bsarec with its filter's options (ModelConfig fields reach the tower).
 EXTRA_ARGS = {
     "mind": ["--set", "train.interest_selection=label_aware", "--set", "train.label_aware_power=2"],
     "sa": ["--set", "model.attention_penalty=0.01"],
+    "bsarec": ["--set", "model.filter_alpha=0.5", "--set", "model.filter_cutoff=2"],
 }
 
 
 # The fast tier trains sa and youtubednn end to end (2 s each); the others take 3 to 8 s.
-@pytest.fixture(scope="module", params=tiered(TOWERS, slow={"sasrec", "dr", "mind", "din"}))
+@pytest.fixture(scope="module", params=tiered(TOWERS, slow={"sasrec", "dr", "mind", "din", "bsarec"}))
 def trained(request, synthetic_csv, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"e2e-{request.param}")
     model_dir, index_dir = out / "model", out / "index"
@@ -58,6 +60,11 @@ def test_artifact_is_complete_and_self_describing(trained) -> None:
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert set(metrics["test"]) >= {"hr@10", "ndcg@10", "recall@10", "hr@50", "ndcg@50"}
     assert json.loads((model_dir / "config.json").read_text())["model"]["tower"] == tower
+    if tower == "bsarec":  # its options reached the saved tower
+        import keras
+
+        saved = keras.saving.load_model(model_dir / "model.keras").user_tower
+        assert (saved.filter_alpha, saved.filter_cutoff) == (0.5, 2)
     index_manifest = json.loads((index_dir / "manifest.json").read_text())
     assert index_manifest["model_version"] == manifest["version"]
     # Training learned the synthetic structure: loss fell.

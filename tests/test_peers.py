@@ -380,19 +380,19 @@ def test_a_pair_trains_for_our_towers_epoch_budget_unless_given(
 ) -> None:
     """Without --epochs both sides of a pair get our tower's preset budget (beauty-sasrec: 39,
     RecBole's SASRec too); towers without one the default; --epochs wins everywhere."""
+    from bench.peers.ours import PAIR_EPOCHS, TUNED_EPOCHS
     from retrieval.training.config import Config
-    from retrieval.training.presets import apply_preset
 
     beauty = str(fake_data_root(tmp_path / "root", monkeypatch) / DATASETS["beauty"])
-    tuned = apply_preset(Config(), "beauty-sasrec").train.epochs
+    tuned = TUNED_EPOCHS["beauty-sasrec"]
     settings = peers.Settings(beauty, 0, None, 128, 16, 20, 5, 2, 10, 0.0)
     budget = {
         run.name: peers.run_settings(run, settings).epochs
         for run in peers.model_runs(["recbole", "deepmatch"], ["loo", "comirec"], None, "sa")
     }
-    assert budget["ours-sasrec"] == budget["recbole-SASRec"] == tuned != Config().train.epochs
-    assert budget["ours-bert4rec"] == budget["recbole-BERT4Rec"] == Config().train.epochs
-    assert budget["deepmatch-ComiRec-SA"] == budget["ours-sa"] == Config().train.epochs
+    assert budget["ours-sasrec"] == budget["recbole-SASRec"] == tuned != PAIR_EPOCHS
+    assert budget["ours-bert4rec"] == budget["recbole-BERT4Rec"] == PAIR_EPOCHS
+    assert budget["deepmatch-ComiRec-SA"] == budget["ours-sa"] == PAIR_EPOCHS
     run = peers.ModelRun("ours", "sasrec", "loo")
     config = Config.from_dict(peers.ours_config(run, "/tmp/s.txt", settings))
     assert (config.train.epochs, config.train.patience) == (tuned, tuned)

@@ -11,7 +11,7 @@ import pytest
 
 from retrieval.config import apply_overrides
 from retrieval.data import DATA_ROOT_ENV, DATASETS, DataError, dataset_at
-from retrieval.training.config import Config
+from retrieval.training.config import Config, DataConfig, ModelConfig
 from retrieval.training.presets import PRESETS, TOWERS, apply_preset, get_preset, preset_names
 from tests.helpers import REPO_ROOT
 from towers import tower_names
@@ -27,12 +27,39 @@ def train_tool() -> ModuleType:
 
 def test_one_preset_per_dataset_and_tower(shared_data: Path) -> None:
     assert sorted(TOWERS) == tower_names()
-    assert preset_names() == sorted(f"{d}-{t}" for d in DATASETS for t in TOWERS)
+    assert preset_names() == sorted([*TOWERS, *(f"{d}-{t}" for d in DATASETS for t in TOWERS)])
     for name, preset in PRESETS.items():
         config = apply_preset(Config(), name, data_root=shared_data)  # every override is a valid, typed field
-        assert config.model.tower == name.split("-", 1)[1]
-        assert config.data.path == str(preset.dataset_path(shared_data))
+        assert config.model.tower == name.split("-", 1)[-1]
+        assert config.data.path == ("" if preset.dataset is None else str(preset.dataset_path(shared_data)))
         assert preset.tuned or "not tuned" in preset.note
+        # Every preset budgets in steps and stops on a plateau: none falls back to epochs.
+        assert config.train.epochs is None and config.train.patience > 0, name
+        assert not any(o.startswith(("train.epochs=", "train.eval_every=")) for o in preset.overrides), name
+
+
+def test_a_preset_for_any_data_is_the_towers_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--preset sasrec`` names no dataset: the data comes from --data (no data root needed)."""
+    monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
+    assert apply_preset(Config(), "sasrec") == Config(model=ModelConfig(tower="sasrec"))
+    assert apply_preset(Config(), "din").train.patience == 2  # DIN overfits early on any data
+    with pytest.raises(ValueError, match="names no dataset"):
+        get_preset("sa").dataset_path(tmp_path)
+    config, _ = train_tool().parse_args(["--preset", "sasrec", "--data", "mine.csv", "--out", "x"])
+    assert config == Config(data=DataConfig(path="mine.csv"), model=ModelConfig(tower="sasrec"))
+    assert train_tool().main(["--preset", "sasrec", "--out", "x"]) == 2  # no data
+
+
+def test_beauty_sasrec_keeps_its_tuned_budget_in_steps() -> None:
+    """Tuned as 39 epochs validated every 3 on Beauty, 88 steps each: now a step budget, which
+    on Beauty is the same run (within a round) and on smaller data does not end after 200 steps."""
+    train = apply_overrides(Config(), get_preset("beauty-sasrec").overrides).train
+    budget = train.budget(88)
+    assert abs(budget.steps - 39 * 88) < budget.round_steps and abs(budget.round_steps - 3 * 88) < 20
+    assert budget.schedule_steps == budget.steps and train.lr_schedule == "cosine"
+    assert train.budget(6).steps == budget.steps  # a 1,000-user subset: 6 steps per epoch
 
 
 def test_unknown_preset_lists_the_known_ones() -> None:
@@ -49,15 +76,15 @@ def test_preset_then_flags_then_set(shared_data: Path, monkeypatch: pytest.Monke
             "beauty-sasrec",
             "--out",
             "x",
-            "--epochs",
-            "3",
+            "--max-steps",
+            "300",
             "--loss",
             "gbce",
             "--set",
-            "train.epochs=4",
+            "train.max_steps=400",
         ]
     )
-    assert (config.model.tower, config.train.loss, config.train.epochs) == ("sasrec", "gbce", 4)
+    assert (config.model.tower, config.train.loss, config.train.max_steps) == ("sasrec", "gbce", 400)
     assert config.data.path.endswith("Beauty.txt")
     config, _ = tool.parse_args(
         ["--preset", "ml100k-sa", "--out", "x", "--data", "log.csv", "--model", "din"]

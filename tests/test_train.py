@@ -1,4 +1,5 @@
-"""The training loop: seeding, per-epoch checkpoints and resume, early stopping, schedules."""
+"""The training loop: budgets in steps or epochs, seeding, checkpoints and resume, early stopping,
+schedules."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from tests.helpers import run_tool, tiered
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5"]
 TINY += ["train.batch_size=32", "train.epochs=2"]
+STEPS_PER_EPOCH = 16  # synthetic_csv under TINY: its "last" examples in batches of 32
 
 
 def tiny_config(data: Path, *extra: str) -> Config:
@@ -142,6 +144,7 @@ def test_early_stopping_exports_the_best_epoch_through_the_cli(synthetic_csv, tm
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["epochs_trained"], metrics["best_epoch"], metrics["stopped_early"]) == (4, 2, True)
+    assert (metrics["best_step"], metrics["steps_trained"]) == (2 * STEPS_PER_EPOCH, 4 * STEPS_PER_EPOCH)
     assert metrics["validation"]["ndcg@10"] == 0.5 and metrics["loss"] == "in_batch"
     assert len(tables) == 5
     np.testing.assert_allclose(tables[-1], tables[1])  # tested with epoch 2's weights
@@ -461,10 +464,12 @@ def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv,
     assert refit.validation_per_epoch == [] and refit.validation == {}
     assert refit.baseline_popularity_test.keys() == loo.baseline_popularity_test.keys()
     assert set(refit.test) == set(loo.test)
-    with pytest.raises(ValueError, match=r"train\.patience=0"):
-        retrieval.training.run.train(
-            tiny_config(synthetic_csv, "data.protocol=loo-refit", "train.patience=2"), tmp_path / "c"
-        )
+    # Nothing to validate: patience has nothing to stop on, the budget is fixed (here a loo run's best).
+    steps = loo.best_step
+    assert steps is not None and steps > 0
+    config = apply_overrides(config, ["train.epochs=none", f"train.max_steps={steps}", "train.patience=3"])
+    fixed = retrieval.training.run.train(config, tmp_path / "c", verbose=0)
+    assert (fixed.steps_trained, fixed.best_step, fixed.stopped_early) == (steps, None, False)
 
 
 @pytest.mark.slow  # two bert4rec runs: 7 s
@@ -473,4 +478,98 @@ def test_bert4rec_masks_are_seeded(synthetic_csv, tmp_path, exported) -> None:
     runs = [retrieval.training.run.train(config, tmp_path / f"m{i}", verbose=0) for i in range(2)]
     np.testing.assert_allclose(runs[0].train_loss_per_epoch, runs[1].train_loss_per_epoch, rtol=1e-6)
     for a, b in zip(exported[0], exported[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_budget_in_steps_or_epochs() -> None:
+    """Hand-worked: 88 steps per epoch (Beauty under beauty-sasrec)."""
+    steps = TrainConfig(max_steps=3500, eval_every_steps=250).budget(88)
+    assert (steps.round_steps, steps.rounds, steps.validate_every, steps.schedule_steps) == (250, 14, 1, 3500)
+    assert steps.steps == 3500
+    odd = TrainConfig(max_steps=1000, eval_every_steps=300).budget(4)  # rounded up to whole validations
+    assert (odd.rounds, odd.steps, odd.schedule_steps) == (4, 1200, 1000)
+    short = TrainConfig(max_steps=50).budget(4)  # a cap below the validation interval validates once
+    assert (short.round_steps, short.rounds) == (50, 1)
+    epochs = TrainConfig(epochs=39, eval_every=3, max_steps=10).budget(88)  # max_steps unused
+    assert (epochs.round_steps, epochs.rounds, epochs.validate_every, epochs.schedule_steps) == (
+        88,
+        39,
+        3,
+        3432,
+    )
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["max_steps=0", "eval_every_steps=0", "eval_every=0", "epochs=0", "patience=-1", "warmup_steps=-1"],
+)
+def test_budget_fields_are_checked(override: str) -> None:
+    with pytest.raises(ValueError, match=f"train.{override}"):
+        apply_overrides(Config(), [f"train.{override}"])
+
+
+def test_a_config_from_before_the_step_budget_runs_in_epochs() -> None:
+    """An old ``config.json`` holds ``epochs``, ``eval_every`` and ``patience`` and no step fields."""
+    old = Config.from_dict({"train": {"epochs": 20, "eval_every": 1, "patience": 0, "lr_schedule": "cosine"}})
+    assert old.train.budget(7) == TrainConfig(epochs=20).budget(7)
+    assert (old.train.budget(7).steps, old.train.budget(7).schedule_steps) == (140, 140)
+
+
+def test_a_small_dataset_trains_until_validation_stops_improving(
+    synthetic_csv, tmp_path, exported, monkeypatch
+) -> None:
+    """The step budget: on 60 users a fixed 2-epoch run (32 steps) stops while validation still
+    rises; the default budget kind (steps, patience) trains on, stops by patience well before its
+    cap, and exports the best validation's weights."""
+    tables: list[np.ndarray] = []
+    evaluate = retrieval.training.protocols.evaluate_ranking
+
+    def record(artifact, *args: Any, **kwargs: Any) -> dict[str, float]:
+        tables.append(np.array(artifact.item_embeddings))
+        return evaluate(artifact, *args, **kwargs)
+
+    monkeypatch.setattr(retrieval.training.protocols, "evaluate_ranking", record)
+    budget = ["train.epochs=none", "train.max_steps=2000", "train.eval_every_steps=10", "train.patience=3"]
+    config = tiny_config(synthetic_csv, "train.learning_rate=0.01", *budget)
+    metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
+    history = [h["ndcg@10"] for h in metrics.validation_per_epoch]
+    best = int(np.argmax(history))  # the first best: a tie does not reset patience
+    assert metrics.steps_per_epoch == STEPS_PER_EPOCH
+    assert metrics.stopped_early and metrics.steps_trained < 2000
+    assert metrics.steps_trained > 2 * STEPS_PER_EPOCH  # past the fixed run
+    assert max(history[:3]) < history[best]  # which had not reached the best validation
+    assert metrics.best_step == 10 * (best + 1) and metrics.best_epoch == best + 1
+    assert metrics.steps_trained == metrics.best_step + 3 * 10  # patience: 3 validations
+    assert [h["step"] for h in metrics.validation_per_epoch] == list(range(10, metrics.steps_trained + 1, 10))
+    assert metrics.validation["ndcg@10"] == history[best]
+    assert metrics.epochs_trained == metrics.steps_trained // STEPS_PER_EPOCH
+    # Exported (and tested) with the best validation's weights, not the last.
+    np.testing.assert_allclose(tables[-1], tables[best])
+    assert not np.allclose(tables[-2], tables[best])
+
+
+def test_a_round_that_ends_mid_epoch_resumes_like_an_uninterrupted_run(
+    synthetic_csv, tmp_path, monkeypatch, exported
+) -> None:
+    """Rounds of 7 steps end inside epochs of 16: the resumed run reads the data (and
+    bert4rec-style per-step seeds) from the step it stopped at."""
+    budget = ["train.epochs=none", "train.max_steps=21", "train.eval_every_steps=7", "train.patience=0"]
+    config = tiny_config(synthetic_csv, "train.lr_schedule=linear", *budget)
+    full = retrieval.training.run.train(config, tmp_path / "full", verbose=0)
+    assert (full.steps_trained, len(full.train_loss_per_epoch)) == (21, 3)
+    original = EpochCheckpoint.on_epoch_end
+
+    def crash_after_round_two(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        original(self, epoch, logs)
+        if epoch == 1:
+            raise Interrupted
+
+    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_round_two)
+    with pytest.raises(Interrupted):
+        retrieval.training.run.train(config, tmp_path / "m", verbose=0)
+    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", original)
+    resumed = retrieval.training.run.train(config, tmp_path / "m", verbose=0, resume=True)
+    assert [h["step"] for h in resumed.validation_per_epoch] == [7, 14, 21]
+    np.testing.assert_allclose(resumed.train_loss_per_epoch, full.train_loss_per_epoch, rtol=1e-6)
+    for a, b in zip(exported[-1], exported[0], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -46,14 +46,22 @@ def counterpart(run: ModelRun) -> str:
     return next(t for p, t, side, m in PAIRS if (p, side, m) == (run.protocol, run.side, run.model))
 
 
+PAIR_EPOCHS = 20
+"""A pair's epochs without ``--epochs`` or a tuned budget in :data:`TUNED_EPOCHS`: the peers count
+their budget in epochs, our presets in steps; 20 was our default before that."""
+TUNED_EPOCHS = {"beauty-sasrec": 39, "sports-sasrec": 39}
+"""Presets whose step budget was tuned as epochs (``beauty-sasrec``: 39 of Beauty's 88 steps)."""
+
+
 def run_settings(run: ModelRun, s: Settings, root: Path | None = None) -> Settings:
     """``s`` with the epoch budget of ``run`` resolved: ``s.epochs`` when given, else that of our
-    counterpart tower (:func:`counterpart`): its preset's ``train.epochs`` (the budget it was
-    tuned for, e.g. 39 for ``beauty-sasrec``), or the default of ``retrieval.training.Config``
-    without a preset. Both sides of a pair so train for the same number of epochs."""
+    counterpart tower (:func:`counterpart`): its preset's tuned epochs (:data:`TUNED_EPOCHS`,
+    e.g. 39 for ``beauty-sasrec``), or :data:`PAIR_EPOCHS`. Both sides of a pair so train for the
+    same number of epochs."""
     if s.epochs is not None:
         return s
-    return dataclasses.replace(s, epochs=ours_base_config(counterpart(run), s, root).train.epochs)
+    preset = ours_preset(counterpart(run), s, root)
+    return dataclasses.replace(s, epochs=TUNED_EPOCHS.get(preset or "", PAIR_EPOCHS))
 
 
 def ours_config(run: ModelRun, data: str, s: Settings, root: Path | None = None) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 r"""Train a two-tower retriever and write its model artifact.
 
-mitt train --data data/ml-100k --model sa --epochs 20 --out runs/ml100k-sa
+mitt train --data data/ml-100k --model sa --out runs/ml100k-sa   # until validation stops improving
+mitt train --data mine.csv --preset sasrec --out runs/mine-sasrec
 mitt train --preset beauty-sasrec --data-root /data --out runs/beauty-sasrec --loss gbce
 mitt train --config runs/beauty-sasrec/config.json --out runs/beauty-sasrec-again
-mitt train --preset ml100k-sa --set train.epochs=5 --print-config > ml100k-sa.json
+mitt train --preset ml100k-sa --max-steps 2000 --print-config > ml100k-sa.json
 mitt train --data runs/big-prepared --out runs/big-sa     # a mitt prepare folder
 TF_CONFIG='{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}' \
     mitt train --data runs/big-prepared --out /shared/runs/big-sa --strategy multi-worker
@@ -61,6 +62,7 @@ FLAG_FIELDS = {
     "dim": "model.dim",
     "num_interests": "model.num_interests",
     "max_len": "model.max_len",
+    "max_steps": "train.max_steps",
     "epochs": "train.epochs",
     "batch_size": "train.batch_size",
     "lr": "train.learning_rate",
@@ -106,7 +108,8 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
         "--protocol",
         choices=TRAINING_PROTOCOLS,
         help="split: leave-one-out (default), leave-one-out trained on the validation events too "
-        "(loo-refit: fixed epochs, no validation) or ComiRec's 8:1:1 users with 80/20 history/targets",
+        "(loo-refit: no validation, a fixed budget: --max-steps a loo run's best_step) or ComiRec's "
+        "8:1:1 users with 80/20 history/targets",
     )
     p.add_argument("--out", help="model artifact folder to create (required unless --print-config)")
     p.add_argument(
@@ -135,7 +138,13 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
         "--num-interests", type=int, help="K (default: the tower's; 1 for sasrec, bert4rec, youtubednn)"
     )
     p.add_argument("--max-len", type=int, help=f"history length read (default {m.max_len})")
-    p.add_argument("--epochs", type=int, help=f"default {t.epochs}")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help=f"optimizer steps at most (default {t.max_steps}; validation every {t.eval_every_steps}, "
+        f"stopping after {t.patience} without a better NDCG@10)",
+    )
+    p.add_argument("--epochs", type=int, help="count the budget in epochs instead (a fixed run, the old way)")
     p.add_argument("--batch-size", type=int, help=f"default {t.batch_size}")
     p.add_argument("--lr", type=float, help=f"peak learning rate (default {t.learning_rate})")
     p.add_argument("--loss", choices=LOSSES, help=f"training loss (default {t.loss})")
@@ -178,7 +187,7 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
         if getattr(args, dest) is not None
     ]
     config = apply_overrides(config, [*flags, *args.set])
-    if preset is not None and not config.data.path:  # the preset's dataset, unless a later layer named data
+    if preset is not None and preset.dataset and not config.data.path:  # unless a later layer named data
         config = apply_overrides(config, [f"data.path={preset.dataset_path(args.data_root)}"])
     if args.replicas is not None and args.strategy != "mirrored":
         raise ValueError("--replicas is for --strategy mirrored")
@@ -220,7 +229,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     except (ValueError, FileExistsError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    keys = ("validation", "test", "baseline_popularity_test", "train_seconds", "epochs_trained", "best_epoch")
+    keys = ("validation", "test", "baseline_popularity_test", "train_seconds", "steps_trained", "best_step")
     out = args.out if is_chief(strategy) else None  # other workers write nothing
     print(json.dumps({"out": out, **{k: getattr(result, k) for k in keys}}, indent=2))
     return 0

@@ -141,11 +141,27 @@ class TrainConfig:
     of :data:`OBJECTIVES` (None = the tower's default: ``all_positions`` for
     sasrec, ``cloze`` for bert4rec, ``last`` otherwise); ``mask_ratio`` is the cloze task's.
 
-    The loop: Adam, AdamW when ``weight_decay`` > 0; ``lr_schedule`` ``constant``, ``cosine``
-    or ``linear`` decay to 0 over the run after ``warmup_steps`` of linear warm-up; early
-    stopping after ``patience`` validations (one every ``eval_every`` epochs) without a better
-    NDCG@10 (0 = off), the best weights exported. ``seed`` fixes initial weights, data order,
-    negatives and dropout: the same seed repeats a run, also across a resume.
+    The loop: Adam, AdamW when ``weight_decay`` > 0, ``seed`` fixing initial weights, data
+    order, negatives and dropout (the same seed repeats a run, also across a resume).
+
+    The budget is counted in optimizer steps, so that one setting fits 1,000 users and 100,000
+    (20 epochs of one example per user are 80 steps of 256 on the first, 7,820 on the second),
+    and ends when validation stops improving: a validation every
+    ``eval_every_steps`` steps, early stopping after ``patience`` validations without a better
+    validation NDCG@10 (0 = off; the best validation's weights are exported and its step
+    recorded, ``TrainResult.best_step``), at most ``max_steps`` steps (rounded up to a whole
+    number of validations). ``lr_schedule`` ``constant``, ``cosine`` or ``linear`` decays to 0
+    at ``max_steps`` after ``warmup_steps`` of linear warm-up: ``max_steps`` is the
+    schedule's horizon, so a decaying preset sets it to the steps its data needs, and a run
+    stopped early by patience ends with part of the decay done.
+
+    ``epochs`` (None by default) counts the budget in epochs instead, as configs before the
+    step budget did: a run of exactly ``epochs`` epochs (fewer if ``patience`` stops it),
+    validated every ``eval_every`` epochs, its schedule decaying over those epochs;
+    ``max_steps`` and ``eval_every_steps`` are then not used. Tests and benchmarks that want a
+    fixed short run set it; old ``config.json`` files, which all hold it, run as they did.
+    ``data.protocol=loo-refit`` has no validation, so its budget is fixed whatever
+    ``patience`` says: set ``max_steps`` to the ``best_step`` of a ``loo`` run.
 
     Under a ``tf.distribute`` strategy (``tools/train.py --strategy``) ``batch_size`` is the
     global batch, split over the replicas; ``lr_scaling`` multiplies the learning rate by the
@@ -158,7 +174,8 @@ class TrainConfig:
 
     objective: Objective | None = None
     mask_ratio: float = 0.2
-    epochs: int = 20
+    max_steps: int = 20_000  # the step budget's cap and the schedule's horizon
+    epochs: int | None = None  # a budget in epochs instead (max_steps, eval_every_steps unused)
     batch_size: int = 256
     learning_rate: float = 1e-3
     loss: Loss = "sampled_softmax"
@@ -175,15 +192,53 @@ class TrainConfig:
     weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
     lr_schedule: LrSchedule = "constant"  # cosine, linear: decay to 0 by the last step
     warmup_steps: int = 0
-    patience: int = 0  # early stopping on validation NDCG@10 (0 = off)
+    patience: int = 5  # validations without a better validation NDCG@10 before stopping (0 = off)
     seed: int = 42
-    eval_every: int = 1
+    eval_every_steps: int = 200  # steps between validations
+    eval_every: int = 1  # epochs between validations, with a budget in epochs
     lr_scaling: LrScaling = "none"  # learning rate × replicas (linear) or √replicas (sqrt)
     dense_gradients: bool = False  # sum embedding gradients per item before Adam (retrieval.training.run)
     length_buckets: bool = False  # batches of similar history lengths, padding trimmed (in memory)
 
     def __post_init__(self) -> None:
         check_fields(self)
+        at_least_one = {
+            "max_steps": self.max_steps,
+            "eval_every_steps": self.eval_every_steps,
+            "eval_every": self.eval_every,
+            "epochs": 1 if self.epochs is None else self.epochs,
+        }
+        at_least_zero = {"patience": self.patience, "warmup_steps": self.warmup_steps}
+        bad = [f"train.{k}={v}" for k, v in at_least_one.items() if v < 1]
+        bad += [f"train.{k}={v}" for k, v in at_least_zero.items() if v < 0]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: budgets and intervals must be >= 1, patience, warm-up >= 0")
+
+    def budget(self, steps_per_epoch: int) -> Budget:
+        """The run's steps, validations and schedule horizon for data of ``steps_per_epoch`` steps."""
+        if self.epochs is not None:
+            return Budget(steps_per_epoch, self.epochs, self.eval_every, self.epochs * steps_per_epoch)
+        every = min(self.eval_every_steps, self.max_steps)
+        return Budget(every, -(-self.max_steps // every), 1, self.max_steps)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long a run trains, in Keras' terms: ``rounds`` fits of ``round_steps`` steps each (a
+    Keras "epoch": one epoch of the data with a budget in epochs, ``eval_every_steps`` steps
+    with a budget in steps), a validation after every ``validate_every`` rounds, and the
+    learning-rate schedule's horizon ``schedule_steps`` (:meth:`TrainConfig.budget`).
+    """
+
+    round_steps: int
+    rounds: int
+    validate_every: int
+    schedule_steps: int
+
+    @property
+    def steps(self) -> int:
+        """The most steps the run takes (early stopping may end it sooner)."""
+        return self.rounds * self.round_steps
 
 
 @dataclass(frozen=True)

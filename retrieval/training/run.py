@@ -3,8 +3,10 @@
 :func:`train` reads its data through a :class:`~retrieval.training.inputs.TrainingData`
 (:mod:`retrieval.training.inputs`), builds the task (:func:`build_training_task`) and the
 optimizer (:func:`make_optimizer`), fits under a ``tf.distribute`` strategy
-(:mod:`retrieval.training.distribute`) while validating on full rankings every epoch
-(:class:`FullRankingValidation`), and writes the model artifact (:func:`save_model`).
+(:mod:`retrieval.training.distribute`) for the configured budget (:meth:`TrainConfig.budget`:
+optimizer steps, or epochs) while validating on full rankings (:class:`FullRankingValidation`)
+and stopping when validation stops improving (:class:`EarlyStopping`), and writes the model
+artifact (:func:`save_model`).
 """
 
 from __future__ import annotations
@@ -93,10 +95,11 @@ def _resume_state(config: Config, run: Path, resume: bool, overwrite: bool) -> b
     if not (run / "config.json").is_file():
         raise ValueError(f"nothing to resume: {run} does not exist (train without --resume)")
     saved = Config.from_dict(json.loads((run / "config.json").read_text()))
-    # Only the number of epochs may change on resume (to train a run for longer).
+    # Only the budget may change on resume (to train a run for longer).
     saved_flat = {f"{s}.{k}": v for s, fields in saved.to_dict().items() for k, v in fields.items()}
     given_flat = {f"{s}.{k}": v for s, fields in config.to_dict().items() for k, v in fields.items()}
-    differ = sorted(k for k in given_flat if k != "train.epochs" and given_flat[k] != saved_flat.get(k))
+    budget = ("train.epochs", "train.max_steps")
+    differ = sorted(k for k in given_flat if k not in budget and given_flat[k] != saved_flat.get(k))
     if differ:
         changes = ", ".join(f"{k}: {saved_flat.get(k)!r} -> {given_flat[k]!r}" for k in differ)
         raise ValueError(f"cannot resume {run} with another configuration ({changes})")
@@ -127,22 +130,30 @@ def _finished_run(config: Config, out: Path) -> TrainResult | None:
 class TrainResult:
     """What a training run measured, as its artifact's ``metrics.json`` holds it (:meth:`to_dict`).
 
+    The ``*_per_epoch`` lists and ``best_epoch`` count the run's rounds (:class:`Budget`): data
+    epochs with a budget in epochs (``train.epochs``), else ``train.eval_every_steps`` steps each.
+
     Attributes:
-        validation: the validation metrics of the exported weights (the best epoch's with early
-            stopping, else the last epoch's; empty without validation users).
-        validation_per_epoch: every validation, ``{"epoch": e, metric: value, ...}``.
+        validation: the validation metrics of the exported weights (the best validation's with
+            early stopping, else the last; empty without validation users).
+        validation_per_epoch: every validation, ``{"epoch": round, "step": s, metric: value, ...}``.
         protocol: the evaluation protocol's name (``loo`` or ``comirec``).
         test: the exported weights' test metrics.
         baseline_popularity_test: the most-popular baseline's on the same test.
-        train_loss_per_epoch: the mean training loss of each epoch.
+        train_loss_per_epoch: the mean training loss of each round.
         train_seconds: training time, validation included.
-        train_seconds_per_epoch: each epoch's training time, validation excluded.
+        train_seconds_per_epoch: each round's training time, validation excluded.
         train_examples: examples per epoch.
         objective, loss: what was trained (``train.objective`` resolved, ``train.loss``).
         replicas: devices the batch was shared by.
-        epochs_trained: epochs run (fewer than ``train.epochs`` after an early stop).
-        best_epoch: the epoch exported with early stopping, ``None`` without it.
+        epochs_trained: whole epochs of the data run.
+        best_epoch: the round exported with early stopping, ``None`` without it.
         stopped_early: whether early stopping ended the run.
+        steps_per_epoch: optimizer steps in one epoch of the data.
+        steps_trained: optimizer steps run.
+        best_step: the steps trained by the exported weights with early stopping (``None``
+            without it): the budget a ``loo-refit`` run of the same configuration reuses
+            (``train.max_steps``).
     """
 
     validation: dict[str, float]
@@ -160,6 +171,9 @@ class TrainResult:
     epochs_trained: int
     best_epoch: int | None
     stopped_early: bool
+    steps_per_epoch: int = 0  # 0: a metrics.json written before these were recorded
+    steps_trained: int = 0
+    best_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,10 +240,10 @@ def train(
         >>> result = train(Config(), "runs/mine", data=frame)
         >>> result.test["ndcg@10"]
 
-    The run keeps a checkpoint of every epoch in ``out.partial/`` (removed once ``out`` is
-    written); ``resume`` continues an interrupted run from its last checkpoint (same
-    configuration, ``train.epochs`` may be raised; the strategy and the number of workers may
-    change).
+    The run keeps a checkpoint after every round (:class:`Budget`) in ``out.partial/`` (removed
+    once ``out`` is written); ``resume`` continues an interrupted run from its last checkpoint
+    (same configuration, ``train.max_steps`` or ``train.epochs`` may be raised; the strategy and
+    the number of workers may change).
 
     Under a strategy with several replicas, ``train.batch_size`` is the global batch (each
     replica computes ``batch_size / replicas`` examples of it) and the loss and its gradient are
@@ -257,11 +271,6 @@ def train(
         config = replace(config, data=replace(config.data, path=path))
     if not config.data.path:
         raise ValueError("config.data.path is empty: give the interactions to train on")
-    if config.data.protocol == "loo-refit" and config.train.patience > 0:
-        raise ValueError(
-            "data.protocol=loo-refit trains on the validation events, so nothing is left to stop "
-            "early on: set train.patience=0 and train.epochs to a loo run's best_epoch"
-        )
     strategy = strategy or tf.distribute.get_strategy()
     replicas = int(strategy.num_replicas_in_sync)
     if replicas > 1 and config.model.attention_penalty > 0:
@@ -300,15 +309,20 @@ def _train(
         "%d users, %d items, %d training examples (objective %s, loss %s), %d replica(s)",
         data.users, len(data.vocab), examples, model.objective, t.loss, replicas,
     )  # fmt: skip
-    steps = -(-examples // t.batch_size)
+    steps = -(-examples // t.batch_size)  # per epoch of the data
+    budget = t.budget(steps)
     with strategy.scope():
         task = build_training_task(t, data.train_counts(), data.target_counts(model.objective, max_len))
         model.task = task if replicas == 1 else GlobalBatchTask(task)
         # XLA off: it has no kernel for the candidate sampler, and compiled steps ran slower on CPU.
-        model.compile(optimizer=make_optimizer(t, t.epochs * steps, replicas), jit_compile=False)
+        model.compile(optimizer=make_optimizer(t, budget.schedule_steps, replicas), jit_compile=False)
 
-    validation = FullRankingValidation(data, max_len, t.eval_every)
-    early = EarlyStopping(f"val_{data.shown[0]}", t.patience) if t.patience > 0 else None
+    validation = FullRankingValidation(data, max_len, budget.validate_every, budget.round_steps)
+    early = None
+    if t.patience > 0 and config.data.protocol == "loo-refit":
+        log.info("data.protocol=loo-refit has no validation: train.patience is not used, the budget is fixed")
+    elif t.patience > 0:
+        early = EarlyStopping(f"val_{data.shown[0]}", t.patience)
     state: dict[str, Any] = {}
     if where.restore is not None:
         with strategy.scope():  # the optimizer's variables are built here
@@ -317,11 +331,12 @@ def _train(
         if early is not None and state.get("early_stopping"):
             early.set_state(state["early_stopping"])
             early.best_weights = best_weights
-        log.info("resuming %s after epoch %d", where.restore.parent, state["epoch"])
+        log.info("resuming %s after round %d", where.restore.parent, state["epoch"])
     else:
         where.run.mkdir(parents=True, exist_ok=True)
         config.save(where.run / "config.json")
-    first_epoch = int(state.get("epoch", 0))
+    first_round = int(state.get("epoch", 0))
+    first_step = first_round * budget.round_steps
     timer = EpochTimer(state.get("epoch_seconds", []))
     checkpoint = EpochCheckpoint(
         where.run / "checkpoint", model.task.variables, validation, early, state, timer=timer
@@ -330,8 +345,11 @@ def _train(
     if tensorboard is not None:
         callbacks.append(TensorBoardLogger(tensorboard))
 
-    if first_epoch < t.epochs and not (early is not None and early.stopped):
-        dataset = data.batches(model.objective, max_len, t.batch_size, t.seed, first_epoch, t.epochs)
+    if first_round < budget.rounds and not (early is not None and early.stopped):
+        # Data epochs back to back, from the one the run stopped in (a round may end mid-epoch).
+        first_epoch, last_epoch = first_step // steps, -(-budget.steps // steps)
+        dataset = data.batches(model.objective, max_len, t.batch_size, t.seed, first_epoch, last_epoch)
+        dataset = dataset.skip(first_step - first_epoch * steps)
         if model.objective == "cloze":  # fresh masks every step, seeded by (run seed, step)
             mask_id = model.user_tower.mask_id
 
@@ -340,7 +358,7 @@ def _train(
                 masked = mask_items(batch[0], batch[1], mask_id, t.mask_ratio, seed=seed)
                 return (*masked, *batch[2:])  # and the batch's sample weight, when it has one
 
-            dataset = dataset.enumerate(start=first_epoch * steps).map(mask, tf.data.AUTOTUNE)
+            dataset = dataset.enumerate(start=first_step).map(mask, tf.data.AUTOTUNE)
         options = tf.data.Options()
         # Every worker reads the whole input and keeps its replicas' share of each global batch
         # (a generator cannot be split by files), so the batches are the single-device ones.
@@ -349,9 +367,9 @@ def _train(
         with fit_under(strategy, model):
             model.fit(
                 dataset,
-                epochs=t.epochs,
-                initial_epoch=first_epoch,
-                steps_per_epoch=steps,
+                epochs=budget.rounds,
+                initial_epoch=first_round,
+                steps_per_epoch=budget.round_steps,
                 callbacks=callbacks,
                 verbose=verbose,
                 shuffle=False,  # the data orders every epoch itself (seeded)
@@ -360,6 +378,8 @@ def _train(
         early.restore_best(model)
 
     artifact = live_artifact(model, data.vocab, max_len, data.side, validation.tower)
+    steps_trained = len(checkpoint.losses) * budget.round_steps
+    best_round = early.best_epoch if early is not None else None
     result = TrainResult(
         validation=_exported_validation(validation.history, early),
         validation_per_epoch=validation.history,
@@ -373,9 +393,12 @@ def _train(
         objective=model.objective,
         loss=t.loss,
         replicas=replicas,
-        epochs_trained=len(checkpoint.losses),
-        best_epoch=early.best_epoch if early is not None else None,
+        epochs_trained=steps_trained // steps,
+        best_epoch=best_round,
         stopped_early=bool(early is not None and early.stopped),
+        steps_per_epoch=steps,
+        steps_trained=steps_trained,
+        best_step=None if best_round is None else best_round * budget.round_steps,
     )
     metrics = result.to_dict()
     save_model(model, config, data.vocab, data.side, metrics, where.out, overwrite, data.item_attributes)

@@ -1,5 +1,5 @@
-"""Validation during training: the model in memory scored on full rankings after every epoch,
-through a user tower traced once per run."""
+"""Validation during training: the model in memory scored on full rankings after every round of
+training (an epoch, or ``train.eval_every_steps`` steps), through a user tower traced once per run."""
 
 from __future__ import annotations
 
@@ -54,15 +54,17 @@ def live_artifact(
 
 
 class FullRankingValidation(keras.callbacks.Callback):
-    """Computes full-ranking validation metrics after every ``every`` epochs.
+    """Computes full-ranking validation metrics after every ``every`` Keras epochs (rounds of
+    ``round_steps`` optimizer steps, :class:`~retrieval.training.config.Budget`).
 
     The data's shown metrics (e.g. ``val_ndcg@10``) go into the epoch logs (and so the
-    progress bar and any later callback); the full set per epoch is kept in ``history``.
+    progress bar and any later callback); the full set of each validation is kept in
+    ``history``, with its round (``epoch``) and the optimizer steps trained (``step``).
     """
 
-    def __init__(self, data: TrainingData, max_len: int, every: int = 1) -> None:
+    def __init__(self, data: TrainingData, max_len: int, every: int = 1, round_steps: int = 1) -> None:
         super().__init__()
-        self.data, self.max_len, self.every = data, max_len, every
+        self.data, self.max_len, self.every, self.round_steps = data, max_len, every, round_steps
         self.history: list[dict[str, float]] = []
         self.tower: UserVectorsFn | None = None
         """The model's :func:`live_tower`, made at the first validation: one trace per run."""
@@ -81,6 +83,6 @@ class FullRankingValidation(keras.callbacks.Callback):
         metrics = self.data.evaluate(artifact, "valid")
         if not metrics:  # no validation users
             return
-        self.history.append({"epoch": epoch + 1, **metrics})
+        self.history.append({"epoch": epoch + 1, "step": (epoch + 1) * self.round_steps, **metrics})
         if logs is not None:  # shown on the progress bar; every metric goes to metrics.json
             logs.update({f"val_{k}": metrics[k] for k in self.data.shown})

@@ -23,7 +23,12 @@ request of the server process and of the client. Each rerank server is also meas
 users' plain and reranked requests interleaved at concurrency 1 (:func:`paired_load`), which
 gives the latency the rerank adds free of the drift between rows; likewise the micro-batching
 server with each user's plain request interleaved with its ``explain=true`` twin
-(``RetrieveRequest.explain``: what explanations cost at concurrency 1, p50 and p99). Prints a
+(``RetrieveRequest.explain``: what explanations cost at concurrency 1, p50 and p99). With
+``--processes 2`` (or more), serving groups too (``tools/serve.py --processes N``: N worker
+processes on one port) and an N-process echo (N echo servers sharing the port), and each row
+reports the server's memory once loaded and measured: RSS and PSS (:func:`memory`) summed over
+its processes, PSS counting a page shared by n processes 1/n in each (the memory-mapped index
+is one copy for the whole group; RSS would count it once per process). Prints a
 Markdown table and writes ``results.json`` and ``table.md`` to ``--out``. Targets: p99 <= 5 ms
 at concurrency 1; QPS at concurrency 32 >= 50% of the echo's; the rerank adds <= 5 ms to p99
 at concurrency 1 (interleaved; plain and ``--xla``); no errors.
@@ -63,6 +68,12 @@ RETRIEVAL = "retrieval (micro-batching)"
 RETRIEVAL_XLA = "retrieval (micro-batching, --xla)"
 RERANK = f"retrieval + DIN rerank of {RERANK_CANDIDATES}"
 RERANK_XLA = f"retrieval + DIN rerank of {RERANK_CANDIDATES}, --xla"
+TARGET_GROUP_MEMORY = 1.4
+"""A 2-process group's memory (PSS) over one process's: the target of the serving group."""
+
+
+def group_name(processes: int) -> str:
+    return f"retrieval (micro-batching, {processes} processes)"
 
 
 def build_artifacts(out: Path, items: int, data: Path, epochs: int, seed: int = 0) -> tuple[Path, Path]:
@@ -173,14 +184,24 @@ class EchoServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         return self.response
 
 
-def serve_echo(port: int, k: int, workers: int) -> None:
-    """Runs the echo service on 127.0.0.1:``port`` until SIGTERM."""
+def serve_echo(port: int, k: int, workers: int, processes: int = 1) -> None:
+    """Runs the echo service on 127.0.0.1:``port`` until SIGTERM; ``processes`` > 1 starts that
+    many more echo processes sharing the port (grpcio's default ``SO_REUSEPORT``), stopped with it."""
+    others = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.serving", "--echo", "--k", str(k), "--port", str(port)]
+        )
+        for _ in range(processes - 1)
+    ]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(EchoServicer(k), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: server.stop(0))
     server.wait_for_termination()
+    for other in others:
+        other.terminate()
+        other.wait()
 
 
 def free_port() -> int:
@@ -254,13 +275,43 @@ def requests(data: Path, k: int) -> list[retrieval_pb2.RetrieveRequest]:
     return [retrieval_pb2.RetrieveRequest(history=sequences.vocab.external(h[-50:]), k=k) for h in histories]
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system, every thread) process ``pid`` has used; ``None`` off Linux."""
+def processes_of(pid: int) -> list[int]:
+    """``pid`` and its children (a serving group's supervisor and workers), on Linux."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
     except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        return [pid]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, every thread) process ``pid`` and its children have used;
+    ``None`` off Linux."""
+    total = 0.0
+    for one in processes_of(pid):
+        try:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
+def memory(pid: int) -> dict[str, float] | None:
+    """Resident memory of process ``pid`` and its children in MB (``/proc/PID/smaps_rollup``):
+    ``rss_mb`` sums their RSS, which counts a shared page in every process mapping it;
+    ``pss_mb`` their PSS, which splits it among them, so a group's PSS is its real footprint.
+    ``None`` off Linux."""
+    totals = {"rss_mb": 0.0, "pss_mb": 0.0}
+    for one in processes_of(pid):
+        try:
+            lines = Path(f"/proc/{one}/smaps_rollup").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            key, _, value = line.partition(":")
+            if key in ("Rss", "Pss"):
+                totals[f"{key.lower()}_mb"] += int(value.split()[0]) / 1024
+    return {k: round(v, 1) for k, v in totals.items()}
 
 
 async def load(
@@ -414,7 +465,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     batch = requests(args.data, args.k)
     reranked = twins(batch, rerank=retrieval_pb2.Rerank(candidates=RERANK_CANDIDATES))
     explained = twins(batch, explain=True)
-    serve = ["tools/serve.py", "--model", str(model_dir), "--index", str(index_dir)]
+    serve = ["tools/serve.py", "--model", str(model_dir), "--index", str(index_dir), "--processes", "1"]
     servers = {
         "echo": (["-m", "bench.serving", "--echo", "--k", str(args.k)], batch),
         RETRIEVAL: (serve, batch),
@@ -423,6 +474,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         RERANK: ([*serve, "--ranker", str(ranker_dir)], reranked),
         RERANK_XLA: ([*serve, "--xla", "--ranker", str(ranker_dir)], reranked),
     }
+    for n in (n for n in args.processes if n > 1):
+        servers[f"echo ({n} processes)"] = ([*servers["echo"][0], "--processes", str(n)], batch)
+        servers[group_name(n)] = ([*serve[:-1], str(n)], batch)
     rows = []
     paired: dict[str, dict[str, Any]] = {}  # rerank server -> plain/reranked requests interleaved
     for name, (command, sent) in servers.items():
@@ -443,6 +497,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         )
                     ),
                 }
+                row["server_memory"] = memory(server.process.pid)
                 log.info("%s", row)
                 rows.append(row)
             if name in (RERANK, RERANK_XLA):
@@ -503,6 +558,13 @@ def checks(rows: list[dict[str, Any]], paired: dict[str, dict[str, Any]] | None 
         if added is not None:
             out[f"rerank_added_p99_at_1_ms{suffix}"] = added
             out[f"rerank_added_p99_ok{suffix}"] = added <= TARGET_RERANK_P99_MS
+    one, two = by.get((RETRIEVAL, 32)), by.get((group_name(2), 32))
+    if one and two and one.get("server_memory") and two.get("server_memory"):
+        for key in ("pss_mb", "rss_mb"):
+            out[f"group_memory_{key[:3]}_ratio"] = round(
+                two["server_memory"][key] / one["server_memory"][key], 3
+            )
+        out["group_memory_ok"] = out["group_memory_pss_ratio"] <= TARGET_GROUP_MEMORY
     if explain := (paired or {}).get(RETRIEVAL):
         out["explain_added_p50_at_1_ms"] = explain["added_p50_ms"]
         out["explain_added_p99_at_1_ms"] = explain["added_p99_ms"]
@@ -556,6 +618,18 @@ def table(results: dict[str, Any]) -> str:
             f"{c.get('rerank_added_p99_at_1_ms' + suffix)} ms (target <= "
             f"{TARGET_RERANK_P99_MS}: {'met' if c.get('rerank_added_p99_ok' + suffix) else 'NOT met'})"
         )
+    for r in results["rows"]:
+        if r.get("server_memory") and r["concurrency"] == max(x["concurrency"] for x in results["rows"]):
+            lines.append(
+                f"{r['server']}: memory after the run {r['server_memory']['pss_mb']:,.0f} MB PSS "
+                f"({r['server_memory']['rss_mb']:,.0f} MB RSS)"
+            )
+    if "group_memory_pss_ratio" in c:
+        lines.append(
+            f"2 processes / 1 process memory: PSS x{c['group_memory_pss_ratio']} (target <= "
+            f"{TARGET_GROUP_MEMORY}: {'met' if c['group_memory_ok'] else 'NOT met'}), "
+            f"RSS x{c['group_memory_rss_ratio']}"
+        )
     if "explain_added_p99_at_1_ms" in c:
         lines.append(
             f"added by explain=true at concurrency 1 ({RETRIEVAL}, interleaved): "
@@ -577,6 +651,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-requests", type=int, default=200_000, help="measured requests per row at most")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-serving", help="default %(default)s")
+    p.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="also rows for serving groups of these sizes (> 1), and echoes of as many processes",
+    )
     p.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)  # run the echo server
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -593,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args = parse_args(argv)
     if args.echo:
-        serve_echo(args.port, args.k, workers=64)
+        serve_echo(args.port, args.k, workers=64, processes=max(args.processes))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     results = run(args)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import sys
 import warnings
@@ -299,6 +300,10 @@ def _serve_group(args: argparse.Namespace, argv: list[str]) -> int:
     from retrieval.serving.group import GroupOptions, serve_group
     from retrieval.serving.logs import configure_logging
 
+    for library in ("faiss", "tensorflow"):  # the workers' (the supervisor imports neither)
+        blocked = library in sys.modules and sys.modules[library] is None
+        if blocked or importlib.util.find_spec(library) is None:  # missing: one line naming the extra
+            raise ModuleNotFoundError(f"No module named {library!r}", name=library)
     configure_logging(args.log_format)
     try:
         access = access_control(args)  # a bad file fails here, before any worker starts

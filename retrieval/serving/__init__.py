@@ -6,6 +6,9 @@
 * :mod:`~retrieval.serving.server`: :func:`create_server` / :func:`serve_forever`, the servicer
   (message conversion only), health, reflection, TLS, limits, graceful stop.
 * :mod:`~retrieval.serving.reload`: hot swaps of the retriever (:class:`DeploymentWatcher`).
+* :mod:`~retrieval.serving.group`: :class:`ServingGroup`, N worker processes on one port under a
+  supervisor (health, two-phase hot reload, summed metrics, drain);
+  :mod:`~retrieval.serving.worker`: a worker's side (:class:`WorkerLink`).
 * :mod:`~retrieval.serving.access`: who may call (:class:`AccessControl`): tokens and client
   certificates (:mod:`~retrieval.serving.auth`), rate limits (:mod:`~retrieval.serving.ratelimit`),
   the access log (:mod:`~retrieval.serving.access_log`); :mod:`~retrieval.serving.tls`: TLS

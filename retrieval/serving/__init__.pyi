@@ -5,14 +5,24 @@ from .access_log import AccessLog
 from .admission import Admission, AdmissionLimits, call_cost, cost, query_cost, request_cost
 from .auth import PERMISSIONS, AccessFile, Identity
 from .batching import MicroBatcher
+from .group import GroupError, GroupOptions, ServingGroup, default_processes, hold_ports, serve_group
 from .logs import LOG_FORMATS, configure_logging
 from .memory import MemoryTrimmer, resident_bytes, trimmer
-from .metrics import BasicAuth, Metrics
+from .metrics import BasicAuth, GroupMetrics, Metrics
 from .ratelimit import RateLimiter
-from .reload import DeploymentWatcher, RetrieverSlot, load_deployment, open_deployment, warm_up
+from .reload import (
+    DeploymentWatcher,
+    RetrieverSlot,
+    load_deployment,
+    open_deployment,
+    refuse_version,
+    swap_version,
+    warm_up,
+)
 from .retriever import Retriever
 from .server import RetrievalServer, RetrievalServicer, TlsFiles, create_server, serve_forever, status_for
 from .tls import CertificateFiles
+from .worker import WorkerLink
 
 __all__ = [
     "LOG_FORMATS",
@@ -26,6 +36,9 @@ __all__ = [
     "BasicAuth",
     "CertificateFiles",
     "DeploymentWatcher",
+    "GroupError",
+    "GroupMetrics",
+    "GroupOptions",
     "Identity",
     "MemoryTrimmer",
     "Metrics",
@@ -35,18 +48,25 @@ __all__ = [
     "RetrievalServicer",
     "Retriever",
     "RetrieverSlot",
+    "ServingGroup",
     "TlsFiles",
+    "WorkerLink",
     "call_cost",
     "configure_logging",
     "cost",
     "create_server",
+    "default_processes",
+    "hold_ports",
     "load_deployment",
     "open_deployment",
     "query_cost",
+    "refuse_version",
     "request_cost",
     "resident_bytes",
     "serve_forever",
+    "serve_group",
     "status_for",
+    "swap_version",
     "trimmer",
     "warm_up",
 ]

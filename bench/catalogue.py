@@ -180,9 +180,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     data = dataset_file("ml100k", args.data_root)
     root = build_deployment(args.out, args.items, data, args.epochs)
     batch = requests(data, 50)
-    server = start(
-        "server", ["tools/serve.py", "--watch", str(root), "--watch-interval", str(args.watch_interval)]
-    )
+    command = ["tools/serve.py", "--watch", str(root), "--watch-interval", str(args.watch_interval)]
+    server = start("server", [*command, "--processes", "1"])
     rounds = []
     try:
         with grpc.insecure_channel(server.address) as channel, Callers(server.address, batch, 2) as callers:

@@ -39,6 +39,7 @@ RSS_AFTER_BURST_LIMIT = 1.10
 def _serve(version: Version, *flags: str) -> tuple[Started, int]:
     metrics_port = free_port()
     args = ["tools/serve.py", "--model", str(version.model), "--index", str(version.index)]
+    args += ["--processes", "1"]  # one process: its resident memory is read
     return start("server", [*args, "--metrics-port", str(metrics_port), *flags]), metrics_port
 
 

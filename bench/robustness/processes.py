@@ -74,8 +74,9 @@ def start_watching_server(
 
     port = free_port()
     command = tool_command(
-        "serve", "--watch", str(root), "--watch-interval", str(interval), "--port", str(port)
-    )
+        "serve", "--watch", str(root), "--watch-interval", str(interval), "--port", str(port),
+        "--processes", "1",  # one process: the soak reads its resident memory
+    )  # fmt: skip
     with open(log_file, "wb") as log_handle:
         process = subprocess.Popen(
             command, cwd=REPO, env=tool_env(), stdout=log_handle, stderr=subprocess.STDOUT

@@ -1,4 +1,8 @@
-"""Training-loop pieces: learning-rate schedule, early stopping, per-epoch checkpoints.
+"""Training-loop pieces: learning-rate schedule, early stopping, checkpoints.
+
+Keras' epochs here are the run's rounds (:class:`~retrieval.training.config.Budget`): an epoch of
+the data with a budget in epochs, ``train.eval_every_steps`` optimizer steps with one in steps;
+"epoch" in the callbacks' names and states means a round.
 
 A run being trained into ``out`` keeps its state in the run folder ``out.partial/``
 (:func:`run_folder`); the model artifact ``out`` itself is only written, atomically, once
@@ -115,7 +119,7 @@ class EarlyStopping(keras.callbacks.Callback):
         if self.wait >= self.patience:
             self.stopped = True
             self.model.stop_training = True
-            log.info("early stopping after epoch %d: best %s %.5f at epoch %d", epoch + 1,
+            log.info("early stopping after round %d: best %s %.5f at round %d", epoch + 1,
                      self.monitor, self.best, self.best_epoch)  # fmt: skip
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:

@@ -331,7 +331,9 @@ def _train(
         if early is not None and state.get("early_stopping"):
             early.set_state(state["early_stopping"])
             early.best_weights = best_weights
-        log.info("resuming %s after round %d", where.restore.parent, state["epoch"])
+        done = int(state["epoch"])  # Keras' epochs: the budget's rounds
+        step = done * budget.round_steps
+        log.info("resuming %s after epoch %d (step %d)", where.restore.parent, done, step)
     else:
         where.run.mkdir(parents=True, exist_ok=True)
         config.save(where.run / "config.json")

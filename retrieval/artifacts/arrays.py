@@ -9,14 +9,17 @@ import numpy as np
 from retrieval.storage.manifest import ArtifactError
 
 
-def load_vectors(file: Path, rows: int, dim: int) -> np.ndarray:
+def load_vectors(file: Path, rows: int, dim: int, *, mmap: bool = False) -> np.ndarray:
     """A ``.npy`` table, read without pickle and checked: float32 ``[rows, dim]``, finite.
+
+    ``mmap``: map the file read-only instead of reading it (``np.load(mmap_mode="r")``): the
+    processes of a serving group that load the same version then share its pages.
 
     Raises:
         ArtifactError: an unreadable file, or another shape, type or non-finite values.
     """
     try:
-        table = np.load(file, allow_pickle=False)
+        table = np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:  # a bad header, pickled objects, a short file
         raise ArtifactError(f"{file} is not a readable .npy array: {e}") from e
     return checked_vectors(table, rows, dim, str(file))

@@ -343,7 +343,7 @@ def load_catalogue(
         start = Catalogue(reuse.vocab, reuse.item_embeddings, reuse.removed, grown_from=reuse.version)
     else:
         vocab = load_vocab(path)
-        table = load_vectors(path / EMBEDDINGS_FILE, len(vocab) + 1, dim)
+        table = load_vectors(path / EMBEDDINGS_FILE, len(vocab) + 1, dim, mmap=True)  # shared pages
         removed = _load_removed(path, vocab) if REMOVED_FILE in listed else np.zeros(0, np.int64)
         start = Catalogue(vocab, table, removed)
     if changes is None:

@@ -60,7 +60,7 @@ class DataConfig:
     leave-one-out split only). ``protocol`` is ``"loo"`` (leave-one-out: every user trains on
     all but the last two events, validates on the second-to-last, tests on the last),
     ``"loo-refit"`` (the same test, the model trained on every event before it, validation
-    events included: no validation, so a fixed number of epochs, chosen by a ``loo`` run) or
+    events included: no validation, so a fixed budget, ``train.max_steps`` = a ``loo`` run's ``best_step``) or
     ``"comirec"`` (ComiRec's: users split 8:1:1 by ``split_seed``; only training users train;
     validation/test users' first 80% of events predict the remaining 20%). ``folds`` > 1
     (``comirec`` only) cuts the shuffled users into that many disjoint folds instead: fold

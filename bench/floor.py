@@ -2,6 +2,7 @@
 
     python -m bench.floor                          # 1M items, batches 1 and 32
     python -m bench.floor --items 200000 --batches 1 8 32
+    python -m bench.floor --xla                    # the user tower compiled, as serve --xla
 
 The work of ``bench.serving``'s compute floor, on the same cached artifacts (ComiRec-SA, K = 4,
 d = 64, ``L2MIPS,IVF4096,Flat`` at ``nprobe=8``, k = 50, ML-100K histories): one thread (FAISS's
@@ -79,13 +80,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sent = requests(args.data, args.k)
     rows = []
     for batch in args.batches:
-        answer = answerer(model_dir, index_dir, sent, batch)
+        answer = answerer(model_dir, index_dir, sent, batch, xla=args.xla)
         floor = ms_per_request(answer, batch, args.requests)
         rows.append({"batch": batch, "floor_ms": floor, "profiled_ms": stages(answer, batch, args.requests)})
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.floor " + " ".join(sys.argv[1:]),
         "items": args.items,
+        "xla": args.xla,
         "k": args.k,
         "rows": rows,
     }
@@ -124,6 +126,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--epochs", type=int, default=3, help="training epochs of the base model (as bench.serving)"
     )
     p.add_argument("--data", type=Path, help="ML-100K folder (default: ml100k in --data-root)")
+    p.add_argument("--xla", action="store_true", help="the user tower compiled (tools/serve.py --xla)")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-serving", help="bench.serving's cache")
     add_data_root_argument(p)
     args = p.parse_args(argv)
@@ -137,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     results = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "floor.json").write_text(json.dumps(results, indent=2))
+    (args.out / ("floor-xla.json" if args.xla else "floor.json")).write_text(json.dumps(results, indent=2))
     print(table(results))
     return 0
 

@@ -419,17 +419,22 @@ def explanation_kind(address: str, request: retrieval_pb2.RetrieveRequest) -> st
 
 
 def answerer(
-    model_dir: Path, index_dir: Path, sent: Sequence[retrieval_pb2.RetrieveRequest], batch: int
+    model_dir: Path,
+    index_dir: Path,
+    sent: Sequence[retrieval_pb2.RetrieveRequest],
+    batch: int,
+    xla: bool = False,
 ) -> Callable[[int], None]:
     """``answer(start)``: ``batch`` requests from ``sent`` (from ``start``, cyclically) parsed from
-    the wire, answered with one ``retrieve_many`` and serialised, on one thread."""
+    the wire, answered with one ``retrieve_many`` and serialised, on one thread (``xla``: the
+    user tower compiled, as ``tools/serve.py --xla``)."""
     import faiss
 
     from retrieval.api import query_from_request, response_from_result
     from retrieval.serving import Retriever
 
     faiss.omp_set_num_threads(1)
-    retriever = Retriever.from_dirs(model_dir, index_dir)
+    retriever = Retriever.from_dirs(model_dir, index_dir, xla=xla)
     wire = [request.SerializeToString() for request in sent]
 
     def answer(start: int) -> None:

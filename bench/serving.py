@@ -9,7 +9,8 @@ real model artifact with an ``L2MIPS,IVF4096,Flat`` index (``nprobe=8``), cached
 (see :func:`build_artifacts`). Each server runs in its own
 process, started as users start it (``tools/serve.py``); the load generator is one asyncio gRPC
 client process on the same 2 cores, loopback only, keeping ``concurrency`` requests in flight
-for ``--seconds`` (or ``--max-requests``) after a one-second warm-up. Requests are the ML-100K
+over up to ``--connections`` connections (16; a serving group spreads connections, not calls,
+over its workers) for ``--seconds`` (or ``--max-requests``) after a one-second warm-up. Requests are the ML-100K
 users' histories (up to their last 50 items) with k=50.
 
 Rows: the bare echo service (a Python gRPC server answering every Retrieve with a prebuilt
@@ -321,8 +322,12 @@ async def load(
     seconds: float,
     max_requests: int,
     server_pid: int | None = None,
+    connections: int = 1,
 ) -> dict[str, Any]:
-    """Keeps ``concurrency`` requests in flight for ``seconds`` (after a 1 s warm-up).
+    """Keeps ``concurrency`` requests in flight for ``seconds`` (after a 1 s warm-up), over
+    ``min(connections, concurrency)`` TCP connections (request slot ``c`` on connection
+    ``c % connections``): a serving group's kernel spreads connections, not requests, over its
+    workers, so one connection would reach one worker.
 
     Also reports the CPU milliseconds per measured request of this client process and of the
     server (``server_pid``): on a machine whose cores are all busy, ``cores / (client + server
@@ -330,12 +335,17 @@ async def load(
     """
     latencies: list[float] = []
     errors = 0
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+    # A local subchannel pool per channel: channels to one address would otherwise share a connection.
+    channels = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(max(1, min(connections, concurrency)))
+    ]
+    stubs = [retrieval_pb2_grpc.RetrievalServiceStub(channel) for channel in channels]
+    try:
 
         async def worker(offset: int, until: float, record: bool) -> None:
             nonlocal errors
-            i = offset
+            i, stub = offset, stubs[offset % len(stubs)]
             while time.perf_counter() < until and len(latencies) < max_requests:
                 started = time.perf_counter()
                 try:
@@ -354,6 +364,9 @@ async def load(
         elapsed = time.perf_counter() - started
         client_cpu = time.process_time() - client_cpu
         server_end = None if server_pid is None else cpu_seconds(server_pid)
+    finally:
+        for channel in channels:
+            await channel.close()
     per_request = 1000 / max(len(latencies), 1)
     return {
         "concurrency": concurrency,
@@ -499,6 +512,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             args.seconds,
                             args.max_requests,
                             server.process.pid,
+                            args.connections,
                         )
                     ),
                 }
@@ -525,6 +539,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "items": args.items,
         "num_interests": 4,
         "k": args.k,
+        "connections": args.connections,
         "index": f"{FACTORY} {SEARCH_PARAMS}",
         "index_recall": index_manifest.get("measured", {}).get("recall"),
         "cpus": os.cpu_count(),
@@ -651,6 +666,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3, help="training epochs of the base model")
     p.add_argument("--k", type=int, default=50, help="items per request (default %(default)s)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="default %(default)s")
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=16,
+        help="client connections, at most one per call in flight (default %(default)s)",
+    )
     p.add_argument(
         "--seconds", type=float, default=10.0, help="measured seconds per row (default %(default)s)"
     )

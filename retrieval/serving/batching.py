@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,16 +31,30 @@ logger = logging.getLogger(__name__)
 class _Pending:
     query: Query
     deadline: float | None  # time.monotonic() time after which its caller stops waiting
-    wake: threading.Event = field(default_factory=threading.Event)  # answered, or asked to lead
+    # Answered, or asked to lead: a C queue, not a threading.Event, whose set() runs a Python
+    # Condition under the GIL for each of a batch's callers. A wake-up may be left over from
+    # a wait that timed out; the waiter re-reads ``done`` and ``lead`` after every wake-up.
+    wakes: queue.SimpleQueue[None] = field(default_factory=queue.SimpleQueue)
     lead: bool = False
     done: bool = False
     cancelled: bool = False  # its caller stopped waiting: skip it
     result: Retrieved | None = None
     error: BaseException | None = None
 
+    def wake(self) -> None:
+        self.wakes.put(None)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Blocks until a wake-up (True) or ``timeout`` seconds (False)."""
+        try:
+            self.wakes.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        return True
+
     def finish(self, result: Retrieved | None = None, error: BaseException | None = None) -> None:
         self.result, self.error, self.done = result, error, True
-        self.wake.set()
+        self.wake()
 
 
 class MicroBatcher:
@@ -121,12 +136,11 @@ class MicroBatcher:
                 self._lead()
                 continue
             remaining = None if deadline is None else deadline - time.monotonic()
-            if (remaining is not None and remaining <= 0) or not pending.wake.wait(remaining):
+            if (remaining is not None and remaining <= 0) or not pending.wait(remaining):
                 with self._arrived:
                     if not (pending.done or pending.lead):
                         pending.cancelled = True
                         raise DeadlineExceeded(f"no answer within the deadline ({timeout:.3f} s)")
-            pending.wake.clear()
         if pending.error is not None:
             raise pending.error
         assert pending.result is not None
@@ -161,7 +175,7 @@ class MicroBatcher:
                 if self._queue:
                     head = self._queue[0]
                     head.lead = True
-                    head.wake.set()
+                    head.wake()
                 else:
                     self._busy = False
 

@@ -10,8 +10,8 @@ real model artifact with an ``L2MIPS,IVF4096,Flat`` index (``nprobe=8``), cached
 process, started as users start it (``tools/serve.py``); the load generator is one asyncio gRPC
 client process on the same 2 cores, loopback only, keeping ``concurrency`` requests in flight
 over up to ``--connections`` connections (16; a serving group spreads connections, not calls,
-over its workers) for ``--seconds`` (or ``--max-requests``) after a one-second warm-up. Requests are the ML-100K
-users' histories (up to their last 50 items) with k=50.
+over its workers) for ``--seconds`` (or ``--max-requests``) after a one-second warm-up.
+Requests are the ML-100K users' histories (up to their last 50 items) with k=50.
 
 Rows: the bare echo service (a Python gRPC server answering every Retrieve with a prebuilt
 50-item response: the ceiling of Python gRPC here), the retrieval server with micro-batching
@@ -366,7 +366,7 @@ async def load(
         server_end = None if server_pid is None else cpu_seconds(server_pid)
     finally:
         for channel in channels:
-            await channel.close()
+            await channel.close(None)
     per_request = 1000 / max(len(latencies), 1)
     return {
         "concurrency": concurrency,

@@ -206,6 +206,19 @@ def test_a_few_training_steps_reduce_the_loss(name: str) -> None:
     assert loss() < 0.9 * before
 
 
+@pytest.mark.parametrize("name", ["sa", "sasrec"])
+def test_export_stores_each_weight_once(name: str, tmp_path) -> None:
+    # Keras' ExportArchive.track() saved every weight twice (keras-team/keras#23553): twice
+    # the artifact, and twice the variables in every process that loads it.
+    model = TwoTowerModel(make_tower(name))
+    model({"items": histories(np.random.default_rng(2))})
+    export_user_tower(model, tmp_path / "user_tower")
+    reader = tf.train.load_checkpoint(str(tmp_path / "user_tower" / "variables" / "variables"))
+    stored = sum(int(np.prod(shape)) for shape in reader.get_variable_to_shape_map().values())
+    weights = sum(int(np.prod(w.shape)) for w in model.user_tower.weights)
+    assert weights <= stored < weights + 8  # + TensorFlow's own scalars (the save counter)
+
+
 @pytest.mark.parametrize("name", tiered(tower_names(), slow={"bert4rec", "sasrec", "mind", "din", "bsarec"}))
 def test_exported_user_tower_gives_the_keras_vectors(name: str, tmp_path) -> None:
     model = TwoTowerModel(make_tower(name))

@@ -146,8 +146,11 @@ def export_user_tower(model: TwoTowerModel, path: Path, inputs: tuple[str, ...] 
     endpoints are traced graphs: serving needs neither the tower classes nor tracing per call.
     """
     signature = [{name: tf.TensorSpec([None, None], tf.int32, name=name) for name in inputs}]
+    # Not archive.track(model): it would save every weight a second time, as the Keras
+    # wrappers of the variables the endpoints capture (keras-team/keras#23553), doubling the
+    # artifact and the memory of every process that loads it. The endpoints' own variables
+    # are saved, once.
     archive = keras.export.ExportArchive()
-    archive.track(model)
     archive.add_endpoint(
         name="user_vectors", fn=lambda features: model(features, training=False), input_signature=signature
     )

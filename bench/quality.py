@@ -250,6 +250,30 @@ def run_config(run: Run, epochs: int | None, overrides: Sequence[str]) -> Config
     return apply_overrides(config, [*own, *overrides])
 
 
+def refit_budget(run: Run, config: Config, root: Path, overrides: Sequence[str]) -> Config:
+    """A ``loo-refit`` run's budget: it has no validation to stop on, so unless ``--epochs`` or
+    ``--set train.max_steps=`` gives one, it trains the ``best_step`` of its ``loo`` twin (same
+    dataset, tower, fusion and seed, under ``root``), which must be finished first (``loo``
+    before ``loo-refit`` in ``--protocols``, or an earlier command's run under ``--runs``).
+
+    Raises:
+        ValueError: no finished ``loo`` twin, or one without a best step.
+    """
+    given = any(o.startswith("train.max_steps=") for o in overrides)
+    if run.protocol != "loo-refit" or config.train.epochs is not None or given:
+        return config
+    twin = dataclasses.replace(run, protocol="loo").folder(root) / "metrics.json"
+    if not twin.is_file():
+        raise ValueError(
+            f"{run.folder(root)}: a loo-refit run trains its loo run's best step, and {twin} does not "
+            "exist: add loo before loo-refit to --protocols, or give --epochs or --set train.max_steps=N"
+        )
+    best = json.loads(twin.read_text()).get("best_step")
+    if not best:
+        raise ValueError(f"{twin} records no best step (no early stopping): give --set train.max_steps=N")
+    return apply_overrides(config, [f"train.max_steps={best}"])
+
+
 def _differences(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
     """``field: saved -> given`` for every configuration field that differs."""
     flat = [{f"{s}.{k}": v for s, fields in c.items() for k, v in fields.items()} for c in (saved, given)]
@@ -916,6 +940,7 @@ def train_and_report(
         folder = run.folder(args.runs)
         fold = f" (test fold {run.fold} of 0..{run.folds - 1})" if run.folds > 1 else ""
         print(f"\n=== [{i + 1}/{len(runs)}] {folder}{fold}", flush=True)
+        config = refit_budget(run, config, args.runs, args.set)
         metrics, how = run_one(config, folder, verbose=0 if args.quiet else 2)
         records.append(
             {

@@ -67,6 +67,33 @@ def test_run_config_layers_preset_run_epochs_then_set(monkeypatch: pytest.Monkey
     assert quality.run_config(plain, None, []).train.learning_rate == Config().train.learning_rate
 
 
+def test_a_refit_run_trains_its_loo_runs_best_step(tmp_path: Path) -> None:
+    data = quality.Dataset("log", "/x/log.csv")
+    refit = quality.Run(data, "loo-refit", "sasrec", "none", "", 3)
+    config = quality.run_config(refit, None, [])
+    with pytest.raises(ValueError, match="add loo before loo-refit"):
+        quality.refit_budget(refit, config, tmp_path, [])
+    twin = quality.Run(data, "loo", "sasrec", "none", "", 3).folder(tmp_path)
+    twin.mkdir(parents=True)
+    (twin / "metrics.json").write_text(json.dumps({"best_step": 1234}))
+    assert quality.refit_budget(refit, config, tmp_path, []).train.max_steps == 1234
+    # Another seed's loo run is not this run's twin.
+    other = quality.Run(data, "loo-refit", "sasrec", "none", "", 4)
+    with pytest.raises(ValueError, match="does not exist"):
+        quality.refit_budget(other, quality.run_config(other, None, []), tmp_path, [])
+    # A budget given on the command line wins; a loo run is left as it is.
+    given = quality.run_config(refit, None, ["train.max_steps=50"])
+    assert quality.refit_budget(refit, given, tmp_path, ["train.max_steps=50"]).train.max_steps == 50
+    in_epochs = quality.run_config(refit, 2, [])
+    assert quality.refit_budget(refit, in_epochs, tmp_path, []) == in_epochs
+    loo = quality.Run(data, "loo", "sasrec", "none", "", 3)
+    loo_config = quality.run_config(loo, None, [])
+    assert quality.refit_budget(loo, loo_config, tmp_path, []) == loo_config
+    (twin / "metrics.json").write_text(json.dumps({"best_step": None}))
+    with pytest.raises(ValueError, match="no best step"):
+        quality.refit_budget(refit, config, tmp_path, [])
+
+
 def test_preset_dataset_names_resolve_to_shared_data(shared_data: Path, tmp_path: Path) -> None:
     dataset = quality.resolve_dataset("ml100k", 0, tmp_path)
     assert (dataset.name, dataset.path, dataset.preset) == ("ml100k", str(shared_data / "ml-100k"), "ml100k")

@@ -65,6 +65,7 @@ from retrieval.training import (
     preset_for,
     run_folder,
     takes_side_information,
+    tower_fusions,
     train,
 )
 from towers import tower_names
@@ -221,7 +222,9 @@ def plan(
     for dataset in datasets:
         for protocol in protocols:
             for tower in towers:
-                for fusion in fusions if tower in fusion_towers else ("none",):
+                # Each fusion tower runs the modes asked that it takes (fmlprec: no nova).
+                taken = [f for f in fusions if f in tower_fusions(tower)]
+                for fusion in taken if tower in fusion_towers else ["none"]:
                     side = side_features if fusion != "none" else ""
                     n = folds if protocol == "comirec" else 1
                     runs += [

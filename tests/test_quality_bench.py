@@ -39,6 +39,9 @@ def test_plan_runs_fusions_only_on_towers_with_side_information() -> None:
     # Only the fusion towers named run the fusion modes.
     runs = quality.plan([data], ["loo"], ["sasrec", "sa"], ["none", "nova"], "gap_prev", [1], ["sasrec"])
     assert [(r.tower, r.fusion) for r in runs] == [("sasrec", "none"), ("sasrec", "nova"), ("sa", "none")]
+    # fmlprec has no attention for nova: it runs the other modes asked.
+    runs = quality.plan([data], ["loo"], ["fmlprec"], ["none", "sum", "nova"], "attributes", [1])
+    assert [r.fusion for r in runs] == ["none", "sum"]
     with pytest.raises(ValueError, match="nova need --side-features"):
         quality.plan([data], ["loo"], ["sasrec"], ["nova"], "", [1])
     with pytest.raises(ValueError, match="youtubednn take no side information"):

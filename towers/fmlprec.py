@@ -39,8 +39,10 @@ class FMLPRecTower(FrequencyTower):
     NOVA shapes attention, which this tower has none of. Nothing to explain (no attention)."""
 
     explanation = "none"
+    fusions = ("none", "sum", "concat", "gated")
+    """The side-information fusions it takes (``retrieval.training.model.tower_fusions``)."""
 
     def make_block(self) -> SequenceBlock:
-        if self.fusion == "nova":  # the tower's constructor calls this: refused when built
+        if self.fusion not in self.fusions:  # the tower's constructor calls this: refused when built
             raise ValueError("fmlprec has no attention for NOVA's side information: use sum, concat or gated")
         return FilterBlock(self.dim, self.max_len, self.dropout_rate)

@@ -21,7 +21,7 @@ from .config import (
 from .distribute import is_chief, make_strategy
 from .examples import make_examples, mask_items
 from .inputs import InMemoryData, PreparedData, TrainingData, open_training_data, read_interactions
-from .model import TwoTowerModel, build_model, export_user_tower, takes_side_information
+from .model import TwoTowerModel, build_model, export_user_tower, takes_side_information, tower_fusions
 from .optimizer import make_optimizer
 from .presets import PRESETS, TOWERS, Preset, apply_preset, get_preset, preset_for, preset_names
 from .run import TrainResult, save_model, train
@@ -69,6 +69,7 @@ __all__ = [
     "save_model",
     "streaming_dataset",
     "takes_side_information",
+    "tower_fusions",
     "train",
     "user_history",
 ]

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from retrieval.data.features import SideVocab
-from retrieval.training.config import ModelConfig
+from retrieval.training.config import FUSIONS, ModelConfig
 from retrieval.training.losses.task import RetrievalTask
 from towers import ItemTower, UserTower, build_user_tower
 from towers.registry import tower_class
@@ -87,6 +87,20 @@ def takes_side_information(tower: str) -> bool:
         (True, False)
     """
     return "fusion" in inspect.signature(tower_class(tower)).parameters
+
+
+def tower_fusions(tower: str) -> tuple[str, ...]:
+    """The ``ModelConfig.fusion`` modes the user tower ``tower`` takes: ``("none",)`` for a tower
+    without side information, else every mode of :data:`~retrieval.training.config.FUSIONS` or
+    those its class names in ``fusions`` (``fmlprec`` has no attention for ``nova``).
+
+    Example:
+        >>> tower_fusions("fmlprec"), tower_fusions("youtubednn")
+        (('none', 'sum', 'concat', 'gated'), ('none',))
+    """
+    if not takes_side_information(tower):
+        return ("none",)
+    return tuple(getattr(tower_class(tower), "fusions", FUSIONS))
 
 
 def build_model(

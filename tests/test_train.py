@@ -490,6 +490,10 @@ def test_budget_in_steps_or_epochs() -> None:
     assert (odd.rounds, odd.steps, odd.schedule_steps) == (4, 1200, 1000)
     short = TrainConfig(max_steps=50).budget(4)  # a cap below the validation interval validates once
     assert (short.round_steps, short.rounds) == (50, 1)
+    # An epoch longer than the interval is one round (ComiRec-SA on Beauty: 553 steps), up to 10x it.
+    assert TrainConfig().budget(553).round_steps == 553
+    assert TrainConfig().budget(7820).round_steps == 2000
+    assert TrainConfig(max_steps=300).budget(553).round_steps == 300
     epochs = TrainConfig(epochs=39, eval_every=3, max_steps=10).budget(88)  # max_steps unused
     assert (epochs.round_steps, epochs.rounds, epochs.validate_every, epochs.schedule_steps) == (
         88,
@@ -529,7 +533,7 @@ def test_a_small_dataset_trains_until_validation_stops_improving(
         return evaluate(artifact, *args, **kwargs)
 
     monkeypatch.setattr(retrieval.training.protocols, "evaluate_ranking", record)
-    budget = ["train.epochs=none", "train.max_steps=2000", "train.eval_every_steps=10", "train.patience=3"]
+    budget = ["train.epochs=none", "train.max_steps=2000", "train.eval_every_steps=20", "train.patience=3"]
     config = tiny_config(synthetic_csv, "train.learning_rate=0.01", *budget)
     metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
     history = [h["ndcg@10"] for h in metrics.validation_per_epoch]
@@ -538,9 +542,9 @@ def test_a_small_dataset_trains_until_validation_stops_improving(
     assert metrics.stopped_early and metrics.steps_trained < 2000
     assert metrics.steps_trained > 2 * STEPS_PER_EPOCH  # past the fixed run
     assert max(history[:3]) < history[best]  # which had not reached the best validation
-    assert metrics.best_step == 10 * (best + 1) and metrics.best_epoch == best + 1
-    assert metrics.steps_trained == metrics.best_step + 3 * 10  # patience: 3 validations
-    assert [h["step"] for h in metrics.validation_per_epoch] == list(range(10, metrics.steps_trained + 1, 10))
+    assert metrics.best_step == 20 * (best + 1) and metrics.best_epoch == best + 1
+    assert metrics.steps_trained == metrics.best_step + 3 * 20  # patience: 3 validations
+    assert [h["step"] for h in metrics.validation_per_epoch] == list(range(20, metrics.steps_trained + 1, 20))
     assert metrics.validation["ndcg@10"] == history[best]
     assert metrics.epochs_trained == metrics.steps_trained // STEPS_PER_EPOCH
     # Exported (and tested) with the best validation's weights, not the last.
@@ -551,12 +555,12 @@ def test_a_small_dataset_trains_until_validation_stops_improving(
 def test_a_round_that_ends_mid_epoch_resumes_like_an_uninterrupted_run(
     synthetic_csv, tmp_path, monkeypatch, exported
 ) -> None:
-    """Rounds of 7 steps end inside epochs of 16: the resumed run reads the data (and
+    """Rounds of 24 steps end inside epochs of 16: the resumed run reads the data (and
     bert4rec-style per-step seeds) from the step it stopped at."""
-    budget = ["train.epochs=none", "train.max_steps=21", "train.eval_every_steps=7", "train.patience=0"]
+    budget = ["train.epochs=none", "train.max_steps=72", "train.eval_every_steps=24", "train.patience=0"]
     config = tiny_config(synthetic_csv, "train.lr_schedule=linear", *budget)
     full = retrieval.training.run.train(config, tmp_path / "full", verbose=0)
-    assert (full.steps_trained, len(full.train_loss_per_epoch)) == (21, 3)
+    assert (full.steps_trained, len(full.train_loss_per_epoch)) == (72, 3)
     original = EpochCheckpoint.on_epoch_end
 
     def crash_after_round_two(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -569,7 +573,7 @@ def test_a_round_that_ends_mid_epoch_resumes_like_an_uninterrupted_run(
         retrieval.training.run.train(config, tmp_path / "m", verbose=0)
     monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", original)
     resumed = retrieval.training.run.train(config, tmp_path / "m", verbose=0, resume=True)
-    assert [h["step"] for h in resumed.validation_per_epoch] == [7, 14, 21]
+    assert [h["step"] for h in resumed.validation_per_epoch] == [24, 48, 72]
     np.testing.assert_allclose(resumed.train_loss_per_epoch, full.train_loss_per_epoch, rtol=1e-6)
     for a, b in zip(exported[-1], exported[0], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

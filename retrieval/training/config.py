@@ -146,8 +146,9 @@ class TrainConfig:
 
     The budget is counted in optimizer steps, so that one setting fits 1,000 users and 100,000
     (20 epochs of one example per user are 80 steps of 256 on the first, 7,820 on the second),
-    and ends when validation stops improving: a validation every
-    ``eval_every_steps`` steps, early stopping after ``patience`` validations without a better
+    and ends when validation stops improving: a validation every ``eval_every_steps`` steps,
+    or every epoch when an epoch is longer (at most every ``10 × eval_every_steps``), so that
+    patience spans whole passes over the data; early stopping after ``patience`` validations without a better
     validation NDCG@10 (0 = off; the best validation's weights are exported and its step
     recorded, ``TrainResult.best_step``), at most ``max_steps`` steps (rounded up to a whole
     number of validations). ``lr_schedule`` ``constant``, ``cosine`` or ``linear`` decays to 0
@@ -194,7 +195,7 @@ class TrainConfig:
     warmup_steps: int = 0
     patience: int = 5  # validations without a better validation NDCG@10 before stopping (0 = off)
     seed: int = 42
-    eval_every_steps: int = 200  # steps between validations
+    eval_every_steps: int = 200  # steps between validations (or one epoch, if longer: at most 10x)
     eval_every: int = 1  # epochs between validations, with a budget in epochs
     lr_scaling: LrScaling = "none"  # learning rate × replicas (linear) or √replicas (sqrt)
     dense_gradients: bool = False  # sum embedding gradients per item before Adam (retrieval.training.run)
@@ -218,7 +219,12 @@ class TrainConfig:
         """The run's steps, validations and schedule horizon for data of ``steps_per_epoch`` steps."""
         if self.epochs is not None:
             return Budget(steps_per_epoch, self.epochs, self.eval_every, self.epochs * steps_per_epoch)
-        every = min(self.eval_every_steps, self.max_steps)
+        # An epoch longer than eval_every_steps is one round (up to 10 x eval_every_steps):
+        # patience then spans several passes over the data, not a fraction of one, whose
+        # validations rise too slowly and noisily to stop on (ComiRec-SA on Beauty stopped at
+        # 7,200 steps, Recall@50 0.1851, against 0.1943 after 20 epochs).
+        every = max(self.eval_every_steps, min(steps_per_epoch, 10 * self.eval_every_steps))
+        every = min(every, self.max_steps)
         return Budget(every, -(-self.max_steps // every), 1, self.max_steps)
 
 

@@ -191,7 +191,7 @@ def response_from_result(result: Retrieved) -> retrieval_pb2.RetrieveResponse:
         if result.interests is None
         else [retrieval_pb2.Interest(values=row.tolist()) for row in result.interests],
     )
-    # One add() per item, without a rank_score it does not have: half the cost of building
+    # One add() per item, without a rank_score it does not have: cheaper than building
     # ScoredItem objects and handing them to the constructor (bench.floor's response stage).
     add = response.items.add
     if result.rank_scores is None:

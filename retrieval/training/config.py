@@ -221,8 +221,7 @@ class TrainConfig:
             return Budget(steps_per_epoch, self.epochs, self.eval_every, self.epochs * steps_per_epoch)
         # An epoch longer than eval_every_steps is one round (up to 10 x eval_every_steps):
         # patience then spans several passes over the data, not a fraction of one, whose
-        # validations rise too slowly and noisily to stop on (ComiRec-SA on Beauty stopped at
-        # 7,200 steps, Recall@50 0.1851, against 0.1943 after 20 epochs).
+        # validations rise too slowly and noisily to stop on (docs/training.md, "The budget").
         every = max(self.eval_every_steps, min(steps_per_epoch, 10 * self.eval_every_steps))
         every = min(every, self.max_steps)
         return Budget(every, -(-self.max_steps // every), 1, self.max_steps)

@@ -48,6 +48,23 @@ def test_learnable_filter_is_numpys_fft_product(length: int) -> None:
     np.testing.assert_allclose(np.asarray(layer(x)), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("columns", [1, 4, MAX_LEN])
+def test_a_filter_on_fewer_columns_is_the_window_with_zeros_before_them(columns: int) -> None:
+    """A batch trimmed to ``T`` columns is filtered as the last ``T`` of the ``length`` window
+    (the earlier positions zero): what numpy's FFT gives on the zero-padded window."""
+    layer = LearnableFilter(MAX_LEN, DIM)
+    layer.build()
+    x = np.random.default_rng(7).normal(size=(2, columns, DIM)).astype(np.float32)
+    window = np.concatenate([np.zeros((2, MAX_LEN - columns, DIM), np.float32), x], axis=1)
+    weight = np.asarray(layer.real) + 1j * np.asarray(layer.imag)
+    expected = np.fft.irfft(np.fft.rfft(window, axis=1) * weight[None], n=MAX_LEN, axis=1)
+    np.testing.assert_allclose(np.asarray(layer(x)), expected[:, -columns:], atol=1e-5)
+    spectrum = np.fft.rfft(window, axis=1)
+    spectrum[:, 3:] = 0
+    expected = np.fft.irfft(spectrum, MAX_LEN, axis=1)[:, -columns:]
+    np.testing.assert_allclose(np.asarray(low_pass(x, 3, MAX_LEN)), expected, atol=1e-5)
+
+
 def test_low_pass_keeps_the_lowest_frequencies() -> None:
     x = np.random.default_rng(1).normal(size=(2, MAX_LEN, DIM)).astype(np.float32)
     spectrum = np.fft.rfft(x, axis=1)

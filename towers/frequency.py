@@ -1,14 +1,17 @@
 """Mixing positions in the frequency domain (FMLP-Rec, BSARec): filters along the sequence axis
 and the transformer tower they run in.
 
-A filter multiplies the sequence's real FFT by a spectrum, i.e. a circular convolution over
-all positions: position t is mixed with later positions too. The towers built on it therefore
-train only on the newest position of each prefix (objective ``last``) and never on
-``all_positions``, where a position would see the items it has to predict.
+A filter multiplies the real FFT over ``max_len`` positions by a spectrum: a circular
+convolution of the sequence with the spectrum's kernel, so position t is mixed with later
+positions too. The towers built on it therefore train only on the newest position of each
+prefix (objective ``last``) and never on ``all_positions``, where a position would see the
+items it has to predict.
 
-The FFT always spans ``max_len`` positions (the length of the learned spectra): inputs are
-left-padded to it, and the padded positions are zeroed before every filter so that padding
-never changes the output.
+Inputs are left-padded and the padded positions are zeroed before every filter, so a batch of
+``T <= max_len`` columns is the last ``T`` of a ``max_len`` window whose other positions are
+zero: the filter is the ``[T, T]`` corner of the ``max_len`` circulant matrix, applied
+directly. Padding never changes the output, and a batch trimmed to its longest sequence
+(``train.length_buckets``) costs ``T²``, not ``max_len`` FFTs.
 """
 
 from __future__ import annotations
@@ -16,36 +19,46 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 from keras import ops
 
 from towers.transformer import TransformerTower
 
 
-def _along_sequence(x: Any) -> Any:
-    """``[B, L, d]`` <-> ``[B, d, L]``: Keras' FFTs run over the last axis."""
-    return ops.transpose(x, (0, 2, 1))
+def circulant_corner(kernel: Any, columns: Any, length: int) -> Any:
+    """``M[i, j] = kernel[(i − j) mod length]`` for ``i, j < columns``: the last ``columns`` rows
+    and columns of the circular convolution with ``kernel`` ``[length, ...]`` -> ``[T, T, ...]``."""
+    index = ops.arange(columns)
+    return ops.take(kernel, ops.mod(index[:, None] - index[None, :] + length, length), axis=0)
 
 
 def frequency_filter(x: Any, real: Any, imag: Any, length: int) -> Any:
-    """``irfft(rfft(x) * (real + i imag))`` along the sequence axis.
+    """``irfft(rfft(x) * (real + i imag))`` over a ``length`` window whose first positions, before
+    ``x``'s ``T`` columns, are zero.
 
     Args:
-        x: ``[B, length, d]``.
-        real, imag: the spectrum ``[length // 2 + 1, d]`` (or broadcastable to it).
+        x: ``[B, T, d]``, ``T <= length``.
+        real, imag: the spectrum ``[length // 2 + 1, d]``.
 
     Returns:
-        ``[B, length, d]``.
+        ``[B, T, d]``.
     """
-    re, im = ops.rfft(_along_sequence(x), fft_length=length)  # [B, d, F] each
-    w_re, w_im = ops.transpose(real), ops.transpose(imag)  # [d, F]
-    mixed = ops.irfft((re * w_re - im * w_im, re * w_im + im * w_re), fft_length=length)
-    return _along_sequence(mixed)
+    kernel = ops.transpose(ops.irfft((ops.transpose(real), ops.transpose(imag)), fft_length=length))
+    corner = circulant_corner(kernel, ops.shape(x)[1], length)  # [T, T, d]
+    return ops.einsum("tsd,bsd->btd", corner, x)
+
+
+def low_pass_kernel(cutoff: int, length: int) -> np.ndarray:
+    """The kernel ``[length]`` of the filter keeping the ``cutoff`` lowest rFFT frequencies."""
+    keep = (np.arange(length // 2 + 1) < cutoff).astype(np.float64)
+    return np.fft.irfft(keep, n=length).astype(np.float32)
 
 
 def low_pass(x: Any, cutoff: int, length: int) -> Any:
-    """``x`` ``[B, length, d]`` with only its ``cutoff`` lowest frequencies (the mean included)."""
-    keep = ops.cast(ops.arange(length // 2 + 1) < cutoff, "float32")[:, None]  # [F, 1]
-    return frequency_filter(x, keep, ops.zeros_like(keep), length)
+    """``x`` ``[B, T, d]`` with only its ``cutoff`` lowest frequencies (the mean included) over a
+    ``length`` window, zero before ``x``'s columns."""
+    corner = circulant_corner(low_pass_kernel(cutoff, length), ops.shape(x)[1], length)  # [T, T]
+    return ops.einsum("ts,bsd->btd", corner, x)
 
 
 @keras.saving.register_keras_serializable(package="towers")
@@ -53,7 +66,8 @@ class LearnableFilter(keras.layers.Layer):
     """FMLP-Rec's filter layer: a learned complex spectrum per dimension.
 
     Call:
-        x: ``[B, length, d]`` -> ``[B, length, d]``.
+        x: ``[B, T, d]``, ``T <= length``, the last ``T`` positions of a window whose earlier
+            positions are zero -> ``[B, T, d]``.
     """
 
     def __init__(self, length: int, dim: int, **kwargs: Any) -> None:
@@ -79,7 +93,8 @@ class BeyondFilter(keras.layers.Layer):
     of ``x`` and ``β = sqrt_beta²`` a learned scale per dimension (the high frequencies rescaled).
 
     Call:
-        x: ``[B, length, d]`` -> ``[B, length, d]``.
+        x: ``[B, T, d]``, ``T <= length``, the last ``T`` positions of a window whose earlier
+            positions are zero -> ``[B, T, d]``.
     """
 
     def __init__(self, length: int, dim: int, cutoff: int, **kwargs: Any) -> None:
@@ -104,31 +119,13 @@ class BeyondFilter(keras.layers.Layer):
         return {**super().get_config(), "length": self.length, "dim": self.dim, "cutoff": self.cutoff}
 
 
-def left_pad(inputs: dict[str, Any], length: int) -> dict[str, Any]:
-    """Every ``[B, L]`` input left-padded with 0 to ``[B, length]`` (``L <= length``)."""
-    out = {}
-    for name, value in inputs.items():
-        value = ops.convert_to_tensor(value)
-        padding = ops.zeros((ops.shape(value)[0], length - ops.shape(value)[1]), dtype=value.dtype)
-        out[name] = ops.concatenate([padding, value], axis=1)
-    return out
-
-
 class FrequencyTower(TransformerTower):
     """A causal transformer tower whose blocks (:meth:`make_block`) filter over ``max_len``
     positions; the newest position's output is the user (K = 1), trained by objective ``last``.
-
-    Inputs shorter than ``max_len`` are left-padded to it; outputs and attention maps are cut
-    back to the input's columns.
     """
 
     causal = True
     objectives = ("last",)
-
-    def encode(self, inputs: dict[str, Any], training: bool = False) -> tuple[Any, list[Any]]:
-        length = ops.shape(inputs["items"])[1]
-        x, attention = super().encode(left_pad(inputs, self.max_len), training=training)
-        return x[:, -length:], [None if a is None else a[:, :, -length:, -length:] for a in attention]
 
     def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
         return self.sequence_output(inputs, training=training)[:, -1:, :]  # [B, 1, d]

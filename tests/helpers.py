@@ -75,6 +75,21 @@ HISTORY = ["item03", "item11", "item07"]
 """The history the rerank tests ask with."""
 
 
+def saved_endpoint(folder: Path, name: str = "user_vectors") -> Any:
+    """The endpoint ``name`` of the user-tower SavedModel ``folder`` (``export_user_tower``),
+    loaded on its own with the item vectors it reads: numpy inputs -> numpy answer."""
+    import tensorflow as tf
+
+    exported = tf.saved_model.load(str(folder))
+    table = tf.constant(np.load(Path(folder) / "item_vectors.npy"))
+
+    def call(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        features = {k: tf.constant(v, tf.int32) for k, v in inputs.items()}
+        return getattr(exported, name)(features, table).numpy()  # the closure keeps `exported`
+
+    return call
+
+
 def make_model(version: str = "model-v1") -> ModelArtifact:
     """In-memory model: K fixed random projections of the mean embedding of the last MAX_LEN items."""
     rng = np.random.default_rng(0)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from retrieval.artifacts.arrays import load_vectors, shared_tensor
 from retrieval.artifacts.index import build_index_from_model, load_index, save_index
 from retrieval.artifacts.model import compiled_tower, load_model
 from retrieval.data.vocab import ItemVocab
@@ -46,12 +47,13 @@ from retrieval.storage.manifest import (
     sha256_file,
 )
 from retrieval.storage.versions import publish, resolve_current
-from tests.helpers import REPO_ROOT, FakeModel, ReloadUnderLoad, run_tool, tiered
+from tests.helpers import REPO_ROOT, FakeModel, ReloadUnderLoad, run_tool, saved_endpoint, tiered
 
 FILE_KINDS = {
     "config.json", "vocab.json", "item_attributes.json", "side_vocab.json", "item_embeddings.npy",
     "model.keras", "metrics.json", "user_tower/saved_model.pb", "user_tower/fingerprint.pb",
     "user_tower/variables/variables.index", "user_tower/variables/variables.data-00000-of-00001",
+    "user_tower/item_vectors.npy",
 }  # fmt: skip
 
 
@@ -108,32 +110,54 @@ def test_every_file_kind_is_there(trained: tuple[Path, Path]) -> None:
 
 
 def test_a_checked_model_still_serves_once_the_loader_is_gone(trained: tuple[Path, Path]) -> None:
-    import tensorflow as tf
-
     model = load_model(trained[0])
     gc.collect()  # the loader's locals (the SavedModel object) are gone: the tower must still work
     got = model.encode([np.array([1, 2, 3])])
     assert got.shape == (1, 1, 16)
     # Oracle: the exported graph, loaded on its own (a tower whose variables went with the loader
     # would fail or answer something else).
-    exported = tf.saved_model.load(str(trained[0] / "user_tower"))
+    exported = saved_endpoint(trained[0] / "user_tower")
     items = np.zeros((1, model.max_len), np.int32)
     items[0, -3:] = [1, 2, 3]  # left-padded, as the tower reads histories
-    expected = exported.user_vectors({"items": tf.constant(items)}).numpy()
+    expected = exported({"items": items})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_user_tower_reads_its_item_vectors_file(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    """The exported tower holds no item table: it reads ``user_tower/item_vectors.npy``, one
+    file with ``item_embeddings.npy`` (hard-linked), so that the processes serving it share it."""
+    folder = tmp_path / "model"
+    shutil.copytree(trained[0], folder)
+    table = folder / "user_tower" / "item_vectors.npy"
+    assert np.array_equal(np.load(table), np.load(folder / "item_embeddings.npy"))
+    assert os.path.samefile(trained[0] / "user_tower" / "item_vectors.npy", trained[0] / "item_embeddings.npy")
+    history = [np.array([1, 2, 3])]
+    before = load_model(folder).encode(history)
+    vectors = np.load(table)
+    table.unlink()
+    np.save(table, 2.0 * vectors)  # the vectors the tower reads, and only those, doubled
+    after = load_model(folder, verify=False).encode(history)
+    assert np.abs(after - before).max() > 1e-3
+
+
+def test_a_shared_tensor_is_the_mapped_memory_itself(tmp_path: Path) -> None:
+    np.save(tmp_path / "t.npy", np.arange(12, dtype=np.float32).reshape(4, 3))
+    mapped = load_vectors(tmp_path / "t.npy", 4, 3, mmap="c")
+    tensor = shared_tensor(mapped)
+    np.testing.assert_array_equal(tensor.numpy(), mapped)
+    mapped[1, 2] = 42.0  # a copy-on-write page of this process: the tensor sees it, not a copy
+    assert float(tensor[1, 2]) == 42.0
 
 
 def test_the_compiled_tower_answers_as_the_saved_graph(trained: tuple[Path, Path]) -> None:
     """XLA and the padding of batches to its compiled sizes change nothing but float rounding."""
-    import tensorflow as tf
-
     model = load_model(trained[0], xla=True)
-    exported = tf.saved_model.load(str(trained[0] / "user_tower"))  # kept: it owns the variables
+    exported = saved_endpoint(trained[0] / "user_tower")
     rng = np.random.default_rng(0)
     for rows in (1, 3, 5, 17):
         items = rng.integers(0, len(model.vocab) + 1, size=(rows, model.max_len)).astype(np.int32)
         items[0, :-1] = 0  # one history of a single item
-        expected = exported.user_vectors({"items": tf.constant(items)}).numpy()
+        expected = exported({"items": items})
         np.testing.assert_allclose(model.user_vectors({"items": items}), expected, rtol=1e-4, atol=1e-5)
 
 

@@ -204,7 +204,8 @@ def test_the_exported_bsarec_compiles_with_xla(tmp_path, caplog) -> None:
     expected = np.asarray(model({"items": x}))
     export_user_tower(model, tmp_path / "user_tower")
     exported = tf.saved_model.load(str(tmp_path / "user_tower"))
+    table = tf.constant(np.load(tmp_path / "user_tower" / "item_vectors.npy"))
     with caplog.at_level(logging.WARNING):
-        got = compiled_tower(exported)({"items": x})
+        got = compiled_tower(exported, table)({"items": x})
     assert "XLA cannot compile" not in caplog.text
     np.testing.assert_allclose(got, expected, atol=1e-5)

@@ -13,7 +13,7 @@ from retrieval.training.config import ModelConfig
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
 from retrieval.training.model import TwoTowerModel, build_model, export_user_tower
-from tests.helpers import tiered
+from tests.helpers import saved_endpoint, tiered
 from towers import ItemTower, build_user_tower, tower_names
 
 NUM_ITEMS, DIM, MAX_LEN = 40, 16, 12
@@ -207,15 +207,19 @@ def test_a_few_training_steps_reduce_the_loss(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["sa", "sasrec"])
-def test_export_stores_each_weight_once(name: str, tmp_path) -> None:
+def test_export_stores_each_weight_once_and_no_item_table(name: str, tmp_path) -> None:
     # Keras' ExportArchive.track() saved every weight twice (keras-team/keras#23553): twice
     # the artifact, and twice the variables in every process that loads it.
     model = TwoTowerModel(make_tower(name))
     model({"items": histories(np.random.default_rng(2))})
     export_user_tower(model, tmp_path / "user_tower")
     reader = tf.train.load_checkpoint(str(tmp_path / "user_tower" / "variables" / "variables"))
-    stored = sum(int(np.prod(shape)) for shape in reader.get_variable_to_shape_map().values())
-    weights = sum(int(np.prod(w.shape)) for w in model.user_tower.weights)
+    shapes = reader.get_variable_to_shape_map().values()
+    stored = sum(int(np.prod(shape)) for shape in shapes)
+    # The item table is not among them: the endpoints read the item_vectors given with the call.
+    table = model.item_tower.table.shape
+    assert list(table) not in shapes
+    weights = sum(int(np.prod(w.shape)) for w in model.user_tower.weights) - int(np.prod(table))
     assert weights <= stored < weights + 8  # + TensorFlow's own scalars (the save counter)
 
 
@@ -225,13 +229,12 @@ def test_exported_user_tower_gives_the_keras_vectors(name: str, tmp_path) -> Non
     x = histories(np.random.default_rng(6))
     expected = np.asarray(model({"items": x}))  # the first call also builds the model
     export_user_tower(model, tmp_path / "user_tower")
-    exported = tf.saved_model.load(str(tmp_path / "user_tower"))
-    got = exported.user_vectors({"items": tf.constant(x)}).numpy()
-    np.testing.assert_allclose(got, expected, atol=1e-5)
+    exported = saved_endpoint(tmp_path / "user_tower")
+    np.testing.assert_allclose(exported({"items": x}), expected, atol=1e-5)
     # Another input length goes through the same endpoint (traced for any L).
     short = x[:, -5:]
     np.testing.assert_allclose(
-        exported.user_vectors({"items": tf.constant(short)}).numpy(),
+        exported({"items": short}),
         np.asarray(model({"items": short})),
         atol=1e-5,
     )
@@ -294,5 +297,5 @@ def test_interest_weights_explain_the_interests(name: str, tmp_path) -> None:
     model = TwoTowerModel(tower)
     model({"items": x})
     export_user_tower(model, tmp_path / "user_tower")
-    exported = tf.saved_model.load(str(tmp_path / "user_tower"))
-    np.testing.assert_allclose(exported.interest_weights({"items": tf.constant(x)}).numpy(), got, atol=1e-5)
+    exported = saved_endpoint(tmp_path / "user_tower", "interest_weights")
+    np.testing.assert_allclose(exported({"items": x}), got, atol=1e-5)

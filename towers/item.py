@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import keras
@@ -21,6 +23,10 @@ class ItemTower(keras.layers.Layer):
     never of the history a user tower reads), leaving the attribute part alone, which is then a
     usable vector by itself: that of an item never seen in training (:meth:`attributes`, cold
     start).
+
+    Within :meth:`reading`, the vectors come from a table given with the call instead of the
+    embedding variable: that is how an exported user tower reads the model folder's item
+    table, shared by every process that maps it, rather than a copy of its own.
 
     Args:
         num_embeddings: number of items + 1 (the padding row).
@@ -53,6 +59,7 @@ class ItemTower(keras.layers.Layer):
         self.num_attributes, self.max_attributes = num_attributes, max_attributes
         self.id_dropout = id_dropout
         self.seed_generator = keras.random.SeedGenerator() if id_dropout else None
+        self._rows: Any = None  # the table being read (:meth:`reading`), else None
         init = keras.initializers.TruncatedNormal(stddev=0.02)  # small, as in SASRec/ComiRec
         self.embedding = keras.layers.Embedding(num_embeddings, dim, embeddings_initializer=init)
         self.attribute_embedding = (
@@ -86,20 +93,35 @@ class ItemTower(keras.layers.Layer):
             )
         self.item_attributes.assign(table.astype(np.int32))
 
+    @contextmanager
+    def reading(self, table: Any) -> Iterator[None]:
+        """Within the block, the tower's vectors are rows of ``table`` float32
+        ``[num_embeddings, d]``, the vectors :meth:`all_items` gave (what a model folder's
+        ``item_embeddings.npy`` holds), and the id-embedding variable is not read."""
+        self._rows = table
+        try:
+            yield
+        finally:
+            self._rows = None
+
     def id_embedding(self, ids: Any) -> Any:
         """The items' id embeddings alone ``[..., d]``."""
+        if self._rows is not None:
+            return ops.take(self._rows, ids, axis=0) - self.attributes(ids)
         return self.embedding(ids)
 
     def attributes(self, ids: Any) -> Any:
         """Mean embedding of each item's attributes ``[..., d]`` (zeros without attributes)."""
         if self.attribute_embedding is None:
-            return ops.zeros_like(self.embedding(ids))
+            return ops.repeat(ops.expand_dims(ops.zeros_like(ids, dtype="float32"), -1), self.dim, axis=-1)
         attribute_ids = ops.take(self.item_attributes, ids, axis=0)  # [..., A]
         present = ops.expand_dims(ops.cast(attribute_ids > 0, "float32"), -1)  # [..., A, 1]
         total = ops.sum(self.attribute_embedding(attribute_ids) * present, axis=-2)
         return total / ops.maximum(ops.sum(present, axis=-2), 1.0)
 
     def call(self, ids: Any) -> Any:
+        if self._rows is not None:
+            return ops.take(self._rows, ids, axis=0)
         if self.attribute_embedding is None:
             return self.embedding(ids)
         return self.embedding(ids) + self.attributes(ids)

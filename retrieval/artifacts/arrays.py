@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from retrieval.storage.manifest import ArtifactError
 
 
-def load_vectors(file: Path, rows: int, dim: int, *, mmap: bool = False) -> np.ndarray:
+def load_vectors(file: Path, rows: int, dim: int, *, mmap: str | None = None) -> np.ndarray:
     """A ``.npy`` table, read without pickle and checked: float32 ``[rows, dim]``, finite.
 
-    ``mmap``: map the file read-only instead of reading it (``np.load(mmap_mode="r")``): the
-    processes of a serving group that load the same version then share its pages.
+    ``mmap``: map the file instead of reading it (``np.load``'s ``mmap_mode``: ``"r"``
+    read-only, ``"c"`` copy-on-write, for :func:`shared_tensor`): the processes of a serving
+    group that load the same version then share its pages.
 
     Raises:
         ArtifactError: an unreadable file, or another shape, type or non-finite values.
     """
     try:
-        table = np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
+        table = np.load(file, mmap_mode=mmap, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:  # a bad header, pickled objects, a short file
         raise ArtifactError(f"{file} is not a readable .npy array: {e}") from e
     return checked_vectors(table, rows, dim, str(file))
@@ -38,3 +40,13 @@ def checked_vectors(table: np.ndarray, rows: int, dim: int, where: str) -> np.nd
     if not np.isfinite(table).all():
         raise ArtifactError(f"{where} holds NaN or infinite values")
     return table
+
+
+def shared_tensor(table: np.ndarray) -> Any:
+    """A TensorFlow tensor over ``table``'s own memory (DLPack), where ``tf.constant`` would
+    copy it: over a file mapped copy-on-write (``load_vectors(mmap="c")``; DLPack refuses a
+    read-only array, and nothing writes), the pages stay those every process mapping the
+    file shares."""
+    import tensorflow as tf
+
+    return tf.experimental.dlpack.from_dlpack(table.__dlpack__())

@@ -16,11 +16,17 @@ Folder layout (``tools/train.py --out DIR``)::
                               items added, updated and removed since the files above were
                               written, when a catalogue change wrote the folder
                               (:mod:`retrieval.artifacts.changes`; ``num_items`` counts them)
-    DIR/user_tower/           SavedModel, endpoint ``user_vectors({"items": [B, L], ...}) -> [B, K, d]``
-                              and, when the manifest's ``explanation`` is "attention" or "routing",
-                              ``interest_weights`` (same inputs) -> ``[B, K, L]``;
+    DIR/user_tower/           SavedModel, endpoint ``user_vectors({"items": [B, L], ...}, item_vectors)
+                              -> [B, K, d]`` and, when the manifest's ``explanation`` is "attention"
+                              or "routing", ``interest_weights`` (same inputs) -> ``[B, K, L]``;
                               it reads the dense ids ``1..tower_items`` (manifest; the items
                               known at training, all of them unless some were added since)
+    DIR/user_tower/item_vectors.npy
+                              the ``item_vectors`` the endpoints read: float32
+                              ``[tower_items + 1, d]``, the item table at training (a hard link of
+                              item_embeddings.npy until a catalogue change rewrites that). A
+                              SavedModel written before it holds its own table and takes no
+                              ``item_vectors``
     DIR/model.keras           the full Keras two-tower model (to fine-tune or inspect)
     DIR/metrics.json          validation and test metrics
 """
@@ -35,7 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from retrieval.artifacts.arrays import load_vectors
+from retrieval.artifacts.arrays import load_vectors, shared_tensor
 from retrieval.artifacts.changes import (
     CHANGE_VECTORS_FILE,
     CHANGES_FILE,
@@ -290,7 +296,11 @@ def _load_tower(
             raise ValueError("the SavedModel has no user_vectors endpoint")
     except Exception as e:  # TensorFlow raises many types for unreadable or foreign SavedModels
         raise ArtifactError(f"{path / TOWER_DIR} is not a readable user tower: {_first_line(e)}") from e
-    return tower_function(exported, xla), _interest_weights(path, manifest, exported)
+    table = None
+    if TOWER_TABLE_FILE in manifest["files"]:
+        rows, dim = int(manifest["tower_items"]) + 1, int(manifest["dim"])
+        table = shared_tensor(load_vectors(path / TOWER_TABLE_FILE, rows, dim, mmap="c"))
+    return tower_function(exported, table, xla), _interest_weights(path, manifest, exported, table)
 
 
 def _refuse_unlisted(path: Path, listed: set[str]) -> None:
@@ -343,7 +353,7 @@ def load_catalogue(
         start = Catalogue(reuse.vocab, reuse.item_embeddings, reuse.removed, grown_from=reuse.version)
     else:
         vocab = load_vocab(path)
-        table = load_vectors(path / EMBEDDINGS_FILE, len(vocab) + 1, dim, mmap=True)  # shared pages
+        table = load_vectors(path / EMBEDDINGS_FILE, len(vocab) + 1, dim, mmap="r")  # shared pages
         removed = _load_removed(path, vocab) if REMOVED_FILE in listed else np.zeros(0, np.int64)
         start = Catalogue(vocab, table, removed)
     if changes is None:
@@ -388,7 +398,9 @@ def _load_removed(path: Path, vocab: ItemVocab) -> np.ndarray:
     return np.unique(dense)
 
 
-def _interest_weights(path: Path, manifest: dict[str, Any], exported: Any) -> InterestWeightsFn | None:
+def _interest_weights(
+    path: Path, manifest: dict[str, Any], exported: Any, table: Any
+) -> InterestWeightsFn | None:
     """The SavedModel's ``interest_weights`` endpoint, checked against the manifest's ``explanation``.
 
     Raises:
@@ -403,7 +415,7 @@ def _interest_weights(path: Path, manifest: dict[str, Any], exported: Any) -> In
         raise ArtifactError(
             f"{path / TOWER_DIR} {endpoint} interest_weights endpoint, the manifest's explanation is {kind!r}"
         )
-    return _Endpoint(exported, "interest_weights") if has_endpoint else None
+    return _Endpoint(exported, "interest_weights", table) if has_endpoint else None
 
 
 def read_model_vocab(path: Path, verify: bool = False) -> ItemVocab:
@@ -431,9 +443,10 @@ def load_vocab(path: Path) -> ItemVocab:
     return vocab
 
 
-def tower_function(exported: Any, xla: bool = False) -> UserVectorsFn:
-    """The SavedModel's ``user_vectors`` endpoint on numpy arrays, XLA-compiled with ``xla``."""
-    return compiled_tower(exported) if xla else _Endpoint(exported, "user_vectors")
+def tower_function(exported: Any, table: Any = None, xla: bool = False) -> UserVectorsFn:
+    """The SavedModel's ``user_vectors`` endpoint on numpy arrays, reading the item vectors
+    ``table`` (None for a SavedModel that holds its own), XLA-compiled with ``xla``."""
+    return compiled_tower(exported, table) if xla else _Endpoint(exported, "user_vectors", table)
 
 
 class _Endpoint:
@@ -441,21 +454,22 @@ class _Endpoint:
     one traced graph when it has one: the restored function would match every call's
     arguments against its signatures first (``bench.floor``'s user-tower stage at batch 1)."""
 
-    def __init__(self, exported: Any, name: str) -> None:
+    def __init__(self, exported: Any, name: str, table: Any = None) -> None:
         # Holds the loaded object itself: its endpoint alone does not keep the variables
         # alive, and TensorFlow frees them once the object is collected.
         self.exported = exported
         function = getattr(exported, name)
         traced = list(getattr(function, "concrete_functions", ()))
         self.call = traced[0] if len(traced) == 1 else function
+        self.table = () if table is None else (table,)  # the item vectors it reads, if any
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         import tensorflow as tf
 
-        return self.call({k: tf.constant(v, tf.int32) for k, v in inputs.items()}).numpy()
+        return self.call({k: tf.constant(v, tf.int32) for k, v in inputs.items()}, *self.table).numpy()
 
 
-def compiled_tower(exported: Any) -> UserVectorsFn:
+def compiled_tower(exported: Any, table: Any = None) -> UserVectorsFn:
     """The SavedModel's ``user_vectors`` endpoint compiled by XLA (faster than the plain graph:
     ``bench/serving.py`` has a row with it), with a fallback to the plain graph should XLA
     refuse it (:class:`retrieval.artifacts.xla.XlaFunction`).
@@ -467,9 +481,8 @@ def compiled_tower(exported: Any) -> UserVectorsFn:
     """
     import tensorflow as tf
 
-    tower = XlaFunction(
-        lambda inputs: exported.user_vectors(inputs), exported.user_vectors, "this user tower"
-    )
+    read = () if table is None else (table,)  # the item vectors it reads, if any
+    tower = XlaFunction(lambda inputs: exported.user_vectors(inputs, *read), what="this user tower")
 
     def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
         rows = len(inputs["items"])
@@ -494,6 +507,8 @@ VOCAB_FILE = "vocab.json"
 CONFIG_FILE = "config.json"
 EMBEDDINGS_FILE = "item_embeddings.npy"
 TOWER_DIR = "user_tower"
+TOWER_TABLE = "item_vectors.npy"
+TOWER_TABLE_FILE = f"{TOWER_DIR}/{TOWER_TABLE}"
 ATTRIBUTES_FILE = "item_attributes.json"
 ATTRIBUTE_EMBEDDINGS_FILE = "attribute_embeddings.npy"
 REMOVED_FILE = "removed_items.json"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from retrieval.artifacts.model import TOWER_TABLE
 from retrieval.data.features import SideVocab
 from retrieval.training.config import FUSIONS, ModelConfig
 from retrieval.training.losses.task import RetrievalTask
@@ -151,25 +153,54 @@ def build_model(
     return model
 
 
-def export_user_tower(model: TwoTowerModel, path: Path, inputs: tuple[str, ...] = ("items",)) -> None:
-    """Writes a SavedModel with the serving endpoint ``user_vectors({name: int32 [B, L]}) -> [B, K, d]``
-    and, for a tower with per-interest weights (``explanation`` other than ``"none"``), the
-    endpoint ``interest_weights`` (same inputs) -> ``[B, K, L]`` that explains the interests.
+def item_table(model: TwoTowerModel) -> np.ndarray:
+    """Every item's vector float32 ``[num_embeddings, d]`` (:meth:`ItemTower.all_items`), row 0
+    (padding, never an answer and never read) zero: what a model folder holds."""
+    table = np.array(model.item_tower.all_items(), np.float32)
+    table[0] = 0.0
+    return table
 
-    ``inputs`` names the tower's inputs (``items`` plus any per-event side features). The
-    endpoints are traced graphs: serving needs neither the tower classes nor tracing per call.
+
+def export_user_tower(
+    model: TwoTowerModel, path: Path, inputs: tuple[str, ...] = ("items",), table: np.ndarray | None = None
+) -> None:
+    """Writes a SavedModel with the serving endpoint
+    ``user_vectors({name: int32 [B, L]}, item_vectors) -> [B, K, d]`` and, for a tower with
+    per-interest weights (``explanation`` other than ``"none"``), the endpoint
+    ``interest_weights`` (same arguments) -> ``[B, K, L]`` that explains the interests.
+
+    ``inputs`` names the tower's inputs (``items`` plus any per-event side features).
+    ``item_vectors`` is float32 ``[num_embeddings, d]``, ``table`` (default :func:`item_table`),
+    written beside as ``path/item_vectors.npy`` (``TOWER_TABLE``): the endpoints read item vectors from it
+    (:meth:`ItemTower.reading`), so the SavedModel holds no item table of its own and the
+    processes serving a model share the one file they map. The endpoints are traced graphs:
+    serving needs neither the tower classes nor tracing per call.
     """
-    signature = [{name: tf.TensorSpec([None, None], tf.int32, name=name) for name in inputs}]
+    features = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in inputs}
+    vectors = tf.TensorSpec([None, model.item_tower.dim], tf.float32, name="item_vectors")
+
+    def reading(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any], Any], Any]:
+        def endpoint(features: dict[str, Any], item_vectors: Any) -> Any:
+            with model.item_tower.reading(item_vectors):
+                return fn(features)
+
+        return endpoint
+
     # Not archive.track(model): it would save every weight a second time, as the Keras
     # wrappers of the variables the endpoints capture (keras-team/keras#23553), doubling the
     # artifact and the memory of every process that loads it. The endpoints' own variables
     # are saved, once.
     archive = keras.export.ExportArchive()
     archive.add_endpoint(
-        name="user_vectors", fn=lambda features: model(features, training=False), input_signature=signature
+        name="user_vectors",
+        fn=reading(lambda features: model(features, training=False)),
+        input_signature=[features, vectors],
     )
     if model.user_tower.explanation != "none":
         archive.add_endpoint(
-            name="interest_weights", fn=model.user_tower.interest_weights, input_signature=signature
+            name="interest_weights",
+            fn=reading(model.user_tower.interest_weights),
+            input_signature=[features, vectors],
         )
     archive.write_out(str(path), verbose=False)
+    np.save(Path(path) / TOWER_TABLE, item_table(model) if table is None else table)

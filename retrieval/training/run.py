@@ -25,11 +25,18 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from retrieval.artifacts.model import ATTRIBUTE_EMBEDDINGS_FILE, KIND, SIDE_FILE
+from retrieval.artifacts.model import (
+    ATTRIBUTE_EMBEDDINGS_FILE,
+    EMBEDDINGS_FILE,
+    KIND,
+    SIDE_FILE,
+    TOWER_DIR,
+    TOWER_TABLE_FILE,
+)
 from retrieval.data.features import SideVocab
 from retrieval.data.tables import frame_source
 from retrieval.data.vocab import ItemVocab
-from retrieval.storage.folders import remove_folder, remove_stale_temporaries, write_artifact
+from retrieval.storage.folders import link_or_copy, remove_folder, remove_stale_temporaries, write_artifact
 from retrieval.storage.manifest import ArtifactError, read_manifest
 from retrieval.training.callbacks import (
     EarlyStopping,
@@ -50,7 +57,7 @@ from retrieval.training.examples import mask_items
 from retrieval.training.inputs import open_training_data
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import RetrievalTask, build_task
-from retrieval.training.model import TwoTowerModel, build_model, export_user_tower
+from retrieval.training.model import TwoTowerModel, build_model, export_user_tower, item_table
 from retrieval.training.optimizer import make_optimizer
 from retrieval.training.validation import FullRankingValidation, live_artifact
 
@@ -430,8 +437,7 @@ def save_model(
 
     ``attributes`` (external item id -> attribute values, e.g. genres) is saved when given.
     """
-    table = np.array(model.item_tower.all_items(), np.float32)
-    table[0] = 0.0  # padding is never an answer
+    table = item_table(model)
     meta = {
         "tower": config.model.tower,
         "dim": int(table.shape[1]),
@@ -452,9 +458,9 @@ def save_model(
             (tmp / "item_attributes.json").write_text(json.dumps(attributes, ensure_ascii=False))
         if side.features:
             side.save(tmp / SIDE_FILE)
-        np.save(tmp / "item_embeddings.npy", table)
         if model.item_tower.attribute_embedding is not None:  # what embeds items added later
             np.save(tmp / ATTRIBUTE_EMBEDDINGS_FILE, np.asarray(model.item_tower.attribute_table, np.float32))
-        export_user_tower(model, tmp / "user_tower", ("items", *side.event_features))
+        export_user_tower(model, tmp / TOWER_DIR, ("items", *side.event_features), table)
+        link_or_copy(tmp / TOWER_TABLE_FILE, tmp / EMBEDDINGS_FILE)  # one file: pages shared
         model.save(tmp / "model.keras")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))

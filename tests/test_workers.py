@@ -22,13 +22,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index import FaissIndex
 from retrieval.api.client import RetrievalClient
+from retrieval.api.types import Rerank
 from retrieval.api.convert import SERVICE_NAME
 from retrieval.artifacts.deployment import publish_deployment
 from retrieval.artifacts.model import read_model_vocab
 from retrieval.serving.group import hold_ports
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
-from tests.helpers import REPO_ROOT, connected, scrape, serving, write_certificates
+from tests.helpers import REPO_ROOT, connected, save_din, scrape, serving, write_certificates
 
 UP = "serving group of 2 workers on"
 """What the supervisor logs once every worker is up."""
@@ -130,24 +131,33 @@ def history(model_versions: list[tuple[Path, Path, str]]) -> list[str]:
 def test_a_group_answers_as_one_process_does_over_tls_on_both_workers_with_metrics_summed(
     model_versions: list[tuple[Path, Path, str]], tmp_path: Path
 ) -> None:
+    """Plain and reranked requests (a DIN ranker in every worker) answer as one process does."""
     (model_dir, index_dir, version), _ = model_versions
-    vocab = list(read_model_vocab(model_dir).ids)
+    vocab = read_model_vocab(model_dir)
+    ranker_dir = save_din(tmp_path / "din", vocab, version, 0)
+    ids = list(vocab.ids)
     files = write_certificates(tmp_path)
     tls = ["--tls-cert", str(files["server.pem"]), "--tls-key", str(files["server.key"])]
     metrics_port = free_port()
-    args = ["--model", str(model_dir), "--index", str(index_dir), "--metrics-port", str(metrics_port), *tls]
-    requests = [(vocab[i : i + 1 + i % 4], 1 + i % 7) for i in range(30)]
-    with serving(Retriever.from_dirs(model_dir, index_dir)) as single, RetrievalClient(single) as client:
-        expected = [client.retrieve(history, k) for history, k in requests]
+    args = ["--model", str(model_dir), "--index", str(index_dir), "--ranker", str(ranker_dir)]
+    args += ["--metrics-port", str(metrics_port), *tls]
+    requests = [(ids[i : i + 1 + i % 4], 1 + i % 7, Rerank("din", 10) if i % 3 == 0 else None) for i in range(30)]
+    single = Retriever.from_dirs(model_dir, index_dir, [ranker_dir])
+    with serving(single) as address, RetrievalClient(address) as client:
+        expected = [client.retrieve(history, k, rerank=rerank) for history, k, rerank in requests]
+    assert sum(e.ranker_version != "" for e in expected) == 10  # the reranked ones
     with Group(tmp_path, *args) as group:
         workers = group.workers
         assert len(workers) == 2
         # One connection per client: the kernel spreads them over the workers.
         clients = [RetrievalClient(group.address, tls_ca=files["ca.pem"], retries=0) for _ in range(20)]
         try:
-            for i, (history, k) in enumerate(requests):
-                got = clients[i % len(clients)].retrieve(history, k)
+            for i, (history, k, rerank) in enumerate(requests):
+                got = clients[i % len(clients)].retrieve(history, k, rerank=rerank)
                 assert got.items == expected[i].items and got.model_version == version
+                assert got.ranker_version == expected[i].ranker_version
+                if rerank is not None:
+                    np.testing.assert_allclose(got.rank_scores, expected[i].rank_scores, rtol=1e-6)
             for c in clients:
                 c.retrieve(requests[0][0], 3)
             assert all(connections(pid, group.port) > 0 for pid in workers), "a worker got no connection"

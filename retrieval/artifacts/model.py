@@ -438,8 +438,6 @@ def load_vocab(path: Path) -> ItemVocab:
         vocab = ItemVocab.load(path / VOCAB_FILE)
     except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{path / VOCAB_FILE} is not a valid vocabulary: {e}") from e
-    if not set(map(type, vocab.ids)) <= {str} or not set(map(type, vocab.titles or ())) <= {str}:
-        raise ArtifactError(f"{path / VOCAB_FILE}: item ids and titles must be strings")
     return vocab
 
 

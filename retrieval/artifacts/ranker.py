@@ -81,7 +81,10 @@ LEGACY_RANKER_KWARGS = {"dstn": {"context_size": 0}}
 
 def vocab_digest(vocab: ItemVocab) -> str:
     """SHA-256 of the vocabulary's external ids, in dense-id order (titles do not matter)."""
-    return hashlib.sha256(json.dumps(list(vocab.ids), ensure_ascii=False).encode()).hexdigest()
+    digest = hashlib.sha256()
+    for piece in vocab.ids_json():
+        digest.update(piece.encode())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -311,13 +314,14 @@ def check_same_vocab(path: Path, vocab: ItemVocab, expected: ItemVocab) -> None:
     Raises:
         ArtifactError: the vocabularies differ (the message names the first difference).
     """
-    if vocab.ids == expected.ids[: len(vocab)]:
+    first = vocab.first_difference(expected)
+    if first is None and len(vocab) <= len(expected):
         return
-    if len(vocab) != len(expected):
+    if first is None or len(vocab) != len(expected):
         detail = f"{len(vocab)} items, the model has {len(expected)}"
     else:
-        first = next(i for i, (a, b) in enumerate(zip(vocab.ids, expected.ids, strict=True)) if a != b)
-        detail = f"dense id {first + 1} is {vocab.ids[first]!r} there, {expected.ids[first]!r} in the model"
+        (there,), (here,) = vocab.external([first + 1]), expected.external([first + 1])
+        detail = f"dense id {first + 1} is {there!r} there, {here!r} in the model"
     raise ArtifactError(
         f"{path} was trained against another item vocabulary ({detail}): its item ids mean "
         "other items for this model; retrain it with tools/train_ranker.py against this model"

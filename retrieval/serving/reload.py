@@ -131,7 +131,8 @@ def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = WARM_UP_BATCHES
         Exception: whatever the retriever raises; a version that cannot answer is not served.
     """
     vocab = retriever.model.vocab
-    history = list(vocab.ids[: retriever.model.tower_items][-retriever.model.max_len :])  # read by the tower
+    known = range(1, min(retriever.model.tower_items, len(vocab)) + 1)  # the ids the tower reads
+    history = vocab.external(known[-retriever.model.max_len :])
     k = min(10, len(vocab))
     for size in batch_sizes:
         retriever.retrieve_many([Query(history, k)] * size)
@@ -151,7 +152,7 @@ def check_answers(retriever: Retriever) -> None:
     if isinstance(index, FaissIndex) and not _finite_vectors(index):
         raise ArtifactError(f"index {index.factory!r} holds NaN or infinite vectors")
     vocab = retriever.model.vocab
-    if len(vocab) > 1 and not retriever.retrieve(list(vocab.ids[:1]), k=min(10, len(vocab) - 1)).items:
+    if len(vocab) > 1 and not retriever.retrieve(vocab.external([1]), k=min(10, len(vocab) - 1)).items:
         raise ArtifactError("a one-item history retrieves nothing (NaN scores?)")
 
 

@@ -130,7 +130,8 @@ def test_the_user_tower_reads_its_item_vectors_file(trained: tuple[Path, Path], 
     shutil.copytree(trained[0], folder)
     table = folder / "user_tower" / "item_vectors.npy"
     assert np.array_equal(np.load(table), np.load(folder / "item_embeddings.npy"))
-    assert os.path.samefile(trained[0] / "user_tower" / "item_vectors.npy", trained[0] / "item_embeddings.npy")
+    trained_table = trained[0] / "user_tower" / "item_vectors.npy"
+    assert os.path.samefile(trained_table, trained[0] / "item_embeddings.npy")
     history = [np.array([1, 2, 3])]
     before = load_model(folder).encode(history)
     vectors = np.load(table)

@@ -22,8 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index import FaissIndex
 from retrieval.api.client import RetrievalClient
-from retrieval.api.types import Rerank
 from retrieval.api.convert import SERVICE_NAME
+from retrieval.api.types import Rerank
 from retrieval.artifacts.deployment import publish_deployment
 from retrieval.artifacts.model import read_model_vocab
 from retrieval.serving.group import hold_ports
@@ -141,7 +141,8 @@ def test_a_group_answers_as_one_process_does_over_tls_on_both_workers_with_metri
     metrics_port = free_port()
     args = ["--model", str(model_dir), "--index", str(index_dir), "--ranker", str(ranker_dir)]
     args += ["--metrics-port", str(metrics_port), *tls]
-    requests = [(ids[i : i + 1 + i % 4], 1 + i % 7, Rerank("din", 10) if i % 3 == 0 else None) for i in range(30)]
+    reranks = [Rerank("din", 10) if i % 3 == 0 else None for i in range(30)]
+    requests = [(ids[i : i + 1 + i % 4], 1 + i % 7, rerank) for i, rerank in enumerate(reranks)]
     single = Retriever.from_dirs(model_dir, index_dir, [ranker_dir])
     with serving(single) as address, RetrievalClient(address) as client:
         expected = [client.retrieve(history, k, rerank=rerank) for history, k, rerank in requests]

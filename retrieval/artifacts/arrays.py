@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from retrieval.storage.manifest import ArtifactError
 
 
-def load_vectors(file: Path, rows: int, dim: int, *, mmap: str | None = None) -> np.ndarray:
+def load_vectors(file: Path, rows: int, dim: int, *, mmap: Literal["r", "c"] | None = None) -> np.ndarray:
     """A ``.npy`` table, read without pickle and checked: float32 ``[rows, dim]``, finite.
 
     ``mmap``: map the file instead of reading it (``np.load``'s ``mmap_mode``: ``"r"``

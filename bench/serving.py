@@ -277,11 +277,13 @@ def requests(data: Path, k: int) -> list[retrieval_pb2.RetrieveRequest]:
 
 
 def processes_of(pid: int) -> list[int]:
-    """``pid`` and its children (a serving group's supervisor and workers), on Linux."""
+    """``pid`` and its descendants (a serving group's supervisor, the fork server and the
+    workers it forked), on Linux."""
     try:
-        return [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
+        children = map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
     except OSError:
         return [pid]
+    return [pid, *(one for child in children for one in processes_of(child))]
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -6,6 +6,7 @@ is shared only inside one group. Also the memory-mapped index the workers share.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -43,9 +44,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (Linux)."""
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+def descendants(pid: int) -> list[int]:
+    """The child processes of ``pid``, their children, and so on (Linux)."""
+    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return [*children, *(d for c in children for d in descendants(c))]
 
 
 def alive(pid: int) -> bool:
@@ -110,7 +112,11 @@ class Group:
 
     @property
     def workers(self) -> list[int]:
-        return children(self.process.pid)
+        """The pids of the running workers, as the supervisor logged them, by worker number."""
+        started = dict(re.findall(r"worker (\d+) started \(pid (\d+)\)", self.log.read_text()))
+        pids = [int(started[n]) for n in sorted(started)]
+        assert set(pids) <= set(descendants(self.process.pid)), "a logged worker is not the group's"
+        return pids
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
@@ -247,12 +253,13 @@ def test_workers_stop_when_their_supervisor_is_killed(
 ) -> None:
     (model_dir, index_dir, _), _ = model_versions
     with Group(tmp_path, "--model", str(model_dir), "--index", str(index_dir)) as group:
-        workers = group.workers
+        workers = descendants(group.process.pid)  # the workers and the process forking them
+        assert set(group.workers) < set(workers)
         group.process.kill()
         group.process.wait()
         deadline = time.monotonic() + 60
         while any(alive(pid) for pid in workers):
-            assert time.monotonic() < deadline, "orphaned workers"
+            assert time.monotonic() < deadline, "orphaned processes"
             time.sleep(0.1)
         hold_ports("127.0.0.1", group.port)[0][0].close()  # nobody holds the port any more
 

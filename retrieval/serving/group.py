@@ -23,16 +23,20 @@ model; it
   waits for them and returns 0. A worker whose supervisor dies (its control socket closes)
   stops on its own: no orphan keeps the port.
 
-Workers are fresh interpreters (``python -m retrieval.serving.worker``), never forks of a
-process that has started gRPC or TensorFlow. Each runs ``options.worker`` (a picklable
-function) with a :class:`~retrieval.serving.worker.WorkerLink`, the worker's side of the
-protocol below. Messages are tuples over a socket pair, the first item their kind:
+Workers are forked by multiprocessing's fork server (:func:`worker_context`), a fresh
+interpreter that has imported :mod:`retrieval.serving.preload` (TensorFlow, Keras, FAISS,
+NumPy) and nothing else: the workers share those pages instead of importing them each, and
+none is a fork of a process that has started gRPC or run TensorFlow. Each runs
+``options.worker`` (a picklable function) with a :class:`~retrieval.serving.worker.WorkerLink`,
+the worker's side of the protocol below. Messages are tuples over a socket pair, the first item
+their kind:
 
 ==========================  =========================================================
 supervisor -> worker        worker -> supervisor
 ==========================  =========================================================
-``(worker, link options)``  ``("ready", folder, model_version, refusals, reason)``
-``("serving", bool)``       ``("failed", reason)``: could not start, exits
+(the worker starts)         ``("ready", folder, model_version, refusals, reason)``, or
+                            ``("failed", reason)``: could not start, exits
+``("serving", bool)``       (none)
 ``("load", folder)``        ``("loaded", folder)`` or ``("refused", folder, reason)``
 ``("swap", folder)``        ``("swapped", folder)``
 ``("discard", folder, r)``  (none; ``r`` is the refusal's reason or ``None``)
@@ -45,22 +49,25 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from retrieval.serving.metrics import BasicAuth, GroupMetrics
+from retrieval.serving.worker import run_worker
 from retrieval.storage.versions import resolve_current
 
 logger = logging.getLogger(__name__)
@@ -157,7 +164,7 @@ class _Worker:
     """A worker process, the supervisor's end of its control socket, and what it reported."""
 
     number: int
-    process: subprocess.Popen[bytes]
+    process: BaseProcess
     conn: Connection
     ready: bool = False
     folder: str | None = None
@@ -174,6 +181,26 @@ class _Worker:
     def send(self, message: tuple[Any, ...]) -> None:
         with contextlib.suppress(OSError):  # it exited: the main loop sees its socket closed
             self.conn.send(message)
+
+    def wait(self, timeout: float) -> int:
+        """The worker's exit code, once it exited; killed after ``timeout`` seconds."""
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            logger.error("worker %d (pid %d) did not stop: killed", self.number, self.process.pid)
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+        return int(self.process.exitcode or 0)
+
+
+def worker_context() -> ForkServerContext | SpawnContext:
+    """How workers start: forked by multiprocessing's fork server, which preloads
+    :mod:`retrieval.serving.preload`, where the platform has one; fresh interpreters elsewhere."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["retrieval.serving.preload"])
+    return context
 
 
 class ServingGroup:
@@ -257,31 +284,21 @@ class ServingGroup:
 
     def _spawn(self, number: int) -> _Worker:
         """Starts worker ``number`` on the group's version; it reports ``ready`` once loaded."""
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        if self._metrics_dir is not None:  # read by prometheus_client when the worker imports it
-            env["PROMETHEUS_MULTIPROC_DIR"] = str(self._metrics_dir)
-        with theirs:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "retrieval.serving.worker", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                env=env,
-            )
-        worker = _Worker(number, process, Connection(ours.detach()))
-        worker.send(
-            (
-                self.options.worker,
-                {
-                    "number": number,
-                    "port": self.port,
-                    "folder": self.folder,
-                    "metrics": self._metrics_dir is not None,
-                    "grace": self.options.grace,
-                },
-            )
+        ours, theirs = (Connection(end.detach()) for end in socket.socketpair())
+        link = {
+            "number": number,
+            "port": self.port,
+            "folder": self.folder,
+            "metrics": None if self._metrics_dir is None else str(self._metrics_dir),
+            "grace": self.options.grace,
+        }
+        process = worker_context().Process(
+            target=run_worker, args=(theirs, self.options.worker, link), name=f"mitt-worker-{number}"
         )
+        with theirs:  # the worker holds its own copy once started
+            process.start()
         logger.info("worker %d started (pid %d)", number, process.pid)
-        return worker
+        return _Worker(number, process, ours)
 
     def _stop_workers(self) -> None:
         """Asks every worker to drain and stop, and waits for them (killing late ones)."""
@@ -290,17 +307,11 @@ class ServingGroup:
             worker.send(("stop", self.options.grace, self.options.drain))
         deadline = time.monotonic() + self.options.drain + self.options.grace + STOP_MARGIN
         for worker in self.workers:
-            try:
-                code = worker.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                logger.error("worker %d (pid %d) did not stop: killed", worker.number, worker.process.pid)
-                worker.process.kill()
-                code = worker.process.wait()
+            code = worker.wait(max(0.0, deadline - time.monotonic()))
             if code:
                 logger.warning(
                     "worker %d (pid %d) exited with code %d", worker.number, worker.process.pid, code
                 )
-            worker.conn.close()
 
     # ------------------------------------------------------------------------------- main loop
 
@@ -365,12 +376,7 @@ class ServingGroup:
     def _replace(self, worker: _Worker, reason: str | None) -> None:
         """``worker`` exited (or failed to start): the group reports NOT_SERVING and the worker
         is restarted on the group's version; one that never came up stops the group."""
-        try:
-            code = worker.process.wait(STOP_MARGIN)
-        except subprocess.TimeoutExpired:  # it said it failed but does not exit
-            worker.process.kill()
-            code = worker.process.wait()
-        worker.conn.close()
+        code = worker.wait(STOP_MARGIN)  # killed if it said it failed but does not exit
         if self._stopping:
             return
         why = f": {reason}" if reason else ""

@@ -1,8 +1,8 @@
 """A serving group's worker process: its side of the protocol of :mod:`retrieval.serving.group`.
 
-``python -m retrieval.serving.worker FD`` is what a group's supervisor starts: it reads from the
-control socket ``FD`` the function to run and this worker's options, and runs the function with
-a :class:`WorkerLink`. The function builds the same server a single process would, with
+:func:`run_worker` is what a group's supervisor starts in each worker process, with the
+worker's end of its control socket, the function to run and this worker's options; it runs the
+function with a :class:`WorkerLink`. The function builds the same server a single process would, with
 :meth:`WorkerLink.server_options` (the group's port, shared; NOT_SERVING until the group is
 up; per-request metrics summed by the supervisor) and ``on_start=link.start``; a control
 thread then follows the supervisor's messages: health, two-phase version swaps, stop. When the
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,14 +40,16 @@ class WorkerLink:
     """
 
     def __init__(
-        self, conn: Connection, number: int, port: int, folder: str | None, metrics: bool, grace: float
+        self, conn: Connection, number: int, port: int, folder: str | None, metrics: str | None, grace: float
     ) -> None:
         self._conn = conn
         self._lock = threading.Lock()
         self.number = number
         self.port = port
         self.folder = None if folder is None else Path(folder)
-        self._metrics = metrics
+        self._metrics = metrics is not None
+        if metrics is not None:  # read by prometheus_client when the worker imports it
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
         self._grace = grace
 
     def send(self, message: tuple[Any, ...]) -> None:
@@ -120,17 +123,7 @@ class WorkerLink:
                 return
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the function the supervisor sends over the control socket ``argv[0]`` (a file
-    descriptor); returns its exit code."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    conn = Connection(int(args[0]))
-    try:
-        run, options = conn.recv()
-    except EOFError:  # the supervisor died before sending anything
-        return 1
-    return int(run(WorkerLink(conn, **options)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run_worker(conn: Connection, run: Callable[[WorkerLink], int], options: dict[str, Any]) -> None:
+    """A worker process's body: ``run`` with a :class:`WorkerLink` over ``conn`` (``options``
+    are the link's); exits with the code ``run`` returns."""
+    sys.exit(int(run(WorkerLink(conn, **options))))

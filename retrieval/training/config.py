@@ -141,6 +141,13 @@ class TrainConfig:
     of :data:`OBJECTIVES` (None = the tower's default: ``all_positions`` for
     sasrec, ``cloze`` for bert4rec, ``last`` otherwise); ``mask_ratio`` is the cloze task's.
 
+    ``contrastive_weight`` > 0 adds DuoRec's contrastive regulariser to the loss, times that
+    weight (0 = off): a second forward pass of the user tower (other dropout masks) gives each
+    sequence a second view, at its newest position (the mean of K > 1 interests), and NT-Xent
+    over the batch's views, logits divided by ``contrastive_temperature``, pulls the two views
+    of a sequence together and pushes those of sequences with another target apart
+    (:func:`retrieval.training.losses.nt_xent`).
+
     The loop: Adam, AdamW when ``weight_decay`` > 0, ``seed`` fixing initial weights, data
     order, negatives and dropout (the same seed repeats a run, also across a resume).
 
@@ -190,6 +197,8 @@ class TrainConfig:
     remove_accidental_hits: bool = True
     interest_selection: InterestSelection = "hard"  # how K interests meet the target
     label_aware_power: float = 1.0  # MIND's p, for interest_selection="label_aware"
+    contrastive_weight: float = 0.0  # > 0: DuoRec's contrastive regulariser, times this weight
+    contrastive_temperature: float = 1.0  # the regulariser's logits are divided by it
     weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
     lr_schedule: LrSchedule = "constant"  # cosine, linear: decay to 0 by the last step
     warmup_steps: int = 0
@@ -214,6 +223,11 @@ class TrainConfig:
         bad += [f"train.{k}={v}" for k, v in at_least_zero.items() if v < 0]
         if bad:
             raise ValueError(f"{', '.join(bad)}: budgets and intervals must be >= 1, patience, warm-up >= 0")
+        if self.contrastive_weight < 0 or self.contrastive_temperature <= 0:
+            raise ValueError(
+                "train.contrastive_weight must be >= 0 and train.contrastive_temperature > 0, "
+                f"got {self.contrastive_weight} and {self.contrastive_temperature}"
+            )
 
     def budget(self, steps_per_epoch: int) -> Budget:
         """The run's steps, validations and schedule horizon for data of ``steps_per_epoch`` steps."""

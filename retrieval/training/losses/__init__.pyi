@@ -1,5 +1,6 @@
 """The public API of :mod:`retrieval.training.losses` (loaded on first use by ``__init__.py``)."""
 
+from .contrastive import nt_xent, sequence_views
 from .interests import interest_scores, label_aware_attention, select_interest
 from .logits import GeneralisedBCE, LogitLoss, SoftmaxCrossEntropy, candidate_logits, sampled_softmax_loss
 from .negatives import AllItems, InBatchNegatives, Negatives, SampledNegatives
@@ -22,6 +23,8 @@ __all__ = [
     "candidate_logits",
     "interest_scores",
     "label_aware_attention",
+    "nt_xent",
     "sampled_softmax_loss",
     "select_interest",
+    "sequence_views",
 ]

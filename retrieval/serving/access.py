@@ -17,11 +17,12 @@ from functools import partial
 from typing import Any, TypeAlias, cast
 
 import grpc
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from retrieval.api.client import REQUEST_ID
 from retrieval.serving.access_log import AccessLog, model_version, request_id
 from retrieval.serving.auth import OPEN_SERVICES, AccessDenied, AccessFile, Identity
+from retrieval.serving.health import HealthServicer
 from retrieval.serving.metrics import BasicAuth
 from retrieval.serving.ratelimit import RateLimiter
 
@@ -185,9 +186,7 @@ def peer_host(peer: str) -> str:
     return address.rpartition(":")[0].strip("[]") or address
 
 
-def start_health_server(
-    health_servicer: health.HealthServicer, host: str, port: int
-) -> tuple[grpc.Server, int]:
+def start_health_server(health_servicer: HealthServicer, host: str, port: int) -> tuple[grpc.Server, int]:
     """Serves ``health_servicer`` alone, in plaintext, on ``host:port`` (0 picks a port).
 
     Returns:
@@ -196,7 +195,7 @@ def start_health_server(
     Raises:
         OSError: the port cannot be bound.
     """
-    # Few threads: probes call Check; each Watch stream would hold one.
+    # Few threads: probes call Check, and Watch streams hold none.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health"))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:

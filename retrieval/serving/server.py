@@ -52,6 +52,7 @@ from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.serving.access import AccessControl, start_health_server
 from retrieval.serving.admission import Admission, AdmissionLimits, call_cost, request_cost
 from retrieval.serving.batching import MicroBatcher
+from retrieval.serving.health import HealthServicer
 from retrieval.serving.memory import trimmer
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.reload import RetrieverSlot
@@ -257,7 +258,7 @@ class RetrievalServer:
         server: grpc.Server,
         port: int,
         slot: RetrieverSlot,
-        health_servicer: health.HealthServicer,
+        health_servicer: HealthServicer,
         batcher: MicroBatcher | None,
         health_server: tuple[grpc.Server, int] | None = None,
     ) -> None:
@@ -420,7 +421,7 @@ def create_server(
         observe = None if metrics is None else metrics.batch_size.observe
         batcher = MicroBatcher(lambda: slot.current, max_batch, max_wait, observe_batch=observe)
     servicer = RetrievalServicer(slot, metrics, batcher, Admission(admission or AdmissionLimits()))
-    health_servicer = health.HealthServicer()
+    health_servicer = HealthServicer()
     add_servicer(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if access is None or access.reflection:

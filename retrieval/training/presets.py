@@ -59,6 +59,7 @@ _TUNED: dict[str, tuple[tuple[str, ...], str]] = {
             "train.learning_rate=0.003",
             "train.warmup_steps=200",
             "train.lr_schedule=cosine",
+            "model.dim=128",
         ),
         "tuned on Beauty: validation NDCG@10 under the loo protocol",
     ),

@@ -75,7 +75,7 @@ def test_status_changes_racing_watchers_that_leave_neither_hang_nor_end_stale(
                     stream = health_pb2_grpc.HealthStub(channel).Watch(request(), timeout=30)
                     next(stream)
                     stream.cancel()
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+        except BaseException as e:  # reported by the main thread
             errors.append(e)
 
     def toggle(changes: int) -> None:

@@ -253,6 +253,8 @@ def test_workers_stop_when_their_supervisor_is_killed(
 ) -> None:
     (model_dir, index_dir, _), _ = model_versions
     with Group(tmp_path, "--model", str(model_dir), "--index", str(index_dir)) as group:
+        started = group.log.read_text()  # TensorFlow's start-up lines stay quiet in the forking process
+        assert not any(noise in started for noise in ("oneDNN", "absl::InitializeLog")), started
         workers = descendants(group.process.pid)  # the workers and the process forking them
         assert set(group.workers) < set(workers)
         group.process.kill()

@@ -305,6 +305,7 @@ def _serve_group(args: argparse.Namespace, argv: list[str]) -> int:
         if blocked or importlib.util.find_spec(library) is None:  # missing: one line naming the extra
             raise ModuleNotFoundError(f"No module named {library!r}", name=library)
     configure_logging(args.log_format)
+    quiet_tensorflow(args.verbose)  # in the environment the workers and the process forking them inherit
     try:
         access = access_control(args)  # a bad file fails here, before any worker starts
     except (OSError, ValueError) as e:

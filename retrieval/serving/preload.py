@@ -9,9 +9,17 @@ server and loaded no model, so a fork of it is as safe as a fresh interpreter.
 
 :func:`gc.freeze` moves every object imported here out of the garbage collector's reach: a
 collection in a worker would otherwise write to each object's header and copy every page.
+TensorFlow's start-up log lines follow ``TF_CPP_MIN_LOG_LEVEL`` as the supervisor left it
+(:func:`~retrieval.environment.quiet_tensorflow`).
 """
 
 import gc
+import os
+
+from retrieval.environment import LOG_LEVEL_ENV, quiet_tensorflow
+
+if LOG_LEVEL_ENV in os.environ:  # set by a quiet supervisor, or the user: the start-up lines obey it
+    quiet_tensorflow()
 
 import faiss  # noqa: F401
 import keras  # noqa: F401

@@ -111,3 +111,20 @@ def test_serve_tool_takes_a_model_and_index_or_a_watched_root() -> None:
         with pytest.raises(SystemExit):
             serve_tool.parse_args(bad)
     assert serve_tool.parse_args(["--model", "m", "--index", "i", "--xla"]).xla
+
+
+def test_versions_published_across_a_second_boundary_keep_their_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version's name is its publication time: read once, or the seconds of one instant and
+    the fraction of the next could name a later version before an earlier one."""
+    from retrieval.storage.versions import version_folders
+
+    clock = iter([1_796_405_254_999_999_999, 1_796_405_255_000_000_001])
+    monkeypatch.setattr("retrieval.storage.versions.time.time_ns", lambda: next(clock))
+    first = publish(tmp_path, lambda folder: folder.mkdir(), grace=0)
+    second = publish(tmp_path, lambda folder: folder.mkdir(), grace=0)
+    assert version_folders(tmp_path) == [first, second]
+    assert first.name.startswith("20261204T172734.999999999Z") and second.name.startswith(
+        "20261204T172735.000000001Z"
+    )

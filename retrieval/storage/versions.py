@@ -49,7 +49,8 @@ def publish(root: Path, write: Callable[[Path], object], keep: int = 3, grace: f
         raise ArtifactError(f"{root} is a plain artifact folder: publish into a new root folder")
     versions = root / VERSIONS
     versions.mkdir(parents=True, exist_ok=True)
-    name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z-{os.getpid()}"
+    now = time.time_ns()  # one reading: seconds and fraction from two could straddle a second
+    name = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now // 10**9)) + f".{now % 10**9:09d}Z-{os.getpid()}"
     staging = versions / f".{name}.tmp"
     try:
         write(staging)

@@ -63,6 +63,16 @@ EXACT_FALLBACK_MAX = 65_536
 """A query an approximate search leaves short of ``k`` is answered exactly when at most this many
 items pass its filter (a scan of that many stored vectors costs a few milliseconds)."""
 _EXACT_CHUNK = 65_536
+BLAS_THRESHOLD = 1024
+"""FAISS computes the distances of a search to a flat set of vectors as one BLAS matrix product
+when queries × dimensions reach this (16 queries of 64 dimensions), query by query below it;
+its own default (128,000) is far above a serving batch. An IVF index's coarse quantizer is such
+a search, and for a micro-batch's queries the matrix product is several times faster
+(``python -m bench.floor`` times the search). Set when this module is imported. A BLAS
+product's last bits depend on the other rows of the batch, so exhaustive (``Flat``) indexes
+are searched in groups below the threshold, which keeps each query's scores independent of
+its batch; in an IVF index those bits only rank the centroids to probe."""
+_FAISS.cvar.distance_compute_blas_threshold = BLAS_THRESHOLD
 
 
 def parse_search_params(search_params: str) -> dict[str, float]:
@@ -469,7 +479,14 @@ class FaissIndex(VectorIndex):
     def _raw_search(
         self, queries: np.ndarray, k: int, params: faiss.SearchParameters | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """FAISS search returning inner products (converted back from L2 for ``L2MIPS``)."""
+        """FAISS search returning inner products (converted back from L2 for ``L2MIPS``); an
+        exhaustive index's queries go in groups below :data:`BLAS_THRESHOLD`."""
+        group = max(1, (BLAS_THRESHOLD - 1) // self._index.d)
+        if self.is_exact and len(queries) > group:
+            found = [
+                self._raw_search(queries[i : i + group], k, params) for i in range(0, len(queries), group)
+            ]
+            return np.vstack([f[0] for f in found]), np.vstack([f[1] for f in found])
         if not self._mips:
             return self._index.search(queries, k, params=params)
         augmented = np.hstack([queries, np.zeros((len(queries), 1), np.float32)])

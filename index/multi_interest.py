@@ -160,13 +160,7 @@ def search_interests(
     excluded = [as_id_array(e) for e in exclude]
     fetch = min(max(k, per_interest_k or k) + max(len(e) for e in excluded), index.ntotal)
     scores, ids = index.search(queries, fetch, SearchFilter.of(allow=allowed))
-    keep = ids >= 0
-    if any(len(e) for e in excluded):
-        # One membership test for the whole batch on (user, id) keys, not one per row.
-        span = int(max(ids.max(), *(e.max() for e in excluded if len(e)))) + 1
-        keys = users[:, None].astype(np.int64) * span + ids
-        banned = np.concatenate([user * span + e for user, e in enumerate(excluded) if len(e)])
-        keep &= ~np.isin(keys, banned)
+    keep = (ids >= 0) & ~_excluded(users, ids, excluded)
     _combine(merge, result, users, slots, scores, ids, keep, k, per_interest_k, rescore)
 
     # An approximate index may come back short for some user; search those alone, filter inside
@@ -250,6 +244,25 @@ def _combine(
         result.interests[user, :n] = merged.interests[:n]
 
 
+def _excluded(users: np.ndarray, ids: np.ndarray, excluded: Sequence[np.ndarray]) -> np.ndarray:
+    """bool ``[M, f]``: whether each searched id is in its user's ``excluded`` ids.
+
+    One binary search over the batch's sorted (user, id) keys, not one membership test per row.
+    """
+    if not any(len(e) for e in excluded):
+        return np.zeros(ids.shape, bool)
+    span = int(max(ids.max(), *(e.max() for e in excluded if len(e)))) + 1
+    keys = users[:, None].astype(np.int64) * span + ids
+    banned = np.sort(np.concatenate([user * span + e for user, e in enumerate(excluded) if len(e)]))
+    at = np.minimum(np.searchsorted(banned, keys), len(banned) - 1)
+    return banned[at] == keys
+
+
+_SCORE_BITS = 32
+_SCORE_MASK = (1 << _SCORE_BITS) - 1
+_EMPTY = np.iinfo(np.int64).max  # sorts after every packed candidate
+
+
 def _merge(
     result: SearchResult,
     users: np.ndarray,
@@ -261,38 +274,60 @@ def _merge(
 ) -> None:
     """Max-score merge of per-interest results into ``result``, all users at once.
 
+    Each candidate is packed into one int64 so that two plain sorts of each user's row do the
+    work: by (id, score descending, interest) to keep each id's best entry (ties: the lowest
+    interest), then by (score descending, id, interest) for the top ``k`` (ties: smaller id).
+
     Args:
         users, slots: int ``[M]``: the user and interest of each searched row.
         scores, ids: ``[M, f]`` search results; ``keep`` bool ``[M, f]`` the results to use.
     """
     batch, f = result.ids.shape[0], ids.shape[1]
     num_interests = int(slots.max()) + 1
-    # Each user's candidates side by side, [B, K·f]; unused places are id -1, score -inf.
-    per_ids = np.full((batch, num_interests, f), -1, np.int64)
-    per_scores = np.full((batch, num_interests, f), -np.inf, np.float32)
-    per_ids[users, slots] = np.where(keep, ids, -1)
-    per_scores[users, slots] = np.where(keep, scores, -np.inf)
-    cand_ids, cand_scores = per_ids.reshape(batch, -1), per_scores.reshape(batch, -1)
-    cand_interests = np.broadcast_to(np.repeat(np.arange(num_interests, dtype=np.int32), f), cand_ids.shape)
+    s_bits = max(1, (num_interests - 1).bit_length())
+    codes, values = _id_codes(ids, keep, 63 - _SCORE_BITS - s_bits)
+    c_bits = max(1, int(codes.max()).bit_length())
+    down = _SCORE_MASK - _sortable(scores).astype(np.int64)  # ascending: the best score first
 
-    # Group each user's candidates by id with the best score first (ties: lowest interest) and
-    # keep the first of each group: the max-score merge.
-    order = np.lexsort((cand_interests, -cand_scores, cand_ids), axis=-1)
-    cand_ids, cand_scores, cand_interests = _take(order, cand_ids, cand_scores, cand_interests)
-    repeat = np.zeros(cand_ids.shape, bool)
-    repeat[:, 1:] = cand_ids[:, 1:] == cand_ids[:, :-1]
-    cand_scores[repeat | (cand_ids < 0)] = -np.inf
+    # Each user's candidates side by side, [B, K·f], by (id, score descending, interest).
+    by_id = np.full((batch, num_interests, f), _EMPTY, np.int64)
+    packed = (codes << (_SCORE_BITS + s_bits)) | (down << s_bits) | slots[:, None]
+    by_id[users, slots] = np.where(keep, packed, _EMPTY)
+    by_id = np.sort(by_id.reshape(batch, -1), axis=-1)
+    code, down = by_id >> (_SCORE_BITS + s_bits), (by_id >> s_bits) & _SCORE_MASK
+    slot = by_id & ((1 << s_bits) - 1)
+    first = by_id != _EMPTY  # the first entry of each id: its best
+    first[:, 1:] &= code[:, 1:] != code[:, :-1]
 
-    # Rank each user's unique candidates by score (ties: smaller id) and keep the first k.
-    order = np.lexsort((cand_ids, -cand_scores), axis=-1)[:, :k]
-    cand_ids, cand_scores, cand_interests = _take(order, cand_ids, cand_scores, cand_interests)
-    found = np.isfinite(cand_scores)
-    n = cand_ids.shape[1]
-    result.ids[:, :n] = np.where(found, cand_ids, -1)
-    result.scores[:, :n] = cand_scores
-    result.interests[:, :n] = np.where(found, cand_interests, -1)
+    by_score = np.where(first, (down << (c_bits + s_bits)) | (code << s_bits) | slot, _EMPTY)
+    best = np.sort(by_score, axis=-1)[:, :k]
+    found, n = best != _EMPTY, best.shape[1]
+    code = np.where(found, (best >> s_bits) & ((1 << c_bits) - 1), 0)
+    score = _from_sortable(_SCORE_MASK - ((best >> (c_bits + s_bits)) & _SCORE_MASK))
+    result.ids[:, :n] = np.where(found, code if values is None else values[code], -1)
+    result.scores[:, :n] = np.where(found, score, -np.inf)
+    result.interests[:, :n] = np.where(found, best & ((1 << s_bits) - 1), -1)
 
 
-def _take(order: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The same per-row reordering of parallel ``[B, n]`` arrays."""
-    return tuple(np.take_along_axis(a, order, axis=-1) for a in arrays)
+def _id_codes(ids: np.ndarray, keep: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Non-negative int64 codes ordered as the ids (0 where not kept), and the ids by code:
+    the ids themselves (``None``) when they fit in ``bits``, their ranks otherwise."""
+    used = np.where(keep, ids, 0)
+    if used.min() >= 0 and used.max() < 1 << bits:
+        return used, None
+    values, codes = np.unique(used, return_inverse=True)
+    return codes.reshape(ids.shape).astype(np.int64), values
+
+
+def _sortable(scores: np.ndarray) -> np.ndarray:
+    """float32 -> uint32 of the same order (the sign bit flipped, or every bit of a negative);
+    -0.0 becomes 0.0, which it equals."""
+    bits = (np.asarray(scores, np.float32) + np.float32(0.0)).view(np.uint32)
+    return np.where(bits >> 31, ~bits, bits | np.uint32(0x80000000))
+
+
+def _from_sortable(keys: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`_sortable` (``keys`` of any integer type, values below 2**32)."""
+    keys = keys.astype(np.uint32)
+    bits = np.where(keys >> 31, keys & np.uint32(0x7FFFFFFF), ~keys).astype(np.uint32)
+    return bits.view(np.float32)

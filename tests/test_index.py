@@ -58,6 +58,20 @@ def test_flat_equals_brute_force(data: tuple[np.ndarray, ...]) -> None:
     assert index.is_exact and index.dim == DIM and index.ntotal == 400
 
 
+@pytest.mark.parametrize("factory", ["Flat", "L2MIPS,Flat"])
+def test_an_exhaustive_index_scores_a_query_the_same_in_any_batch(factory: str) -> None:
+    # A batch this large would go to FAISS's BLAS product, whose last bits depend on the other
+    # rows: an exact index must answer each query bit for bit as it does alone.
+    rng = np.random.default_rng(5)
+    vectors = rng.normal(size=(300, 64)).astype(np.float32)
+    index = FaissIndex.build(np.arange(1, 301), vectors, factory)
+    queries = rng.normal(size=(100, 64)).astype(np.float32)
+    scores, ids = index.search(queries, 10)
+    alone = [index.search(queries[i : i + 1], 10) for i in range(len(queries))]
+    np.testing.assert_array_equal(scores, np.vstack([s for s, _ in alone]))
+    np.testing.assert_array_equal(ids, np.vstack([i for _, i in alone]))
+
+
 @pytest.mark.parametrize(
     ("factory", "search_params", "tolerance"),
     [("HNSW16", "efSearch=64", 0.95), ("IVF8,Flat", "nprobe=4", 0.9)],

@@ -92,6 +92,21 @@ def test_duplicates_keep_best_score_and_its_interest(catalogue: tuple) -> None:
     np.testing.assert_allclose(result.scores[0], expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("offset", [0, 2**40], ids=["small ids", "ids past 32 bits"])
+def test_ties_go_to_the_smaller_id_and_the_lower_interest(offset: int) -> None:
+    # Pairs of items with equal vectors tie on every score, and a user's first two interests
+    # are equal: each tie must go to the smaller id, each item to interest 0 over interest 1.
+    rng = np.random.default_rng(3)
+    vectors = np.repeat(rng.normal(size=(NUM_ITEMS // 2, DIM)).astype(np.float32), 2, axis=0)
+    ids = offset + np.arange(NUM_ITEMS, dtype=np.int64)[::-1] * 7  # descending: ties are not in id order
+    index = FaissIndex.build(ids, vectors, "Flat")
+    users = rng.normal(size=(3, K, DIM)).astype(np.float32)
+    users[:, 1] = users[:, 0]
+    banned = [set(ids[:6].tolist()), set(), {int(ids[-1])}]
+    expected = oracle(np.sort(ids), vectors[np.argsort(ids)], users, 9, banned)
+    assert_matches(search_interests(index, users, 9, banned), expected)
+
+
 def test_fewer_than_k_pads(catalogue: tuple, interests: np.ndarray) -> None:
     ids, vectors, _ = catalogue
     small = FaissIndex.build(ids[:5], vectors[:5], "Flat")

@@ -30,7 +30,10 @@ def as_id_array(ids: Collection[int] | np.ndarray | None) -> np.ndarray:
         array = np.fromiter(ids, np.int64, len(ids)) if len(ids) else np.zeros(0, np.int64)
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"ids must be integers, got {array.dtype}")
-    return np.unique(array.astype(np.int64, copy=False))
+    array = array.astype(np.int64, copy=False)
+    if (array[1:] > array[:-1]).all():  # already sorted and unique (a request path's are): no sort
+        return array.copy()
+    return np.unique(array)
 
 
 @dataclass(frozen=True)

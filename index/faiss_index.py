@@ -150,7 +150,7 @@ class FaissIndex(VectorIndex):
                 f"got FAISS metric {index.metric_type}"
             )
         self._index = index
-        self._exact = isinstance(faiss.downcast_index(index.index), faiss.IndexFlat)  # read per search
+        self._exhaustive = isinstance(faiss.downcast_index(index.index), faiss.IndexFlat)  # read per search
         self._mapped = False  # set by load(mmap=True): the vectors are the file's pages, read-only
         self._factory = factory if factory is not None else type(faiss.downcast_index(index.index)).__name__
         self._mips_norm = mips_norm
@@ -526,7 +526,7 @@ class FaissIndex(VectorIndex):
     @property
     def is_exact(self) -> bool:
         """True when searches are exhaustive (``Flat``), so results equal brute force."""
-        return self._exact
+        return self._exhaustive
 
     @property
     def dim(self) -> int:

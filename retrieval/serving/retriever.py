@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -344,12 +345,16 @@ class Retriever:
             raise InvalidArgument("the batch is empty: send at least one request")
         if len(queries) > MAX_BATCH:
             raise InvalidArgument(f"the batch has {len(queries)} requests, at most {MAX_BATCH} are accepted")
-        prepared = []
         for i, query in enumerate(queries):
-            try:
-                prepared.append(self._prepare(query))
-            except InvalidArgument as e:
-                raise InvalidArgument(e.reason, i if len(queries) > 1 else None) from None
+            with _request(i, len(queries)):
+                _check(query)
+        # One vocabulary lookup for every history of the batch (checked: sized, non-empty).
+        lengths = [len(query.history) for query in queries]
+        dense = self.model.vocab.lookup([item for query in queries for item in query.history])
+        prepared = []
+        for i, (query, ids) in enumerate(zip(queries, np.split(dense, np.cumsum(lengths)[:-1]), strict=True)):
+            with _request(i, len(queries)):
+                prepared.append(self._prepare(query, ids))
         return prepared
 
     def _previous(self, history: np.ndarray, num_unclicked: int) -> _Prepared:
@@ -470,17 +475,14 @@ class Retriever:
                 out[i] = logits[row, order].tolist()
         return out
 
-    def _prepare(self, query: Query) -> _Prepared:
-        """Validates ``query`` and looks its ids up.
+    def _prepare(self, query: Query, dense: np.ndarray) -> _Prepared:
+        """Looks ``query``'s ids up, given its history's (``dense``), once :func:`_check` passed.
 
         Raises:
-            InvalidArgument: as :meth:`_check` and :meth:`_ranker`; no known history id, or an
-                unknown category.
+            InvalidArgument: as :meth:`_ranker`; no known history id, or an unknown category.
         """
-        _check(query)
         ranker, depth = self._ranker(query.rerank, query.k)
         history = query.history
-        dense = self.model.vocab.lookup(history)
         # Items added after training are in the vocabulary, not in the user tower's table.
         is_known = (dense != PAD) & (dense <= self.model.tower_items)
         known = dense[is_known]
@@ -608,6 +610,16 @@ def check_deadline(deadline: float | None, stage: str) -> None:
     """
     if deadline is not None and (late := time.monotonic() - deadline) > 0:
         raise DeadlineExceeded(f"the deadline passed {late:.3f} s ago, after {stage}; the work stopped")
+
+
+@contextmanager
+def _request(i: int, count: int) -> Iterator[None]:
+    """Re-raises an ``InvalidArgument`` of request ``i`` of ``count`` with its index (when
+    there are several)."""
+    try:
+        yield
+    except InvalidArgument as e:
+        raise InvalidArgument(e.reason, i if count > 1 else None) from None
 
 
 def _check(query: Query) -> None:

@@ -165,7 +165,8 @@ def search_interests(
 
     # An approximate index may come back short for some user; search those alone, filter inside
     # (which returns k whenever k items pass).
-    short = [user for user in np.unique(users) if (result.ids[user] >= 0).sum() < k]
+    found = (result.ids >= 0).sum(axis=1)
+    short = [user for user in np.unique(users).tolist() if found[user] < k]
     if short:
         candidates = index.ids() if allowed is None else np.intersect1d(index.ids(), allowed)
         for user in short:

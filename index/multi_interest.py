@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from index.base import SearchFilter, VectorIndex, as_id_array
+from index.base import SearchFilter, VectorIndex, as_id_array, members
 from index.merge import MergeFn
 
 
@@ -170,7 +170,7 @@ def search_interests(
     if short:
         candidates = index.ids() if allowed is None else np.intersect1d(index.ids(), allowed)
         for user in short:
-            if (result.ids[user] >= 0).sum() < len(candidates) - np.isin(excluded[user], candidates).sum():
+            if found[user] < len(candidates) - np.isin(excluded[user], candidates).sum():
                 alone = search_interests(
                     index,
                     interests[user : user + 1],
@@ -254,9 +254,8 @@ def _excluded(users: np.ndarray, ids: np.ndarray, excluded: Sequence[np.ndarray]
         return np.zeros(ids.shape, bool)
     span = int(max(ids.max(), *(e.max() for e in excluded if len(e)))) + 1
     keys = users[:, None].astype(np.int64) * span + ids
-    banned = np.sort(np.concatenate([user * span + e for user, e in enumerate(excluded) if len(e)]))
-    at = np.minimum(np.searchsorted(banned, keys), len(banned) - 1)
-    return banned[at] == keys
+    banned = np.concatenate([user * span + e for user, e in enumerate(excluded) if len(e)])
+    return members(keys, np.sort(banned))  # unique: each user's ids are (as_id_array)
 
 
 _SCORE_BITS = 32

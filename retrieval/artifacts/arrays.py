@@ -27,6 +27,13 @@ def load_vectors(file: Path, rows: int, dim: int, *, mmap: Literal["r", "c"] | N
     return checked_vectors(table, rows, dim, str(file))
 
 
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """``vectors [n, d]`` scaled to unit length, zero rows left zero (float32): item vectors
+    of a model whose ``similarity`` is cosine."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, np.finfo(np.float32).tiny)).astype(np.float32)
+
+
 def checked_vectors(table: np.ndarray, rows: int, dim: int, where: str) -> np.ndarray:
     """``table`` if it is float32 ``[rows, dim]`` and finite.
 

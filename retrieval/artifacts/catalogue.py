@@ -180,6 +180,12 @@ def _read_current(model_dir: Path) -> _Current:
     """
     manifest = read_manifest(model_dir, KIND, verify=False)
     listed = set(manifest.get("files", {}))
+    if manifest.get("similarity", "dot") != "dot":
+        raise ArtifactError(
+            f"model {manifest['version']} scores by {manifest['similarity']} similarity: catalogue "
+            "changes derive new vectors from the trained ones, which only a dot-product model "
+            "(model.similarity=dot) keeps unchanged; retrain to change its catalogue"
+        )
     if ATTRIBUTE_EMBEDDINGS_FILE not in listed:
         raise ArtifactError(
             f"model {manifest['version']} was trained without item attributes, so it cannot embed "

@@ -23,6 +23,8 @@ DataFormat = Literal["movielens", "s3rec", "sasrec", "table", "recbole", "prepar
 """``DataConfig.format``: the loaders' formats (:data:`retrieval.data.loaders.FORMATS`) and ``prepared``."""
 Fusion = Literal["none", "sum", "concat", "gated", "nova"]
 """``ModelConfig.fusion``: how sasrec and bert4rec fuse side information (``towers.side.FUSIONS``)."""
+Similarity = Literal["dot", "cosine"]
+"""``ModelConfig.similarity``: how a user vector scores an item (:mod:`retrieval.training.model`)."""
 Objective = Literal["last", "all_positions", "cloze"]
 """``TrainConfig.objective``: the training examples (:mod:`retrieval.training.examples`)."""
 Loss = Literal["sampled_softmax", "full_softmax", "in_batch", "mixed", "bce", "gbce"]
@@ -41,6 +43,7 @@ Strategy = Literal["default", "mirrored", "multi-worker"]
 TRAINING_PROTOCOLS: tuple[TrainingProtocol, ...] = typing.get_args(TrainingProtocol)
 DATA_FORMATS: tuple[DataFormat, ...] = typing.get_args(DataFormat)
 FUSIONS: tuple[Fusion, ...] = typing.get_args(Fusion)
+SIMILARITIES: tuple[Similarity, ...] = typing.get_args(Similarity)
 OBJECTIVES: tuple[Objective, ...] = typing.get_args(Objective)
 LOSSES: tuple[Loss, ...] = typing.get_args(Loss)
 SAMPLERS: tuple[Sampler, ...] = typing.get_args(Sampler)
@@ -105,6 +108,11 @@ class ModelConfig:
     block's mixing (BSARec's α; 1 − α goes to self-attention, 0 = SASRec's block) and how many
     of the lowest rFFT frequencies over ``max_len`` positions its low-pass keeps (the mean
     included; the authors' ``c`` keeps ``c // 2 + 1``).
+
+    ``similarity`` is how a user vector scores an item: ``dot`` (the inner product) or
+    ``cosine`` (both vectors scaled to unit length: the user tower's interests, and the item
+    vectors the loss scores and the index holds; the history the tower reads is not scaled).
+    Cosine logits lie in [-1, 1], so train it with a ``train.temperature`` well below 1.
     """
 
     tower: str = "sa"
@@ -122,6 +130,7 @@ class ModelConfig:
     id_dropout: float = 0.0  # share of item vectors trained on their attributes alone (cold start)
     filter_alpha: float = 0.7  # bsarec: the filter's share of the mixing (BSARec's α)
     filter_cutoff: int = 3  # bsarec: rFFT frequencies the low-pass keeps
+    similarity: Similarity = "dot"  # or "cosine": unit-length interests and item vectors
 
     def __post_init__(self) -> None:
         check_fields(self)

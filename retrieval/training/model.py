@@ -11,10 +11,12 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from keras import ops
 
+from retrieval.artifacts.arrays import unit_rows
 from retrieval.artifacts.model import TOWER_TABLE
 from retrieval.data.features import SideVocab
-from retrieval.training.config import FUSIONS, ModelConfig
+from retrieval.training.config import FUSIONS, SIMILARITIES, ModelConfig, Similarity
 from retrieval.training.losses.task import RetrievalTask
 from towers import ItemTower, UserTower, build_user_tower
 from towers.registry import tower_class
@@ -25,12 +27,17 @@ class TwoTowerModel(keras.Model):
     """User tower + item tower trained by a :class:`~retrieval.training.losses.task.RetrievalTask`.
 
     ``call({"items": [B, L]})`` returns the interests ``[B, K, d]``; ``fit`` takes
-    ``(inputs, target_ids [B])``. The task is attached for training and is not saved.
+    ``(inputs, target_ids [B])``. The task is attached for training and is not saved. With
+    ``similarity="cosine"`` the interests and the item vectors the task scores are unit length
+    (:func:`scoring_table` gives the items' for the index).
     """
 
-    def __init__(self, user_tower: UserTower, **kwargs: Any) -> None:
+    def __init__(self, user_tower: UserTower, similarity: Similarity = "dot", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if similarity not in SIMILARITIES:
+            raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
         self.user_tower = user_tower
+        self.similarity = similarity
         self.task: RetrievalTask | None = None
         self.objective = user_tower.objectives[0]
 
@@ -50,8 +57,13 @@ class TwoTowerModel(keras.Model):
 
     def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
         if training and self.objective != "last":
-            return self.user_tower.sequence_output(inputs, training=True)  # [B, L, d]
-        return self.user_tower(inputs, training=training)  # [B, K, d]
+            return self._scored(self.user_tower.sequence_output(inputs, training=True))  # [B, L, d]
+        return self._scored(self.user_tower(inputs, training=training))  # [B, K, d]
+
+    def _scored(self, vectors: Any) -> Any:
+        """``vectors [..., d]`` as the similarity scores them: unit length for cosine (a zero
+        vector, a masked interest, stays zero)."""
+        return ops.normalize(vectors, axis=-1) if self.similarity == "cosine" else vectors
 
     def compute_loss(
         self,
@@ -65,7 +77,7 @@ class TwoTowerModel(keras.Model):
             raise RuntimeError(
                 "attach a task (model.task = retrieval.training.losses.task.build_task(...)) before training"
             )
-        loss = self.task(y_pred, y, lambda ids: self.item_tower.candidates(ids, training=training))
+        loss = self.task(y_pred, y, lambda ids: self._scored(self.item_tower.candidates(ids, training)))
         if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
             loss = loss + tf.add_n(self.losses)
         if training and self.task.contrastive_weight > 0:  # DuoRec: a second pass, other dropout masks
@@ -73,7 +85,11 @@ class TwoTowerModel(keras.Model):
         return loss
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "user_tower": keras.saving.serialize_keras_object(self.user_tower)}
+        return {
+            **super().get_config(),
+            "user_tower": keras.saving.serialize_keras_object(self.user_tower),
+            "similarity": self.similarity,
+        }
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TwoTowerModel:
@@ -145,7 +161,8 @@ def build_model(
         id_dropout=config.id_dropout,
     )
     model = TwoTowerModel(
-        build_user_tower(config.tower, item_tower=item_tower, max_len=config.max_len, **options)
+        build_user_tower(config.tower, item_tower=item_tower, max_len=config.max_len, **options),
+        similarity=config.similarity,
     )
     model.user_tower.build()
     if use_attributes:
@@ -161,6 +178,14 @@ def item_table(model: TwoTowerModel) -> np.ndarray:
     table = np.array(model.item_tower.all_items(), np.float32)
     table[0] = 0.0
     return table
+
+
+def scoring_table(model: TwoTowerModel, table: np.ndarray | None = None) -> np.ndarray:
+    """The item vectors a user vector scores, float32 ``[num_embeddings, d]``: ``table``
+    (default :func:`item_table`), itself, or its rows scaled to unit length when
+    ``model.similarity`` is cosine. What the index and evaluation read."""
+    table = item_table(model) if table is None else table
+    return unit_rows(table) if model.similarity == "cosine" else table
 
 
 def export_user_tower(

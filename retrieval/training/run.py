@@ -57,7 +57,7 @@ from retrieval.training.examples import mask_items
 from retrieval.training.inputs import open_training_data
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import RetrievalTask, build_task
-from retrieval.training.model import TwoTowerModel, build_model, export_user_tower, item_table
+from retrieval.training.model import TwoTowerModel, build_model, export_user_tower, item_table, scoring_table
 from retrieval.training.optimizer import make_optimizer
 from retrieval.training.validation import FullRankingValidation, live_artifact
 
@@ -443,6 +443,7 @@ def save_model(
     ``attributes`` (external item id -> attribute values, e.g. genres) is saved when given.
     """
     table = item_table(model)
+    scored = scoring_table(model, table)
     meta = {
         "tower": config.model.tower,
         "dim": int(table.shape[1]),
@@ -455,6 +456,7 @@ def save_model(
         "fusion": config.model.fusion,
         "explanation": model.user_tower.explanation,
         "tower_items": len(vocab),
+        "similarity": model.similarity,
     }
     with write_artifact(out, KIND, meta, overwrite=overwrite) as tmp:
         config.save(tmp / "config.json")
@@ -466,6 +468,9 @@ def save_model(
         if model.item_tower.attribute_embedding is not None:  # what embeds items added later
             np.save(tmp / ATTRIBUTE_EMBEDDINGS_FILE, np.asarray(model.item_tower.attribute_table, np.float32))
         export_user_tower(model, tmp / TOWER_DIR, ("items", *side.event_features), table)
-        link_or_copy(tmp / TOWER_TABLE_FILE, tmp / EMBEDDINGS_FILE)  # one file: pages shared
+        if scored is table:
+            link_or_copy(tmp / TOWER_TABLE_FILE, tmp / EMBEDDINGS_FILE)  # one file: pages shared
+        else:  # cosine: the index's vectors are unit length, the tower reads the trained ones
+            np.save(tmp / EMBEDDINGS_FILE, scored)
         model.save(tmp / "model.keras")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))

@@ -12,7 +12,7 @@ import tensorflow as tf
 from retrieval.artifacts.model import ModelArtifact, UserVectorsFn
 from retrieval.data.features import SideVocab
 from retrieval.data.vocab import ItemVocab
-from retrieval.training.model import TwoTowerModel
+from retrieval.training.model import TwoTowerModel, scoring_table
 
 if TYPE_CHECKING:
     from retrieval.training.inputs import TrainingData
@@ -48,7 +48,7 @@ def live_artifact(
     ``tower``: the model's :func:`live_tower`, when the caller keeps one across evaluations
     (each new one is traced again); by default a new one.
     """
-    table = np.array(model.item_tower.all_items())
+    table = scoring_table(model)
     manifest = {"version": "training", "max_len": max_len, "num_interests": model.user_tower.num_interests}
     return ModelArtifact(None, manifest, vocab, table, tower or live_tower(model, side), side)
 

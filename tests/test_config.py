@@ -86,7 +86,7 @@ def test_save_and_load_round_trip(tmp_path) -> None:
 
 OPTIONS = {
     DataConfig: {"format", "protocol", "timestamp_unit"},
-    ModelConfig: {"fusion"},
+    ModelConfig: {"fusion", "similarity"},
     TrainConfig: {"objective", "loss", "sampler", "interest_selection", "lr_schedule", "lr_scaling"},
     RankerConfig: {"item_init", "unclicked", "retrieval_fit"},
 }

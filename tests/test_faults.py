@@ -248,11 +248,21 @@ def test_a_bit_flip_anywhere_in_the_model_manifest_is_refused(
     # Only "created" is free text; the keys of fields that are only cross-checked may be hit
     # (the field is then missing, which changes nothing; a missing "explanation" reads as a
     # model from before explanations, which has none to give, like this YouTube DNN; a missing
-    # "tower_items" reads as every item, as in a model from before catalogue changes); flips
+    # "tower_items" reads as every item, as in a model from before catalogue changes; a missing
+    # "similarity" reads as dot, as in a model from before cosine similarity); flips
     # that keep the content are skipped.
     model_dir, index_dir = copy(trained[0], tmp_path), trained[1]
     original = (model_dir / "manifest.json").read_bytes()
-    optional = {"created", "data", "fusion", "inputs", "side_features", "explanation", "tower_items"}
+    optional = {
+        "created",
+        "data",
+        "fusion",
+        "inputs",
+        "side_features",
+        "explanation",
+        "tower_items",
+        "similarity",
+    }
     refused = tried = 0
     for at, flipped in flips(original):
         tried += 1

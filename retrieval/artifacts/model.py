@@ -539,7 +539,9 @@ def _check_against_config(path: Path, manifest: dict[str, Any], side: SideVocab,
             section, data = dict(config["model"]), dict(config["data"])
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise ArtifactError(f"{path / CONFIG_FILE} is not a valid configuration: {e}") from e
-        pairs += [(key, manifest.get(key), section.get(key)) for key in ("tower", "max_len", "fusion")]
+        defaults = {"similarity": "dot"}  # a model from before cosine similarity
+        keys = ("tower", "max_len", "fusion", "similarity")
+        pairs += [(key, manifest.get(key), section.get(key, defaults.get(key))) for key in keys]
         pairs += [
             ("dim", manifest.get("dim"), section.get("dim")),
             ("data", manifest.get("data"), data.get("path")),

@@ -60,6 +60,8 @@ _TUNED: dict[str, tuple[tuple[str, ...], str]] = {
             "train.warmup_steps=200",
             "train.lr_schedule=cosine",
             "model.dim=128",
+            "model.similarity=cosine",
+            "train.temperature=0.05",
         ),
         "tuned on Beauty: validation NDCG@10 under the loo protocol",
     ),

@@ -272,7 +272,7 @@ def held_out_vectors(model: ModelArtifact, held: HeldOut) -> tuple[np.ndarray, n
     vectors = np.zeros((len(held.items), model.dim), np.float32)
     if embeddable.any():
         chosen = [held.attributes[i] for i, e in zip(held.items, embeddable, strict=True) if e]
-        vectors[embeddable] = cold_vectors(model.side, model.attribute_embeddings, chosen)
+        vectors[embeddable] = cold_vectors(model.side, model.attribute_embeddings, chosen, model.similarity)
     return vectors, embeddable
 
 

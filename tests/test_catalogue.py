@@ -150,6 +150,9 @@ def test_cold_vectors_are_the_trained_item_towers_attribute_part(deployed: Path)
     )
     with pytest.raises(ValueError, match="1 items have no attribute the model knows"):
         cold_vectors(model.side, model.attribute_embeddings, [["never-seen"]])
+    # A cosine model's cold vectors are at unit length, as its item_embeddings are.
+    unit = cold_vectors(model.side, model.attribute_embeddings, [attributes[i] for i in ids], "cosine")
+    np.testing.assert_allclose(unit, expected / np.linalg.norm(expected, axis=1, keepdims=True), rtol=1e-5)
 
 
 # --- add-items through a watching server -----------------------------------------------------------

@@ -93,6 +93,7 @@ def cosine_model(synthetic_csv, tmp_path_factory):
 def test_a_cosine_artifact_indexes_unit_vectors_and_its_tower_reads_the_trained_ones(cosine_model) -> None:
     manifest = json.loads((cosine_model / "manifest.json").read_text())
     assert manifest["similarity"] == "cosine"
+    assert load_model(cosine_model).similarity == "cosine"
     indexed, read = np.load(cosine_model / EMBEDDINGS_FILE), np.load(cosine_model / TOWER_TABLE_FILE)
     np.testing.assert_allclose(np.linalg.norm(indexed[1:], axis=1), 1.0, rtol=1e-5)
     trained = keras.saving.load_model(cosine_model / "model.keras")

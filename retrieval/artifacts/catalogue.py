@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from index import check_mips_norm
-from retrieval.artifacts.arrays import load_vectors
+from retrieval.artifacts.arrays import load_vectors, unit_rows
 from retrieval.artifacts.changes import (
     CHANGE_VECTORS_FILE,
     CHANGES_FILE,
@@ -127,11 +127,15 @@ def _refuse_repeats(ids: Sequence[str], where: str) -> None:
 
 
 def cold_vectors(
-    side: SideVocab, attribute_embeddings: np.ndarray, attributes: Sequence[Sequence[str]]
+    side: SideVocab,
+    attribute_embeddings: np.ndarray,
+    attributes: Sequence[Sequence[str]],
+    similarity: str = "dot",
 ) -> np.ndarray:
     """The item tower's vectors of items it never saw, from their attributes: float32 ``[n, d]``,
     the mean embedding of each item's first ``side.max_attributes`` distinct known attributes
-    (``towers.item.ItemTower.attributes``).
+    (``towers.item.ItemTower.attributes``), at unit length for a model whose ``similarity`` is
+    ``"cosine"`` (as its ``item_embeddings``).
 
     Raises:
         ValueError: an item without any attribute the model knows (it has no vector).
@@ -143,7 +147,7 @@ def cold_vectors(
             f"{int((counts == 0).sum())} items have no attribute the model knows, e.g. "
             f"{list(attributes[first])[:5]}: they cannot be embedded"
         )
-    return vectors
+    return unit_rows(vectors) if similarity == "cosine" else vectors
 
 
 def _attribute_means(

@@ -127,6 +127,12 @@ class ModelArtifact:
         return "unavailable"
 
     @property
+    def similarity(self) -> str:
+        """How the model scores an item: ``"dot"`` or ``"cosine"`` (its ``item_embeddings`` and
+        interests at unit length); a model from before cosine similarity is ``"dot"``."""
+        return str(self.manifest.get("similarity", "dot"))
+
+    @property
     def max_len(self) -> int:
         return int(self.manifest["max_len"])
 

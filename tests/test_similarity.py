@@ -90,6 +90,13 @@ def cosine_model(synthetic_csv, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def cosine_index(cosine_model):
+    index_dir = cosine_model.parent / "index"
+    assert run_tool("build_index", "--model", str(cosine_model), "--out", str(index_dir)) == 0
+    return index_dir
+
+
 def test_a_cosine_artifact_indexes_unit_vectors_and_its_tower_reads_the_trained_ones(cosine_model) -> None:
     manifest = json.loads((cosine_model / "manifest.json").read_text())
     assert manifest["similarity"] == "cosine"
@@ -102,10 +109,8 @@ def test_a_cosine_artifact_indexes_unit_vectors_and_its_tower_reads_the_trained_
     np.testing.assert_allclose(indexed, scoring_table(trained), rtol=1e-6)
 
 
-def test_served_cosine_results_equal_a_brute_force_over_unit_vectors(cosine_model, tmp_path) -> None:
-    index_dir = tmp_path / "index"
-    assert run_tool("build_index", "--model", str(cosine_model), "--out", str(index_dir)) == 0
-    retriever = Retriever.from_dirs(cosine_model, index_dir)
+def test_served_cosine_results_equal_a_brute_force_over_unit_vectors(cosine_model, cosine_index) -> None:
+    retriever = Retriever.from_dirs(cosine_model, cosine_index)
     trained = keras.saving.load_model(cosine_model / "model.keras")
     model = load_model(cosine_model)
     # The reference scales the Keras towers' raw outputs itself: not the artifact's vectors.
@@ -121,10 +126,8 @@ def test_served_cosine_results_equal_a_brute_force_over_unit_vectors(cosine_mode
         assert all(-1.0 - 1e-5 <= score <= 1.0 + 1e-5 for _, score, _ in got.items)  # cosines
 
 
-def test_a_cosine_model_refuses_catalogue_changes(cosine_model, tmp_path) -> None:
-    index_dir = tmp_path / "index"
-    assert run_tool("build_index", "--model", str(cosine_model), "--out", str(index_dir)) == 0
+def test_a_cosine_model_refuses_catalogue_changes(cosine_model, cosine_index, tmp_path) -> None:
     root = tmp_path / "live"
-    publish_deployment(cosine_model, index_dir, root)
+    publish_deployment(cosine_model, cosine_index, root)
     with pytest.raises(ArtifactError, match="scores by cosine similarity"):
         change_catalogue(root, [CatalogueItem("new", ("a",), None)])

@@ -27,9 +27,11 @@ def load_vectors(file: Path, rows: int, dim: int, *, mmap: Literal["r", "c"] | N
     return checked_vectors(table, rows, dim, str(file))
 
 
-def unit_rows(vectors: np.ndarray) -> np.ndarray:
-    """``vectors [n, d]`` scaled to unit length, zero rows left zero (float32): item vectors
-    of a model whose ``similarity`` is cosine."""
+def scored_rows(vectors: np.ndarray, similarity: str) -> np.ndarray:
+    """Item vectors ``[n, d]`` as a model of ``similarity`` scores them: ``vectors`` itself for
+    ``"dot"``, scaled to unit length (zero rows left zero, float32) for ``"cosine"``."""
+    if similarity != "cosine":
+        return vectors
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return (vectors / np.maximum(norms, np.finfo(np.float32).tiny)).astype(np.float32)
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from index import check_mips_norm
-from retrieval.artifacts.arrays import load_vectors, unit_rows
+from retrieval.artifacts.arrays import load_vectors, scored_rows
 from retrieval.artifacts.changes import (
     CHANGE_VECTORS_FILE,
     CHANGES_FILE,
@@ -49,6 +49,7 @@ from retrieval.artifacts.model import (
     VOCAB_FILE,
     load_catalogue,
     load_vocab,
+    manifest_similarity,
     read_item_attributes,
 )
 from retrieval.data.features import SideVocab, attribute_table
@@ -147,7 +148,7 @@ def cold_vectors(
             f"{int((counts == 0).sum())} items have no attribute the model knows, e.g. "
             f"{list(attributes[first])[:5]}: they cannot be embedded"
         )
-    return unit_rows(vectors) if similarity == "cosine" else vectors
+    return scored_rows(vectors, similarity)
 
 
 def _attribute_means(
@@ -184,9 +185,9 @@ def _read_current(model_dir: Path) -> _Current:
     """
     manifest = read_manifest(model_dir, KIND, verify=False)
     listed = set(manifest.get("files", {}))
-    if manifest.get("similarity", "dot") != "dot":
+    if (similarity := manifest_similarity(manifest)) != "dot":
         raise ArtifactError(
-            f"model {manifest['version']} scores by {manifest['similarity']} similarity: catalogue "
+            f"model {manifest['version']} scores by {similarity} similarity: catalogue "
             "changes derive new vectors from the trained ones, which only a dot-product model "
             "(model.similarity=dot) keeps unchanged; retrain to change its catalogue"
         )

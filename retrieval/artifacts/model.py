@@ -128,9 +128,8 @@ class ModelArtifact:
 
     @property
     def similarity(self) -> str:
-        """How the model scores an item: ``"dot"`` or ``"cosine"`` (its ``item_embeddings`` and
-        interests at unit length); a model from before cosine similarity is ``"dot"``."""
-        return str(self.manifest.get("similarity", "dot"))
+        """How the model scores an item (:func:`manifest_similarity`)."""
+        return manifest_similarity(self.manifest)
 
     @property
     def max_len(self) -> int:
@@ -510,6 +509,8 @@ def compiled_tower(exported: Any, table: Any = None) -> UserVectorsFn:
 VOCAB_FILE = "vocab.json"
 CONFIG_FILE = "config.json"
 EMBEDDINGS_FILE = "item_embeddings.npy"
+DEFAULT_SIMILARITY = "dot"
+"""The ``similarity`` of a model whose manifest does not say (written before cosine similarity)."""
 TOWER_DIR = "user_tower"
 TOWER_TABLE = "item_vectors.npy"
 TOWER_TABLE_FILE = f"{TOWER_DIR}/{TOWER_TABLE}"
@@ -532,6 +533,13 @@ def _listed_file(path: Path, listed: set[str], name: str) -> Path:
     return contained_file(path, name)
 
 
+def manifest_similarity(manifest: dict[str, Any]) -> str:
+    """How a model scores an item, from its manifest: ``"dot"`` or ``"cosine"`` (its
+    ``item_embeddings`` and interests at unit length); a model from before cosine similarity is
+    ``"dot"``."""
+    return str(manifest.get("similarity", DEFAULT_SIMILARITY))
+
+
 def _check_against_config(path: Path, manifest: dict[str, Any], side: SideVocab, listed: set[str]) -> None:
     """The manifest repeats what ``config.json`` and the side vocabulary say (tower, sizes, data,
     inputs); both are checksummed, so a manifest field that disagrees was damaged."""
@@ -545,7 +553,7 @@ def _check_against_config(path: Path, manifest: dict[str, Any], side: SideVocab,
             section, data = dict(config["model"]), dict(config["data"])
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise ArtifactError(f"{path / CONFIG_FILE} is not a valid configuration: {e}") from e
-        defaults = {"similarity": "dot"}  # a model from before cosine similarity
+        defaults = {"similarity": DEFAULT_SIMILARITY}  # a model from before cosine similarity
         keys = ("tower", "max_len", "fusion", "similarity")
         pairs += [(key, manifest.get(key), section.get(key, defaults.get(key))) for key in keys]
         pairs += [

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from retrieval.artifacts.arrays import unit_rows
+from retrieval.artifacts.arrays import scored_rows
 from retrieval.artifacts.model import TOWER_TABLE
 from retrieval.data.features import SideVocab
 from retrieval.training.config import FUSIONS, SIMILARITIES, ModelConfig, Similarity
@@ -185,7 +185,7 @@ def scoring_table(model: TwoTowerModel, table: np.ndarray | None = None) -> np.n
     (default :func:`item_table`), itself, or its rows scaled to unit length when
     ``model.similarity`` is cosine. What the index and evaluation read."""
     table = item_table(model) if table is None else table
-    return unit_rows(table) if model.similarity == "cosine" else table
+    return scored_rows(table, model.similarity)
 
 
 def export_user_tower(

@@ -70,6 +70,8 @@ class BSARecTower(FrequencyTower):
         side_features: dict[str, int] | None = None,
         filter_alpha: float = 0.7,
         filter_cutoff: int = 3,
+        ffn_multiplier: int = 1,
+        block: str = "pre_ln",
         **kwargs: Any,
     ) -> None:
         if not 0.0 <= filter_alpha <= 1.0:
@@ -84,12 +86,20 @@ class BSARecTower(FrequencyTower):
             dropout,
             fusion,
             side_features,
+            ffn_multiplier,
+            block,
             **kwargs,
         )
 
     def make_block(self) -> SequenceBlock:
         return BSARecBlock(
-            self.dim, self.num_heads, self.max_len, self.filter_alpha, self.filter_cutoff, self.dropout_rate
+            self.dim,
+            self.num_heads,
+            self.max_len,
+            self.filter_alpha,
+            self.filter_cutoff,
+            self.dropout_rate,
+            **self.block_options(),
         )
 
     def get_config(self) -> dict[str, Any]:

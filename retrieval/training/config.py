@@ -23,6 +23,8 @@ DataFormat = Literal["movielens", "s3rec", "sasrec", "table", "recbole", "prepar
 """``DataConfig.format``: the loaders' formats (:data:`retrieval.data.loaders.FORMATS`) and ``prepared``."""
 Fusion = Literal["none", "sum", "concat", "gated", "nova"]
 """``ModelConfig.fusion``: how sasrec and bert4rec fuse side information (``towers.side.FUSIONS``)."""
+Block = Literal["pre_ln", "ligr"]
+"""``ModelConfig.block``: how a transformer block adds to its stream (``towers.transformer.BLOCKS``)."""
 Similarity = Literal["dot", "cosine"]
 """``ModelConfig.similarity``: how a user vector scores an item (:mod:`retrieval.training.model`)."""
 Objective = Literal["last", "all_positions", "cloze"]
@@ -44,6 +46,7 @@ TRAINING_PROTOCOLS: tuple[TrainingProtocol, ...] = typing.get_args(TrainingProto
 DATA_FORMATS: tuple[DataFormat, ...] = typing.get_args(DataFormat)
 FUSIONS: tuple[Fusion, ...] = typing.get_args(Fusion)
 SIMILARITIES: tuple[Similarity, ...] = typing.get_args(Similarity)
+BLOCKS: tuple[Block, ...] = typing.get_args(Block)
 OBJECTIVES: tuple[Objective, ...] = typing.get_args(Objective)
 LOSSES: tuple[Loss, ...] = typing.get_args(Loss)
 SAMPLERS: tuple[Sampler, ...] = typing.get_args(Sampler)
@@ -113,6 +116,11 @@ class ModelConfig:
     ``cosine`` (both vectors scaled to unit length: the user tower's interests, and the item
     vectors the loss scores and the index holds; the history the tower reads is not scaled).
     Cosine logits lie in [-1, 1], so train it with a ``train.temperature`` well below 1.
+
+    ``ffn_multiplier`` and ``block`` shape every block of the transformer towers (sasrec,
+    bert4rec, fmlprec, bsarec): the feed-forward's hidden width in multiples of ``dim``, and
+    ``pre_ln`` (``x + f(LN(x))``, GELU feed-forward) or ``ligr`` (each addition gated by
+    ``sigmoid(W x)``, SwiGLU feed-forward: the LiGR layers of eSASRec).
     """
 
     tower: str = "sa"
@@ -131,6 +139,8 @@ class ModelConfig:
     filter_alpha: float = 0.7  # bsarec: the filter's share of the mixing (BSARec's α)
     filter_cutoff: int = 3  # bsarec: rFFT frequencies the low-pass keeps
     similarity: Similarity = "dot"  # or "cosine": unit-length interests and item vectors
+    ffn_multiplier: int = 1  # transformer towers: feed-forward hidden width / dim
+    block: Block = "pre_ln"  # transformer towers: or "ligr" (gated residuals, SwiGLU)
 
     def __post_init__(self) -> None:
         check_fields(self)

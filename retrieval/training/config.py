@@ -167,11 +167,6 @@ class TrainConfig:
     of a sequence together and pushes those of sequences with another target apart
     (:func:`retrieval.training.losses.nt_xent`).
 
-    ``exclude_history`` leaves each target's history (the input items at or before its
-    position) out of its negatives, as evaluation and serving leave a user's history out of the
-    answers (:mod:`retrieval.training.losses.history`); a repeat of a history item stays a
-    positive.
-
     The loop: Adam, AdamW when ``weight_decay`` > 0, ``seed`` fixing initial weights, data
     order, negatives and dropout (the same seed repeats a run, also across a resume).
 
@@ -223,7 +218,6 @@ class TrainConfig:
     label_aware_power: float = 1.0  # MIND's p, for interest_selection="label_aware"
     contrastive_weight: float = 0.0  # > 0: DuoRec's contrastive regulariser, times this weight
     contrastive_temperature: float = 1.0  # the regulariser's logits are divided by it
-    exclude_history: bool = False  # leave each target's history out of its negatives
     weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
     lr_schedule: LrSchedule = "constant"  # cosine, linear: decay to 0 by the last step
     warmup_steps: int = 0

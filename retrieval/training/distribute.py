@@ -130,8 +130,8 @@ class GlobalBatchTask(RetrievalTask):
     def variables(self) -> list[Any]:
         return self.task.variables
 
-    def __call__(self, outputs: Any, target_ids: Any, embed: Callable[[Any], Any], items: Any = None) -> Any:
-        losses, _ = self.task.per_example(outputs, target_ids, embed, items)  # [M] on this replica
+    def __call__(self, outputs: Any, target_ids: Any, embed: Callable[[Any], Any]) -> Any:
+        losses, _ = self.task.per_example(outputs, target_ids, embed)  # [M] on this replica
         replica = tf.distribute.get_replica_context()
         local = tf.reduce_sum(losses)
         count = tf.cast(tf.size(losses), local.dtype)

@@ -77,10 +77,7 @@ class TwoTowerModel(keras.Model):
             raise RuntimeError(
                 "attach a task (model.task = retrieval.training.losses.task.build_task(...)) before training"
             )
-        items = x["items"] if self.task.exclude_history else None
-        loss = self.task(
-            y_pred, y, lambda ids: self._scored(self.item_tower.candidates(ids, training)), items
-        )
+        loss = self.task(y_pred, y, lambda ids: self._scored(self.item_tower.candidates(ids, training)))
         if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
             loss = loss + tf.add_n(self.losses)
         if training and self.task.contrastive_weight > 0:  # DuoRec: a second pass, other dropout masks

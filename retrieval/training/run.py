@@ -86,7 +86,6 @@ def build_training_task(config: TrainConfig, counts: np.ndarray, as_targets: np.
         label_aware_power=config.label_aware_power,
         contrastive_weight=config.contrastive_weight,
         contrastive_temperature=config.contrastive_temperature,
-        exclude_history=config.exclude_history,
     )
 
 

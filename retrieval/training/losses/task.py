@@ -10,7 +10,6 @@ import tensorflow as tf
 
 from retrieval.training.config import INTEREST_SELECTIONS, LOSSES
 from retrieval.training.losses.contrastive import nt_xent, sequence_views
-from retrieval.training.losses.history import history_hits, target_histories
 from retrieval.training.losses.interests import (
     interest_scores,
     label_aware_attention,
@@ -41,9 +40,6 @@ class RetrievalTask:
         contrastive_weight: the weight of DuoRec's contrastive regulariser (:meth:`contrastive`)
             in the training loss (0 = off).
         contrastive_temperature: its logits are divided by it.
-        exclude_history: leave out of each target's negatives the items of its history (the
-            inputs at or before its position, :mod:`~retrieval.training.losses.history`), as
-            evaluation and serving leave them out of the answers; the call then needs ``items``.
     """
 
     def __init__(
@@ -57,7 +53,6 @@ class RetrievalTask:
         label_aware_power: float = 1.0,
         contrastive_weight: float = 0.0,
         contrastive_temperature: float = 1.0,
-        exclude_history: bool = False,
     ) -> None:
         if not negatives:
             raise ValueError("a retrieval task needs at least one source of negatives")
@@ -83,7 +78,6 @@ class RetrievalTask:
         self.label_aware_power = label_aware_power
         self.contrastive_weight = contrastive_weight
         self.contrastive_temperature = contrastive_temperature
-        self.exclude_history = exclude_history
 
     @property
     def variables(self) -> list[Any]:
@@ -104,12 +98,9 @@ class RetrievalTask:
         count = tf.add_n([s.expected_count(ids, num_positives) for s in self.negatives])
         return tf.math.log(tf.maximum(count, 1e-30))
 
-    def per_example(
-        self, outputs: Any, target_ids: Any, embed: Callable[[Any], Any], items: Any = None
-    ) -> tuple[Any, Any]:
+    def per_example(self, outputs: Any, target_ids: Any, embed: Callable[[Any], Any]) -> tuple[Any, Any]:
         """Loss per real target ``[M]`` and those targets' ids ``[M]`` (arguments as :meth:`__call__`)."""
         target_ids = tf.cast(target_ids, tf.int32)
-        histories = self._histories(items, target_ids)
         if target_ids.shape.rank == 2:
             at = tf.where(target_ids > 0)  # [M, 2] (row, position) of every real target
             query, target_ids = tf.gather_nd(outputs, at), tf.gather_nd(target_ids, at)  # [M, d], [M]
@@ -118,7 +109,7 @@ class RetrievalTask:
             positive = embed(target_ids)  # [B, d]
             query = self.select(outputs, positive)  # [B, d], or [B, K, d] for "max"
         if self._catalogue_softmax:
-            return self._catalogue_cross_entropy(query, target_ids, embed, histories), target_ids
+            return self._catalogue_cross_entropy(query, target_ids, embed), target_ids
         m = tf.shape(target_ids)[0]
         positive_log_q = self._log_q(target_ids, m)  # [M]
         pos_logit, neg_logits, valid = None, [], []
@@ -136,22 +127,9 @@ class RetrievalTask:
                 self.remove_accidental_hits,
             )
             neg_logits.append(neg)
-            valid.append(ok if histories is None else ok & ~history_hits(histories, ids))
+            valid.append(ok)
         loss = self.loss(pos_logit, tf.concat(neg_logits, 1), tf.concat(valid, 1))
         return loss, target_ids
-
-    def _histories(self, items: Any, target_ids: Any) -> Any:
-        """Each real target's history without the target itself ``[M, L]``, or None when the
-        history is not excluded."""
-        if not self.exclude_history:
-            return None
-        if items is None:
-            raise ValueError("exclude_history needs the input items: call the task with items=")
-        histories = target_histories(items, target_ids)
-        targets = (
-            tf.gather_nd(target_ids, tf.where(target_ids > 0)) if target_ids.shape.rank == 2 else target_ids
-        )
-        return tf.where(histories == targets[:, None], 0, histories)  # a repeat stays a positive
 
     @property
     def _catalogue_softmax(self) -> bool:
@@ -164,9 +142,7 @@ class RetrievalTask:
             and self.remove_accidental_hits
         )
 
-    def _catalogue_cross_entropy(
-        self, query: Any, target_ids: Any, embed: Callable[[Any], Any], histories: Any = None
-    ) -> Any:
+    def _catalogue_cross_entropy(self, query: Any, target_ids: Any, embed: Callable[[Any], Any]) -> Any:
         """``-log softmax`` of each target over items ``1..V-1``, ``[M]``. The generic path's
         logits minus the positive's column (its accidental hit) plus the positive's own logit
         are exactly these logits, and ``log Q = 0`` for every item; the fused op avoids copying
@@ -175,13 +151,10 @@ class RetrievalTask:
         assert isinstance(source, AllItems)
         ids = source.draw(target_ids)  # [V - 1]: 1..V-1
         logits = interest_scores(query, embed(ids), per_row=False) / self.temperature  # [M, V - 1]
-        if histories is not None:
-            logits = tf.where(history_hits(histories, ids), tf.constant(-1e9, logits.dtype), logits)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=target_ids - 1, logits=logits)
 
-    def __call__(self, outputs: Any, target_ids: Any, embed: Callable[[Any], Any], items: Any = None) -> Any:
-        """Mean loss over the batch's targets; ``embed`` maps ids to ``[.., d]``; ``items`` are
-        the input items ``[B, L]`` (needed with ``exclude_history``).
+    def __call__(self, outputs: Any, target_ids: Any, embed: Callable[[Any], Any]) -> Any:
+        """Mean loss over the batch's targets; ``embed`` maps ids to ``[.., d]``.
 
         Args:
             outputs: interests ``[B, K, d]`` with targets ``[B]`` (one target per row, an
@@ -189,7 +162,7 @@ class RetrievalTask:
                 targets ``[B, L]`` (0 = no target at that position; objectives
                 ``all_positions`` and ``cloze``).
         """
-        return tf.reduce_mean(self.per_example(outputs, target_ids, embed, items)[0])
+        return tf.reduce_mean(self.per_example(outputs, target_ids, embed)[0])
 
     def contrastive(self, outputs: Any, second: Any, target_ids: Any) -> Any:
         """``contrastive_weight`` times the mean NT-Xent (:func:`nt_xent`) between two forward
@@ -261,7 +234,6 @@ def build_task(
     label_aware_power: float = 1.0,
     contrastive_weight: float = 0.0,
     contrastive_temperature: float = 1.0,
-    exclude_history: bool = False,
 ) -> RetrievalTask:
     """The task named ``loss`` (one of :data:`LOSSES`).
 
@@ -322,5 +294,4 @@ def build_task(
         label_aware_power,
         contrastive_weight,
         contrastive_temperature,
-        exclude_history,
     )

@@ -14,7 +14,7 @@ from towers.side import SideInformation
 BLOCKS = ("pre_ln", "ligr")
 """How a block joins its mixing and feed-forward outputs to the stream (``ModelConfig.block``):
 ``pre_ln`` adds them (``x + f(LN(x))``, a GELU feed-forward); ``ligr`` gates each addition by
-``sigmoid(W x)`` and uses a SwiGLU feed-forward (LiGR, Govind et al. 2025, as in eSASRec)."""
+``sigmoid(W x)`` and uses a SwiGLU feed-forward (LiGR, arXiv 2502.03417, as in eSASRec)."""
 
 
 @keras.saving.register_keras_serializable(package="towers")

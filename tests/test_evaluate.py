@@ -14,6 +14,7 @@ from retrieval.data.interactions import build_sequences
 from retrieval.data.loaders import load_interactions
 from retrieval.data.splits import comirec_split, sample_negatives
 from retrieval.data.vocab import ItemVocab
+from retrieval.evaluation import evaluate as evaluate_module
 from retrieval.evaluation.evaluate import candidate_scores, category_codes, exact_top_k, popularity_top_k
 from retrieval.evaluation.paired import (
     USER_METRICS_FILE,
@@ -27,7 +28,7 @@ from tests.helpers import run_tool
 
 def test_exact_top_k_matches_a_naive_loop() -> None:
     rng = np.random.default_rng(0)
-    interests, items = rng.normal(size=(300, 3, 8)), rng.normal(size=(41, 8))  # > one user batch
+    interests, items = rng.normal(size=(300, 3, 8)), rng.normal(size=(41, 8))
     exclude = [rng.choice(np.arange(1, 41), size=rng.integers(0, 10), replace=False) for _ in range(300)]
     got = exact_top_k(interests, items, exclude, 7)
     for u in range(300):
@@ -36,6 +37,28 @@ def test_exact_top_k_matches_a_naive_loop() -> None:
         }
         expected = sorted(best, key=lambda v: -best[v])[:7]
         assert got[u].tolist() == expected
+
+
+@pytest.mark.parametrize("interests_per_user", [1, 3])
+def test_exact_top_k_is_the_same_in_any_batch_size(
+    monkeypatch: pytest.MonkeyPatch, interests_per_user: int
+) -> None:
+    rng = np.random.default_rng(1)
+    interests = rng.normal(size=(50, interests_per_user, 8)).astype(np.float32)
+    interests[7] = 0.0  # every interest masked: nothing is retrievable
+    items = rng.normal(size=(30, 8)).astype(np.float32)
+    exclude = [rng.choice(np.arange(30), size=rng.integers(0, 8), replace=False) for _ in range(50)]
+    whole = exact_top_k(interests, items, exclude, 6)
+    monkeypatch.setattr(evaluate_module, "_SCORES_PER_BATCH", 30 * 4)  # 4 users at a time
+    assert np.array_equal(exact_top_k(interests, items, exclude, 6), whole)
+    assert whole[7].tolist() == [-1] * 6
+    assert all(not set(whole[u]) & set(exclude[u].tolist()) for u in range(50))
+
+
+def test_equal_scores_rank_the_lower_id_first() -> None:
+    items = np.array([[0.0], [1.0], [2.0], [1.0], [2.0], [1.0]], np.float32)
+    got = exact_top_k(np.ones((1, 1, 1), np.float32), items, [np.array([3])], 4)
+    assert got.tolist() == [[2, 4, 1, 5]]
 
 
 def test_small_catalogue_pads_with_minus_one() -> None:

@@ -12,7 +12,8 @@ on a slice of each (:func:`slice_dataset`). Every (dataset, protocol, tower, fus
 training run and one model artifact folder, ``OUT/<dataset>/<protocol>/<tower>-<fusion>/seed<N>``
 (or under ``--runs``, so that the reports of several commands, each in its own ``--out``, share
 their common runs). A run starts from the preset ``<dataset>-<tower>``
-(``retrieval/training/presets.py``) when there is one, then takes the protocol,
+(``retrieval/training/presets.py``) when there is one, else the tower's own (a path: ``<tower>``,
+as ``mitt train`` without ``--preset``), then takes the protocol,
 tower, fusion, seed, ``--epochs`` and every ``--set``. A finished run is read back (its saved
 configuration must be the one asked for), an interrupted one resumes from its last epoch's
 checkpoint, so the benchmark continues where it stopped.
@@ -135,8 +136,8 @@ class Run:
     fold: int = 0
 
     @property
-    def preset(self) -> str | None:
-        """The preset the run starts from: ``<dataset>-<tower>``, when it exists."""
+    def preset(self) -> str:
+        """The preset the run starts from: ``<dataset>-<tower>`` when it exists, else ``<tower>``."""
         return preset_for(self.dataset.preset, self.tower)
 
     def folder(self, out: Path) -> Path:
@@ -238,7 +239,7 @@ def plan(
 def run_config(run: Run, epochs: int | None, overrides: Sequence[str]) -> Config:
     """The run's configuration: defaults, its preset's overrides (not its data path: the run has its
     own), the run's own fields, ``--epochs``, ``--set``."""
-    config = apply_overrides(Config(), get_preset(run.preset).overrides) if run.preset else Config()
+    config = apply_overrides(Config(), get_preset(run.preset).overrides)
     own = [
         f"data.path={run.dataset.path}",
         f"data.protocol={run.protocol}",
@@ -930,7 +931,7 @@ def list_runs(runs: Sequence[Run], configs: Sequence[Config], root: Path) -> Non
             if run_folder(folder).is_dir()
             else "new"
         )
-        print(f"{state:<11} {folder}  (preset {run.preset or '-'}, {config.train.epochs} epochs)")
+        print(f"{state:<11} {folder}  (preset {run.preset}, {config.train.epochs} epochs)")
 
 
 def train_and_report(

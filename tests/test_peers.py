@@ -346,9 +346,10 @@ def test_ours_start_from_the_preset_of_a_preset_dataset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On Beauty our sasrec trains with its tuned preset (negatives, dropout) but the shared sizes
-    and budget, validated every epoch; elsewhere, or with presets off, from the defaults."""
+    and budget, validated every epoch; elsewhere from the tower's own preset; with presets off from
+    the defaults."""
     from retrieval.training.config import Config
-    from retrieval.training.presets import PRESETS
+    from retrieval.training.presets import PRESETS, apply_preset
 
     beauty = str(fake_data_root(tmp_path / "root", monkeypatch) / DATASETS["beauty"])
     run = peers.ModelRun("ours", "sasrec", "loo")
@@ -362,16 +363,16 @@ def test_ours_start_from_the_preset_of_a_preset_dataset(
     assert (config.data.path, config.data.protocol) == ("/tmp/split.txt", "loo")
     assert config.train.temperature == 0.5
 
-    defaults = Config()
-    for s in (
-        dataclasses.replace(settings, presets=False),
-        dataclasses.replace(settings, data=str(tmp_path)),
+    # Presets off: the defaults; data of no preset: the tower's own preset, as mitt train's.
+    for s, preset, base in (
+        (dataclasses.replace(settings, presets=False), None, Config()),
+        (dataclasses.replace(settings, data=str(tmp_path)), "sasrec", apply_preset(Config(), "sasrec")),
     ):
-        assert peers.ours_preset("sasrec", s) is None
+        assert peers.ours_preset("sasrec", s) == preset
         plain = Config.from_dict(peers.ours_config(run, "/tmp/split.txt", s))
         assert (plain.train.num_negatives, plain.model.dropout) == (
-            defaults.train.num_negatives,
-            defaults.model.dropout,
+            base.train.num_negatives,
+            base.model.dropout,
         )
 
 

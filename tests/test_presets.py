@@ -13,7 +13,7 @@ import pytest
 from retrieval.config import apply_overrides
 from retrieval.data import DATA_ROOT_ENV, DATASETS, DataError, dataset_at
 from retrieval.training.config import Config, DataConfig, ModelConfig
-from retrieval.training.presets import PRESETS, TOWERS, apply_preset, get_preset, preset_names
+from retrieval.training.presets import PRESETS, TOWERS, apply_preset, get_preset, preset_for, preset_names
 from tests.helpers import REPO_ROOT
 from towers import tower_names
 
@@ -51,6 +51,23 @@ def test_a_preset_for_any_data_is_the_towers_defaults(
     config, _ = train_tool().parse_args(["--preset", "sasrec", "--data", "mine.csv", "--out", "x"])
     assert config == Config(data=DataConfig(path="mine.csv"), model=ModelConfig(tower="sasrec"))
     assert train_tool().main(["--preset", "sasrec", "--out", "x"]) == 2  # no data
+
+
+def test_without_a_preset_the_tower_s_own_applies() -> None:
+    """``mitt train --model din`` is ``--preset din``: the tower named by any layer (a flag,
+    ``--set``, a config file) picks it, and every later layer still overrides it."""
+    assert preset_for(None, "din") == preset_for("nowhere", "din") == "din"
+    assert preset_for("beauty", "sasrec") == "beauty-sasrec"
+    with pytest.raises(ValueError, match="unknown preset 'gru'"):
+        preset_for(None, "gru")
+    tool = train_tool()
+    for argv in (["--model", "din"], ["--set", "model.tower=din"]):
+        config, _ = tool.parse_args(["--data", "x.csv", "--out", "x", *argv])
+        assert config == apply_overrides(apply_preset(Config(), "din"), ["data.path=x.csv"])
+    config, _ = tool.parse_args(
+        ["--data", "x.csv", "--out", "x", "--model", "din", "--set", "train.patience=7"]
+    )
+    assert config.train.patience == 7 and apply_preset(Config(), "din").train.patience == 2
 
 
 def test_beauty_sasrec_keeps_its_tuned_budget_in_steps() -> None:

@@ -64,10 +64,12 @@ def test_run_config_layers_preset_run_epochs_then_set(monkeypatch: pytest.Monkey
     assert (config.model.fusion, config.model.side_features) == ("nova", "attributes")
     config = quality.run_config(run, 3, ["model.dim=8", "train.learning_rate=0.01"])
     assert (config.train.epochs, config.model.dim, config.train.learning_rate) == (3, 8, 0.01)
-    # A dataset given as a path has no preset: the defaults.
+    # A dataset given as a path starts from the tower's own preset, as mitt train without --preset.
+    own = Preset("sasrec", None, ("model.tower=sasrec", "train.learning_rate=0.002"))
+    monkeypatch.setitem(presets.PRESETS, "sasrec", own)
     plain = quality.Run(quality.Dataset("log", "/x/log.csv"), "loo", "sasrec", "none", "", 1)
-    assert plain.preset is None
-    assert quality.run_config(plain, None, []).train.learning_rate == Config().train.learning_rate
+    assert plain.preset == "sasrec"
+    assert quality.run_config(plain, None, []).train.learning_rate == 0.002
 
 
 def test_a_refit_run_trains_its_loo_runs_best_step(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from retrieval.training.callbacks import (
     save_checkpoint,
 )
 from retrieval.training.config import Config, ModelConfig, TrainConfig
+from retrieval.training.losses.negatives import AllItems
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
 from retrieval.training.model import build_model
@@ -116,6 +117,24 @@ def test_resume_finishes_an_interrupted_run_like_an_uninterrupted_one(
     for a, b in zip(exported[-1], weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     assert not run.exists()  # done: the checkpoints are removed
+
+
+def test_negatives_covering_the_catalogue_train_the_full_softmax() -> None:
+    """Shared sampled negatives at least as many as the items are the full softmax (what they
+    estimate, exactly); fewer, per-target ones or another loss are trained as configured."""
+    counts = np.ones(11)  # 10 items and the padding row
+    cases = [
+        (10, 0, "sampled_softmax", "full_softmax"),
+        (4096, 0, "sampled_softmax", "full_softmax"),
+        (9, 0, "sampled_softmax", "sampled_softmax"),
+        (10, 10, "sampled_softmax", "sampled_softmax"),
+        (10, 0, "bce", "bce"),
+    ]
+    for negatives, per_target, loss, expected in cases:
+        config = TrainConfig(loss=loss, num_negatives=negatives, negatives_per_positive=per_target)
+        assert retrieval.training.run.trained_loss(config, len(counts)) == expected
+        task = retrieval.training.run.build_training_task(config, counts, counts)
+        assert isinstance(task.negatives[0], AllItems) == (expected == "full_softmax"), (negatives, loss)
 
 
 def test_resume_without_a_run_is_an_error(synthetic_csv, tmp_path) -> None:

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 
 def ours_preset(model: str, s: Settings, root: Path | None = None) -> str | None:
-    """The preset our ``model`` starts from: ``<dataset>-<model>`` when ``s.data`` is a named
-    dataset's file under the data ``root`` (default :func:`bench.data.default_data_root`;
-    ``retrieval.data.dataset_at``) and ``s.presets``."""
+    """The preset our ``model`` starts from with ``s.presets`` (else None: the defaults):
+    ``<dataset>-<model>`` when ``s.data`` is a named dataset's file under the data ``root``
+    (default :func:`bench.data.default_data_root`; ``retrieval.data.dataset_at``), else ``<model>``."""
     from retrieval.data import dataset_at
     from retrieval.training import preset_for
 

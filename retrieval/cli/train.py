@@ -9,7 +9,8 @@ mitt train --data runs/big-prepared --out runs/big-sa     # a mitt prepare folde
 TF_CONFIG='{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}' \
     mitt train --data runs/big-prepared --out /shared/runs/big-sa --strategy multi-worker
 
-Settings are applied in order: the defaults (retrieval/training/config.py), --preset, --config
+Settings are applied in order: the defaults (retrieval/training/config.py), --preset (without
+one, the tower's own: --preset sasrec for --model sasrec), --config
 FILE (JSON or YAML, whole or partial; a model folder's config.json repeats its run exactly), the
 flags below, then every --set. A preset's dataset is looked up under --data-root (default
 $MITT_DATA) unless a later layer sets data.path. Every setting is checked before TensorFlow is
@@ -47,6 +48,7 @@ from retrieval.training import (
     ModelConfig,
     TrainConfig,
     get_preset,
+    preset_for,
     preset_names,
 )
 
@@ -71,6 +73,20 @@ FLAG_FIELDS = {
     "seed": "train.seed",
     "lr_scaling": "train.lr_scaling",
 }
+
+
+def _layered(config: Config, args: argparse.Namespace) -> Config:
+    """``config`` under the layers after the preset: --config, --columns, the flags, --set."""
+    if args.config is not None:
+        config = update_config(config, load_config_file(args.config))
+    if args.columns is not None:
+        config = update_config(config, {"data": {"columns": parse_columns(args.columns)}})
+    flags = [
+        f"{field}={getattr(args, dest)}"
+        for dest, field in FLAG_FIELDS.items()
+        if getattr(args, dest) is not None
+    ]
+    return apply_overrides(config, [*flags, *args.set])
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Config, argparse.Namespace]:
@@ -175,19 +191,12 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
-    preset = get_preset(args.preset) if args.preset else None
-    config = apply_overrides(Config(), preset.overrides) if preset else Config()
-    if args.config is not None:
-        config = update_config(config, load_config_file(args.config))
-    if args.columns is not None:
-        config = update_config(config, {"data": {"columns": parse_columns(args.columns)}})
-    flags = [
-        f"{field}={getattr(args, dest)}"
-        for dest, field in FLAG_FIELDS.items()
-        if getattr(args, dest) is not None
-    ]
-    config = apply_overrides(config, [*flags, *args.set])
-    if preset is not None and preset.dataset and not config.data.path:  # unless a later layer named data
+    if args.preset:
+        preset = get_preset(args.preset)
+    else:  # the tower's own preset, for the tower the other layers name
+        preset = get_preset(preset_for(None, _layered(Config(), args).model.tower))
+    config = _layered(apply_overrides(Config(), preset.overrides), args)
+    if preset.dataset and not config.data.path:  # unless a later layer named data
         config = apply_overrides(config, [f"data.path={preset.dataset_path(args.data_root)}"])
     if args.replicas is not None and args.strategy != "mirrored":
         raise ValueError("--replicas is for --strategy mirrored")

@@ -156,10 +156,15 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def preset_for(dataset: str | None, tower: str) -> str | None:
-    """The preset ``<dataset>-<tower>`` when ``dataset`` is given and that preset exists."""
+def preset_for(dataset: str | None, tower: str) -> str:
+    """The preset a run of ``tower`` on ``dataset`` starts from: ``<dataset>-<tower>`` when
+    ``dataset`` is given and that preset exists, else the tower's own (``<tower>``, any data).
+
+    Raises:
+        ValueError: an unknown tower.
+    """
     name = f"{dataset}-{tower}"
-    return name if dataset and name in PRESETS else None
+    return name if dataset and name in PRESETS else get_preset(tower).name
 
 
 def apply_preset(config: Config, name: str, data_root: str | Path | None = None) -> Config:

@@ -64,14 +64,24 @@ from retrieval.training.validation import FullRankingValidation, live_artifact
 log = logging.getLogger(__name__)
 
 
+def trained_loss(config: TrainConfig, num_embeddings: int) -> str:
+    """``config.loss``, except that shared sampled negatives at least as many as the items
+    (``num_embeddings - 1``, padding aside) make the full softmax: the loss they estimate, exact
+    and over fewer logits."""
+    shared = config.negatives_per_positive == 0
+    if config.loss == "sampled_softmax" and shared and config.num_negatives >= num_embeddings - 1:
+        return "full_softmax"
+    return config.loss
+
+
 def build_training_task(config: TrainConfig, counts: np.ndarray, as_targets: np.ndarray) -> RetrievalTask:
-    """The task ``config.loss`` names, its sampler over ``counts`` (training events per item) and
-    its in-batch correction from ``as_targets``, how often each item is a training target
-    (``[num_embeddings]``, :meth:`TrainingData.target_counts`)."""
+    """The task :func:`trained_loss` names, its sampler over ``counts`` (training events per
+    item) and its in-batch correction from ``as_targets``, how often each item is a training
+    target (``[num_embeddings]``, :meth:`TrainingData.target_counts`)."""
     sampler = CandidateSampler.from_counts(counts, config.sampler, config.sampler_alpha, seed=config.seed)
     frequency = np.asarray(as_targets, np.float64)
     return build_task(
-        config.loss,
+        trained_loss(config, len(frequency)),
         sampler=sampler,
         num_negatives=config.num_negatives,
         target_probabilities=frequency / max(frequency.sum(), 1.0),
@@ -153,7 +163,7 @@ class TrainResult:
         train_seconds: training time, validation included.
         train_seconds_per_epoch: each round's training time, validation excluded.
         train_examples: examples per epoch.
-        objective, loss: what was trained (``train.objective`` resolved, ``train.loss``).
+        objective, loss: what was trained (``train.objective`` resolved, :func:`trained_loss`).
         replicas: devices the batch was shared by.
         epochs_trained: whole epochs of the data run.
         best_epoch: the round exported with early stopping, ``None`` without it.
@@ -317,9 +327,11 @@ def _train(
     examples = data.num_examples(model.objective, max_len)
     if not examples:
         raise ValueError(f"{config.data.path}: no training examples (every user needs >= 2 training events)")
+    loss = trained_loss(t, data.vocab.num_embeddings)
     log.info(
-        "%d users, %d items, %d training examples (objective %s, loss %s), %d replica(s)",
-        data.users, len(data.vocab), examples, model.objective, t.loss, replicas,
+        "%d users, %d items, %d training examples (objective %s, loss %s%s), %d replica(s)",
+        data.users, len(data.vocab), examples, model.objective, loss,
+        "" if loss == t.loss else f": {t.num_negatives} negatives cover the catalogue", replicas,
     )  # fmt: skip
     steps = -(-examples // t.batch_size)  # per epoch of the data
     budget = t.budget(steps)
@@ -405,7 +417,7 @@ def _train(
         train_seconds_per_epoch=[round(x, 3) for x in timer.seconds],  # validation excluded
         train_examples=examples,
         objective=model.objective,
-        loss=t.loss,
+        loss=loss,
         replicas=replicas,
         epochs_trained=steps_trained // steps,
         best_epoch=best_round,

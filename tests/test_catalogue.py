@@ -17,11 +17,13 @@ from retrieval.artifacts.deployment import deployment_dirs, publish_deployment
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.artifacts.model import load_model
 from retrieval.artifacts.ranker import LoadedRanker, check_same_vocab
+from retrieval.config import config_to_json
 from retrieval.data.vocab import ItemVocab
 from retrieval.serving.reload import load_deployment, open_deployment
 from retrieval.serving.retriever import Retriever
 from retrieval.storage.manifest import ArtifactError
 from retrieval.storage.versions import resolve_current
+from retrieval.training.config import Config, ModelConfig
 from tests.helpers import ReloadUnderLoad, connected, run_tool
 from towers.item import ItemTower
 
@@ -48,8 +50,11 @@ def attributes_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train(data: Path, out: Path, *options: str) -> Path:
+    # The library's defaults, not the sasrec preset's: catalogue changes need a dot-product model.
+    defaults = out.parent / f"{out.name}-config.json"
+    defaults.write_text(config_to_json(Config(model=ModelConfig(tower="sasrec"))))
     code = run_tool(
-        "train", "--data", str(data), "--model", "sasrec", "--out", str(out), "--epochs", "8",
+        "train", "--data", str(data), "--config", str(defaults), "--out", str(out), "--epochs", "8",
         "--dim", "16", "--max-len", "12", "--seed", "1", "--quiet", *options,
     )  # fmt: skip
     assert code == 0

@@ -12,7 +12,7 @@ import pytest
 
 from retrieval.config import apply_overrides
 from retrieval.data import DATA_ROOT_ENV, DATASETS, DataError, dataset_at
-from retrieval.training.config import Config, DataConfig, ModelConfig
+from retrieval.training.config import Config, ModelConfig, TrainConfig
 from retrieval.training.presets import PRESETS, TOWERS, apply_preset, get_preset, preset_for, preset_names
 from tests.helpers import REPO_ROOT
 from towers import tower_names
@@ -39,18 +39,33 @@ def test_one_preset_per_dataset_and_tower(shared_data: Path) -> None:
         assert not any(o.startswith(("train.epochs=", "train.eval_every=")) for o in preset.overrides), name
 
 
-def test_a_preset_for_any_data_is_the_towers_defaults(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_preset_for_any_data_names_no_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--preset sasrec`` names no dataset: the data comes from --data (no data root needed)."""
     monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
-    assert apply_preset(Config(), "sasrec") == Config(model=ModelConfig(tower="sasrec"))
+    assert apply_preset(Config(), "sa") == Config(model=ModelConfig(tower="sa"))  # the defaults
     assert apply_preset(Config(), "din").train.patience == 2  # DIN overfits early on any data
     with pytest.raises(ValueError, match="names no dataset"):
         get_preset("sa").dataset_path(tmp_path)
     config, _ = train_tool().parse_args(["--preset", "sasrec", "--data", "mine.csv", "--out", "x"])
-    assert config == Config(data=DataConfig(path="mine.csv"), model=ModelConfig(tower="sasrec"))
+    assert config == apply_overrides(apply_preset(Config(), "sasrec"), ["data.path=mine.csv"])
     assert train_tool().main(["--preset", "sasrec", "--out", "x"]) == 2  # no data
+
+
+def test_sasrec_on_any_data_is_beauty_sasrec_without_its_schedule(shared_data: Path) -> None:
+    """The Beauty preset's values, but a constant rate after the warm-up and the default step
+    budget: a decay's horizon would be one dataset's number of steps."""
+    anywhere = apply_preset(Config(), "sasrec")
+    beauty = apply_preset(Config(), "beauty-sasrec", data_root=shared_data)
+    assert anywhere.model == beauty.model
+    schedule = {"max_steps", "eval_every_steps", "lr_schedule"}
+    differ = {
+        f.name
+        for f in dataclasses.fields(TrainConfig)
+        if getattr(anywhere.train, f.name) != getattr(beauty.train, f.name)
+    }
+    assert differ == schedule
+    assert (anywhere.train.lr_schedule, anywhere.train.max_steps) == ("constant", TrainConfig().max_steps)
+    assert apply_preset(Config(), "ml100k-sasrec", data_root=shared_data).train == anywhere.train
 
 
 def test_without_a_preset_the_tower_s_own_applies() -> None:

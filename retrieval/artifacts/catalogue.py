@@ -189,7 +189,8 @@ def _read_current(model_dir: Path) -> _Current:
         raise ArtifactError(
             f"model {manifest['version']} scores by {similarity} similarity: catalogue "
             "changes derive new vectors from the trained ones, which only a dot-product model "
-            "(model.similarity=dot) keeps unchanged; retrain to change its catalogue"
+            "keeps unchanged; retrain with --set model.similarity=dot (and a temperature for it, "
+            "e.g. --set train.temperature=1) to change its catalogue"
         )
     if ATTRIBUTE_EMBEDDINGS_FILE not in listed:
         raise ArtifactError(

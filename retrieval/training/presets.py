@@ -33,7 +33,27 @@ TOWERS = ("youtubednn", "sa", "dr", "mind", "din", "sasrec", "bert4rec", "fmlpre
 
 _NOT_TUNED = "not tuned: the defaults of retrieval.training.config"
 
+_BUCKETS = "train.length_buckets=true"
+_SASREC = (
+    "train.num_negatives=4096",  # on a catalogue of at most 4,096 items: the full softmax
+    "train.sampler=uniform",
+    "model.dropout=0.5",
+    _BUCKETS,
+    "train.learning_rate=0.003",
+    "train.warmup_steps=200",
+    "model.dim=128",
+    "model.similarity=cosine",
+    "train.temperature=0.05",
+)
+"""``sasrec`` on any data: beauty-sasrec's values without its schedule (a constant learning rate
+after the warm-up: the decay's horizon would be a dataset's number of steps)."""
+
 _EVERY_DATASET: dict[str, tuple[tuple[str, ...], str]] = {
+    "sasrec": (
+        _SASREC,
+        "not tuned on this data: beauty-sasrec's values at a constant learning rate, measured"
+        " against the defaults on ML-100K, Beauty and Sports (docs/configuration.md)",
+    ),
     "din": (
         ("train.patience=2",),
         "not tuned: the defaults, with earlier stopping (train.patience=2) against DIN's overfitting",
@@ -43,25 +63,16 @@ _EVERY_DATASET: dict[str, tuple[tuple[str, ...], str]] = {
 dataset's that has no tuned one."""
 
 _MAX = "train.interest_selection=max"
-_BUCKETS = "train.length_buckets=true"
 _ML100K_COMIREC = "tuned on ML-100K: validation Recall@50 under the comirec protocol"
 _BEAUTY_COMIREC = "tuned on Beauty: validation Recall@50 under the comirec protocol, 20 epochs"
 _TUNED: dict[str, tuple[tuple[str, ...], str]] = {
     "beauty-sasrec": (
         (
-            "train.num_negatives=4096",
-            "train.sampler=uniform",
-            "model.dropout=0.5",
-            _BUCKETS,
+            *_SASREC,
             # Tuned as 39 epochs validated every 3: 3,432 steps of 88 on Beauty, every 264.
             "train.max_steps=3500",
             "train.eval_every_steps=250",
-            "train.learning_rate=0.003",
-            "train.warmup_steps=200",
             "train.lr_schedule=cosine",
-            "model.dim=128",
-            "model.similarity=cosine",
-            "train.temperature=0.05",
         ),
         "tuned on Beauty: validation NDCG@10 under the loo protocol",
     ),

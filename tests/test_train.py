@@ -267,6 +267,12 @@ def test_optimizer_options() -> None:
     decayed = make_optimizer(TrainConfig(weight_decay=0.1, lr_schedule="cosine", warmup_steps=5), 100)
     assert isinstance(decayed, keras.optimizers.AdamW) and decayed.weight_decay == pytest.approx(0.1)
     assert isinstance(decayed._learning_rate, WarmupDecay)
+    # A warm-up takes at most a tenth of the run: 3 epochs of a tiny dataset still reach the peak.
+    warm = TrainConfig(learning_rate=0.01, warmup_steps=200)
+    assert make_optimizer(warm, 20_000)._learning_rate.warmup_steps == 200
+    short = make_optimizer(warm, 30)._learning_rate
+    assert short.warmup_steps == 3 and float(short(3)) == pytest.approx(0.01)
+    assert float(make_optimizer(warm, 9).learning_rate) == pytest.approx(0.01)  # no warm-up left
 
 
 def test_epoch_batches_are_seeded_per_epoch() -> None:

@@ -220,7 +220,7 @@ class TrainConfig:
     contrastive_temperature: float = 1.0  # the regulariser's logits are divided by it
     weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
     lr_schedule: LrSchedule = "constant"  # cosine, linear: decay to 0 by the last step
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # linear warm-up, at most a tenth of the schedule's horizon
     patience: int = 5  # validations without a better validation NDCG@10 before stopping (0 = off)
     seed: int = 42
     eval_every_steps: int = 200  # steps between validations (or one epoch, if longer: at most 10x)

@@ -18,13 +18,15 @@ from retrieval.training.distribute import (
 
 def make_optimizer(config: TrainConfig, total_steps: int, replicas: int = 1) -> keras.optimizers.Optimizer:
     """Adam (AdamW when ``weight_decay`` > 0, biases and normalisation scales not decayed) with
-    the configured warm-up and decay over ``total_steps``, peaking at :func:`peak_learning_rate`;
+    the configured warm-up (at most a tenth of ``total_steps``) and decay over ``total_steps``,
+    peaking at :func:`peak_learning_rate`;
     with ``dense_gradients``, embedding gradients are summed per row first (:func:`_sum_rows_first`)."""
     peak = peak_learning_rate(config, replicas)
-    if config.lr_schedule == "constant" and config.warmup_steps == 0:
+    warmup = min(config.warmup_steps, total_steps // 10)  # a short run is not all warm-up
+    if config.lr_schedule == "constant" and warmup == 0:
         rate: float | WarmupDecay = peak
     else:
-        rate = WarmupDecay(peak, total_steps, config.warmup_steps, config.lr_schedule)
+        rate = WarmupDecay(peak, total_steps, warmup, config.lr_schedule)
     if config.weight_decay <= 0:
         optimizer = keras.optimizers.Adam(rate)
     else:

@@ -30,6 +30,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 # Configuration only (no TensorFlow, no data libraries): the training itself is imported in
 # main, once the configuration is known to be valid.
@@ -75,10 +76,11 @@ FLAG_FIELDS = {
 }
 
 
-def _layered(config: Config, args: argparse.Namespace) -> Config:
-    """``config`` under the layers after the preset: --config, --columns, the flags, --set."""
-    if args.config is not None:
-        config = update_config(config, load_config_file(args.config))
+def _layered(config: Config, args: argparse.Namespace, file: dict[str, Any] | None) -> Config:
+    """``config`` under the layers after the preset: the --config ``file``, --columns, the
+    flags, --set."""
+    if file is not None:
+        config = update_config(config, file)
     if args.columns is not None:
         config = update_config(config, {"data": {"columns": parse_columns(args.columns)}})
     flags = [
@@ -191,11 +193,12 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
+    file = load_config_file(args.config) if args.config is not None else None
     if args.preset:
         preset = get_preset(args.preset)
     else:  # the tower's own preset, for the tower the other layers name
-        preset = get_preset(preset_for(None, _layered(Config(), args).model.tower))
-    config = _layered(apply_overrides(Config(), preset.overrides), args)
+        preset = get_preset(preset_for(None, _layered(Config(), args, file).model.tower))
+    config = _layered(apply_overrides(Config(), preset.overrides), args, file)
     if preset.dataset and not config.data.path:  # unless a later layer named data
         config = apply_overrides(config, [f"data.path={preset.dataset_path(args.data_root)}"])
     if args.replicas is not None and args.strategy != "mirrored":

@@ -21,7 +21,6 @@ from retrieval.training.batches import bucketed_order, epoch_batches
 from retrieval.training.callbacks import (
     EarlyStopping,
     EpochCheckpoint,
-    WarmupDecay,
     load_checkpoint,
     run_folder,
     save_checkpoint,
@@ -31,7 +30,8 @@ from retrieval.training.losses.negatives import AllItems
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
 from retrieval.training.model import build_model
-from retrieval.training.optimizer import make_optimizer
+from retrieval.training.optimizer import make_optimizer, make_schedule
+from retrieval.training.schedules import Cooldown, WarmupDecay
 from tests.helpers import run_tool, tiered
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5"]
@@ -190,7 +190,7 @@ def test_checkpoint_restores_weights_optimizer_and_random_state(tmp_path) -> Non
         model = build_model(ModelConfig(tower="sasrec", dim=8, max_len=5, dropout=0.5), 21)
         model.set_objective(None)
         model.task = SampledSoftmaxTask(CandidateSampler.from_counts(np.ones(21), "uniform", seed=seed), 5)
-        model.compile(optimizer=make_optimizer(TrainConfig(), 100), jit_compile=False)
+        model.compile(optimizer=make_optimizer(TrainConfig(), 1e-3), jit_compile=False)
         return model
 
     rng = np.random.default_rng(0)
@@ -262,17 +262,18 @@ def test_warmup_decay_config_round_trip_and_errors() -> None:
 
 
 def test_optimizer_options() -> None:
-    plain = make_optimizer(TrainConfig(learning_rate=0.01), 100)
+    plain = make_optimizer(TrainConfig(), make_schedule(TrainConfig(learning_rate=0.01), 100))
     assert type(plain) is keras.optimizers.Adam and float(plain.learning_rate) == pytest.approx(0.01)
-    decayed = make_optimizer(TrainConfig(weight_decay=0.1, lr_schedule="cosine", warmup_steps=5), 100)
+    config = TrainConfig(weight_decay=0.1, lr_schedule="cosine", warmup_steps=5)
+    decayed = make_optimizer(config, make_schedule(config, 100))
     assert isinstance(decayed, keras.optimizers.AdamW) and decayed.weight_decay == pytest.approx(0.1)
     assert isinstance(decayed._learning_rate, WarmupDecay)
     # A warm-up takes at most a tenth of the run: 3 epochs of a tiny dataset still reach the peak.
     warm = TrainConfig(learning_rate=0.01, warmup_steps=200)
-    assert make_optimizer(warm, 20_000)._learning_rate.warmup_steps == 200
-    short = make_optimizer(warm, 30)._learning_rate
+    assert make_schedule(warm, 20_000).warmup_steps == 200
+    short = make_schedule(warm, 30)
     assert short.warmup_steps == 3 and float(short(3)) == pytest.approx(0.01)
-    assert float(make_optimizer(warm, 9).learning_rate) == pytest.approx(0.01)  # no warm-up left
+    assert make_schedule(warm, 9) == pytest.approx(0.01)  # no warm-up left
 
 
 def test_epoch_batches_are_seeded_per_epoch() -> None:
@@ -575,6 +576,71 @@ def test_a_small_dataset_trains_until_validation_stops_improving(
     # Exported (and tested) with the best validation's weights, not the last.
     np.testing.assert_allclose(tables[-1], tables[best])
     assert not np.allclose(tables[-2], tables[best])
+
+
+def test_the_plateau_schedule_decays_only_once_told() -> None:
+    schedule = WarmupDecay(1.0, total_steps=1000, warmup_steps=10, kind="plateau")
+    assert [float(schedule(s)) for s in (0, 9, 10, 999, 5000)] == pytest.approx([0.1, 1.0, 1.0, 1.0, 1.0])
+    schedule.decay_from(400, 100)
+    assert [float(schedule(s)) for s in (399, 400, 425, 500, 600)] == pytest.approx(
+        [1.0, 1.0, 0.75, 0.0, 0.0]
+    )
+    cooldown = Cooldown(schedule, 0.25, total_steps=1000, round_steps=30)
+    assert cooldown.begin(400) and (cooldown.start, cooldown.steps) == (400, 120)  # 100 steps: 4 rounds
+    assert not cooldown.begin(500) and cooldown.start == 400
+    late = Cooldown(WarmupDecay(1.0, 1000, kind="plateau"), 0.25, total_steps=1000, round_steps=30)
+    assert late.begin(960) and late.steps == 40  # the decay ends with the budget
+    with pytest.raises(ValueError, match="in \\(0, 1\\)"):
+        apply_overrides(Config(), ["train.cooldown_fraction=1"])
+
+
+def test_the_plateau_schedule_decays_from_the_best_weights_when_validation_stalls(
+    synthetic_csv, tmp_path, exported, monkeypatch
+) -> None:
+    """Constant until patience runs out, then from the best validation's weights a linear decay
+    over half the steps so far; the run ends when the rate reaches 0 and exports the best."""
+    began: list[tuple[int, bool]] = []
+    original = EarlyStopping.on_epoch_end
+
+    def check(self: EarlyStopping, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        original(self, epoch, logs)
+        if self.cooldown.start is not None and not began:
+            same = all(
+                np.array_equal(a, b) for a, b in zip(self.model.get_weights(), self.best_weights, strict=True)
+            )
+            began.append((int(self.model.optimizer.iterations), same))
+
+    monkeypatch.setattr(EarlyStopping, "on_epoch_end", check)
+    budget = ["train.epochs=none", "train.max_steps=4000", "train.eval_every_steps=20", "train.patience=3"]
+    plateau = ["train.lr_schedule=plateau", "train.cooldown_fraction=0.5", "train.learning_rate=0.01"]
+    metrics = retrieval.training.run.train(
+        tiny_config(synthetic_csv, *budget, *plateau), tmp_path / "m", verbose=0
+    )
+    history = [h["ndcg@10"] for h in metrics.validation_per_epoch]
+    first_best = int(np.argmax(history[: began[0][0] // 20]))
+    assert began == [(20 * (first_best + 1 + 3), True)]  # patience ran out: restored, decaying
+    start = began[0][0]
+    assert metrics.steps_trained <= start + 20 * -(-start // 40) < 4000  # half the steps, whole rounds
+    assert metrics.steps_trained == start + 20 * -(-start // 40) or metrics.stopped_early
+    assert metrics.best_step == 20 * (int(np.argmax(history)) + 1)
+
+
+def test_without_validation_the_plateau_schedule_decays_over_the_budget_s_end(
+    synthetic_csv, tmp_path, exported
+) -> None:
+    budget = ["train.epochs=none", "train.max_steps=100", "train.eval_every_steps=20", "train.patience=0"]
+    config = tiny_config(synthetic_csv, *budget, "train.lr_schedule=plateau", "train.cooldown_fraction=0.2")
+    states: list[dict[str, Any]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        original = Cooldown.on_epoch_end
+        mp.setattr(
+            Cooldown,
+            "on_epoch_end",
+            lambda self, e, logs=None: (original(self, e, logs), states.append(self.get_state())),
+        )
+        metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
+    assert metrics.steps_trained == 100
+    assert states == [{"start": None, "steps": 0}] * 3 + [{"start": 80, "steps": 20}] * 2
 
 
 def test_a_round_that_ends_mid_epoch_resumes_like_an_uninterrupted_run(

@@ -1,4 +1,4 @@
-"""Training-loop pieces: learning-rate schedule, early stopping, checkpoints.
+"""Training-loop pieces: early stopping, checkpoints, timing and TensorBoard logs.
 
 Keras' epochs here are the run's rounds (:class:`~retrieval.training.config.Budget`): an epoch of
 the data with a budget in epochs, ``train.eval_every_steps`` optimizer steps with one in steps;
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ import tensorflow as tf
 
 from retrieval.storage.folders import write_artifact
 from retrieval.storage.manifest import read_manifest
-from retrieval.training.config import LR_SCHEDULES
+from retrieval.training.schedules import Cooldown
 
 log = logging.getLogger(__name__)
 
@@ -39,51 +38,6 @@ def run_folder(out: Path) -> Path:
     return out.with_name(f"{out.name}.partial")
 
 
-@keras.saving.register_keras_serializable(package="retrieval")
-class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up from ``peak / warmup_steps`` to ``peak``, then a decay to 0 at ``total_steps``.
-
-    Args:
-        peak: the learning rate reached after warm-up.
-        total_steps: steps of the whole run (the decay ends there).
-        warmup_steps: steps of linear warm-up (0 = none).
-        kind: ``constant`` (no decay), ``cosine`` or ``linear``.
-
-    Example:
-        >>> float(WarmupDecay(1e-3, 100, 10, "linear")(10))  # warm-up done, decay starts
-        0.001
-    """
-
-    def __init__(self, peak: float, total_steps: int, warmup_steps: int = 0, kind: str = "constant") -> None:
-        if kind not in LR_SCHEDULES:
-            raise ValueError(f"unknown learning-rate schedule {kind!r}; choose one of {LR_SCHEDULES}")
-        if peak <= 0 or warmup_steps < 0 or total_steps < 1:
-            raise ValueError("need peak > 0, warmup_steps >= 0 and total_steps >= 1")
-        self.peak, self.total_steps, self.warmup_steps, self.kind = peak, total_steps, warmup_steps, kind
-
-    def __call__(self, step: Any) -> Any:
-        step = tf.cast(step, tf.float32)
-        warm = tf.cast(max(self.warmup_steps, 1), tf.float32)
-        warmup = self.peak * tf.minimum((step + 1.0) / warm, 1.0)
-        span = tf.cast(max(self.total_steps - self.warmup_steps, 1), tf.float32)
-        progress = tf.clip_by_value((step - self.warmup_steps) / span, 0.0, 1.0)
-        if self.kind == "cosine":
-            decayed = self.peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
-        elif self.kind == "linear":
-            decayed = self.peak * (1.0 - progress)
-        else:
-            decayed = tf.constant(self.peak, tf.float32)
-        return tf.where(step < self.warmup_steps, warmup, decayed)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "peak": self.peak,
-            "total_steps": self.total_steps,
-            "warmup_steps": self.warmup_steps,
-            "kind": self.kind,
-        }
-
-
 class EarlyStopping(keras.callbacks.Callback):
     """Stops after ``patience`` validations without improving ``monitor`` (higher is better) and
     restores the best epoch's weights when training ends.
@@ -94,13 +48,17 @@ class EarlyStopping(keras.callbacks.Callback):
     Args:
         monitor: epoch-log key, e.g. ``val_ndcg@10``.
         patience: validations without improvement before stopping (>= 1).
+        cooldown: the ``plateau`` schedule's decay: the first time patience runs out, the best
+            weights are restored and the decay begins instead of the run stopping.
     """
 
-    def __init__(self, monitor: str = "val_ndcg@10", patience: int = 3) -> None:
+    def __init__(
+        self, monitor: str = "val_ndcg@10", patience: int = 3, cooldown: Cooldown | None = None
+    ) -> None:
         super().__init__()
         if patience < 1:
             raise ValueError(f"patience must be >= 1, got {patience}")
-        self.monitor, self.patience = monitor, patience
+        self.monitor, self.patience, self.cooldown = monitor, patience, cooldown
         self.best: float | None = None
         self.best_epoch = 0  # 1-based; 0 = none yet
         self.wait = 0
@@ -116,7 +74,12 @@ class EarlyStopping(keras.callbacks.Callback):
             self.best_weights = [np.array(w) for w in self.model.get_weights()]
             return
         self.wait += 1
-        if self.wait >= self.patience:
+        if self.wait < self.patience:
+            return
+        if self.cooldown is not None and self.cooldown.begin(int(self.model.optimizer.iterations)):
+            self.restore_best(self.model)
+            self.wait = 0
+        else:
             self.stopped = True
             self.model.stop_training = True
             log.info("early stopping after round %d: best %s %.5f at round %d", epoch + 1,
@@ -241,6 +204,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         early_stopping: saved with its best weights (None = none).
         state: a loaded checkpoint's state, to continue from.
         timer: the run's :class:`EpochTimer` (None = none), whose ``seconds`` are saved.
+        cooldown: the ``plateau`` schedule's decay (None = none), whose state is saved.
     """
 
     def __init__(
@@ -251,10 +215,12 @@ class EpochCheckpoint(keras.callbacks.Callback):
         early_stopping: EarlyStopping | None = None,
         state: dict[str, Any] | None = None,
         timer: EpochTimer | None = None,
+        cooldown: Cooldown | None = None,
     ) -> None:
         super().__init__()
         self.folder, self.extra_variables = Path(folder), list(extra_variables)
         self.validation, self.early_stopping, self.timer = validation, early_stopping, timer
+        self.cooldown = cooldown
         state = state or {}
         self.losses: list[float] = list(state.get("loss_per_epoch", []))
         self.previous_seconds = float(state.get("seconds", 0.0))
@@ -278,6 +244,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             "epoch_seconds": [] if self.timer is None else self.timer.seconds,
             "validation": list(getattr(self.validation, "history", [])),
             "early_stopping": None if self.early_stopping is None else self.early_stopping.get_state(),
+            "cooldown": None if self.cooldown is None else self.cooldown.get_state(),
         }
         best = None if self.early_stopping is None else self.early_stopping.best_weights
         save_checkpoint(self.folder, self.model, self.extra_variables, state, best)

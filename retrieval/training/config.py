@@ -35,8 +35,8 @@ Sampler = Literal["popularity", "uniform", "log_uniform"]
 """``TrainConfig.sampler``: where sampled negatives come from (:mod:`retrieval.training.losses.samplers`)."""
 InterestSelection = Literal["hard", "label_aware", "max"]
 """``TrainConfig.interest_selection``: how K interests meet a target (:mod:`retrieval.training.losses`)."""
-LrSchedule = Literal["constant", "cosine", "linear"]
-"""``TrainConfig.lr_schedule`` (:mod:`retrieval.training.callbacks`)."""
+LrSchedule = Literal["constant", "cosine", "linear", "plateau"]
+"""``TrainConfig.lr_schedule`` (:mod:`retrieval.training.schedules`)."""
 LrScaling = Literal["none", "linear", "sqrt"]
 """``TrainConfig.lr_scaling``: the learning rate times 1, the replicas, or their square root."""
 Strategy = Literal["default", "mirrored", "multi-worker"]
@@ -180,7 +180,12 @@ class TrainConfig:
     number of validations). ``lr_schedule`` ``constant``, ``cosine`` or ``linear`` decays to 0
     at ``max_steps`` after ``warmup_steps`` of linear warm-up: ``max_steps`` is the
     schedule's horizon, so a decaying preset sets it to the steps its data needs, and a run
-    stopped early by patience ends with part of the decay done.
+    stopped early by patience ends with part of the decay done. ``plateau`` needs no horizon:
+    the rate stays constant until validation stops improving (``patience``), then, from the
+    best validation's weights, decays linearly to 0 over ``cooldown_fraction`` of the steps
+    trained so far, and the run ends there (or earlier, if patience runs out again); without
+    validation, or if validation keeps improving, the decay takes the budget's last
+    ``cooldown_fraction``.
 
     ``epochs`` (None by default) counts the budget in epochs instead, as configs before the
     step budget did: a run of exactly ``epochs`` epochs (fewer if ``patience`` stops it),
@@ -219,7 +224,8 @@ class TrainConfig:
     contrastive_weight: float = 0.0  # > 0: DuoRec's contrastive regulariser, times this weight
     contrastive_temperature: float = 1.0  # the regulariser's logits are divided by it
     weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
-    lr_schedule: LrSchedule = "constant"  # cosine, linear: decay to 0 by the last step
+    lr_schedule: LrSchedule = "constant"  # cosine, linear: decay to 0 by the last step; plateau
+    cooldown_fraction: float = 0.2  # plateau: the decay's length, a fraction of the steps before it
     warmup_steps: int = 0  # linear warm-up, at most a tenth of the schedule's horizon
     patience: int = 5  # validations without a better validation NDCG@10 before stopping (0 = off)
     seed: int = 42
@@ -242,6 +248,8 @@ class TrainConfig:
         bad += [f"train.{k}={v}" for k, v in at_least_zero.items() if v < 0]
         if bad:
             raise ValueError(f"{', '.join(bad)}: budgets and intervals must be >= 1, patience, warm-up >= 0")
+        if not 0 < self.cooldown_fraction < 1:
+            raise ValueError(f"train.cooldown_fraction must be in (0, 1), got {self.cooldown_fraction}")
         if self.contrastive_weight < 0 or self.contrastive_temperature <= 0:
             raise ValueError(
                 "train.contrastive_weight must be >= 0 and train.contrastive_temperature > 0, "

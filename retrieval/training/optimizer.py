@@ -7,26 +7,25 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from retrieval.training.callbacks import (
-    WarmupDecay,
-)
 from retrieval.training.config import TrainConfig
-from retrieval.training.distribute import (
-    peak_learning_rate,
-)
+from retrieval.training.distribute import peak_learning_rate
+from retrieval.training.schedules import WarmupDecay
 
 
-def make_optimizer(config: TrainConfig, total_steps: int, replicas: int = 1) -> keras.optimizers.Optimizer:
-    """Adam (AdamW when ``weight_decay`` > 0, biases and normalisation scales not decayed) with
-    the configured warm-up (at most a tenth of ``total_steps``) and decay over ``total_steps``,
-    peaking at :func:`peak_learning_rate`;
-    with ``dense_gradients``, embedding gradients are summed per row first (:func:`_sum_rows_first`)."""
+def make_schedule(config: TrainConfig, total_steps: int, replicas: int = 1) -> float | WarmupDecay:
+    """The learning rate: the configured warm-up (at most a tenth of ``total_steps``) and decay
+    over ``total_steps``, peaking at :func:`peak_learning_rate` (a float when it is constant)."""
     peak = peak_learning_rate(config, replicas)
     warmup = min(config.warmup_steps, total_steps // 10)  # a short run is not all warm-up
     if config.lr_schedule == "constant" and warmup == 0:
-        rate: float | WarmupDecay = peak
-    else:
-        rate = WarmupDecay(peak, total_steps, warmup, config.lr_schedule)
+        return peak
+    return WarmupDecay(peak, total_steps, warmup, config.lr_schedule)
+
+
+def make_optimizer(config: TrainConfig, rate: float | WarmupDecay) -> keras.optimizers.Optimizer:
+    """Adam (AdamW when ``weight_decay`` > 0, biases and normalisation scales not decayed) at
+    ``rate`` (:func:`make_schedule`); with ``dense_gradients``, embedding gradients are summed
+    per row first (:func:`_sum_rows_first`)."""
     if config.weight_decay <= 0:
         optimizer = keras.optimizers.Adam(rate)
     else:

@@ -58,7 +58,8 @@ from retrieval.training.inputs import open_training_data
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import RetrievalTask, build_task
 from retrieval.training.model import TwoTowerModel, build_model, export_user_tower, item_table, scoring_table
-from retrieval.training.optimizer import make_optimizer
+from retrieval.training.optimizer import make_optimizer, make_schedule
+from retrieval.training.schedules import Cooldown, WarmupDecay
 from retrieval.training.validation import FullRankingValidation, live_artifact
 
 log = logging.getLogger(__name__)
@@ -339,14 +340,18 @@ def _train(
         task = build_training_task(t, data.train_counts(), data.target_counts(model.objective, max_len))
         model.task = task if replicas == 1 else GlobalBatchTask(task)
         # XLA off: it has no kernel for the candidate sampler, and compiled steps ran slower on CPU.
-        model.compile(optimizer=make_optimizer(t, budget.schedule_steps, replicas), jit_compile=False)
+        rate = make_schedule(t, budget.schedule_steps, replicas)
+        model.compile(optimizer=make_optimizer(t, rate), jit_compile=False)
 
     validation = FullRankingValidation(data, max_len, budget.validate_every, budget.round_steps)
+    cooldown = None
+    if isinstance(rate, WarmupDecay) and rate.kind == "plateau":
+        cooldown = Cooldown(rate, t.cooldown_fraction, budget.schedule_steps, budget.round_steps)
     early = None
     if t.patience > 0 and config.data.protocol == "loo-refit":
         log.info("data.protocol=loo-refit has no validation: train.patience is not used, the budget is fixed")
     elif t.patience > 0:
-        early = EarlyStopping(f"val_{data.shown[0]}", t.patience)
+        early = EarlyStopping(f"val_{data.shown[0]}", t.patience, cooldown)
     state: dict[str, Any] = {}
     if where.restore is not None:
         with strategy.scope():  # the optimizer's variables are built here
@@ -355,6 +360,8 @@ def _train(
         if early is not None and state.get("early_stopping"):
             early.set_state(state["early_stopping"])
             early.best_weights = best_weights
+        if cooldown is not None and state.get("cooldown"):
+            cooldown.set_state(state["cooldown"])
         done = int(state["epoch"])  # Keras' epochs: the budget's rounds
         step = done * budget.round_steps
         log.info("resuming %s after epoch %d (step %d)", where.restore.parent, done, step)
@@ -365,9 +372,10 @@ def _train(
     first_step = first_round * budget.round_steps
     timer = EpochTimer(state.get("epoch_seconds", []))
     checkpoint = EpochCheckpoint(
-        where.run / "checkpoint", model.task.variables, validation, early, state, timer=timer
+        where.run / "checkpoint", model.task.variables, validation, early, state, timer, cooldown
     )
-    callbacks: list[keras.callbacks.Callback] = [timer, validation, *([early] if early else []), checkpoint]
+    ends = [c for c in (early, cooldown) if c is not None]
+    callbacks: list[keras.callbacks.Callback] = [timer, validation, *ends, checkpoint]
     if tensorboard is not None:
         callbacks.append(TensorBoardLogger(tensorboard))
 

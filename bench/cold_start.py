@@ -49,6 +49,7 @@ from bench.data import add_data_root_argument
 from bench.quality import DEFAULT_SEEDS, Dataset, Run, mean_std, resolve_dataset, run_config, run_one
 from retrieval.artifacts import ModelArtifact, cold_vectors, encode_histories, load_model
 from retrieval.data import PAD, SequenceData, build_sequences, leave_one_out, load_interactions
+from retrieval.evaluation import mask_excluded
 from retrieval.training import Config, takes_side_information
 from towers import tower_names
 from towers.side import FUSIONS
@@ -220,10 +221,7 @@ def target_ranks(
     out = np.zeros(len(targets), np.int64)
     for start in range(0, len(targets), _USER_BATCH):
         rows = slice(start, start + _USER_BATCH)
-        scores = np.array(scores_for(rows), np.float64)
-        scores[:, 0] = -np.inf
-        for row, ids in zip(scores, exclude[rows], strict=True):
-            row[ids] = -np.inf
+        scores = mask_excluded(np.array(scores_for(rows), np.float64), exclude[rows])
         own = scores[np.arange(len(scores)), targets[rows]]  # [b]
         ahead = (scores >= own[:, None]).sum(axis=1) - 1
         out[rows] = np.where(np.isneginf(own), scores.shape[1] - 1, ahead)

@@ -134,7 +134,10 @@ def test_a_bad_option_value_is_refused_when_the_config_is_built(cls: type, name:
             "train.interest_selection=soft",
             "unknown interest selection 'soft'; expected one of hard, label_aware, max",
         ),
-        ("train.lr_schedule=step", "unknown lr schedule 'step'; expected one of constant, cosine, linear, plateau"),
+        (
+            "train.lr_schedule=step",
+            "unknown lr schedule 'step'; expected one of constant, cosine, linear, plateau",
+        ),
         ("train.lr_scaling=cube", "expected one of none, linear, sqrt"),
         (
             "data.protocol=loo-full",
@@ -155,13 +158,13 @@ def test_a_bad_option_override_names_the_valid_values(override: str, message: st
 def test_the_option_tuples_are_the_literals_values() -> None:
     from retrieval.data.loaders import FORMATS
     from retrieval.data.splits import PROTOCOLS
-    from retrieval.training.schedules import LR_SCHEDULES
     from retrieval.training.distribute import LR_SCALINGS, STRATEGIES
     from retrieval.training.examples import OBJECTIVES
     from retrieval.training.losses.samplers import SAMPLERS
     from retrieval.training.losses.task import INTEREST_SELECTIONS
     from retrieval.training.losses.task import LOSSES as TASK_LOSSES
     from retrieval.training.protocols import TRAINING_PROTOCOLS as VALIDATION_PROTOCOLS
+    from retrieval.training.schedules import LR_SCHEDULES
     from towers.side import FUSIONS as TOWER_FUSIONS
     from towers.transformer import BLOCKS as TOWER_BLOCKS
 

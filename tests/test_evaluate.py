@@ -15,7 +15,13 @@ from retrieval.data.loaders import load_interactions
 from retrieval.data.splits import comirec_split, sample_negatives
 from retrieval.data.vocab import ItemVocab
 from retrieval.evaluation import evaluate as evaluate_module
-from retrieval.evaluation.evaluate import candidate_scores, category_codes, exact_top_k, popularity_top_k
+from retrieval.evaluation.evaluate import (
+    candidate_scores,
+    category_codes,
+    exact_top_k,
+    mask_excluded,
+    popularity_top_k,
+)
 from retrieval.evaluation.paired import (
     USER_METRICS_FILE,
     UserMetrics,
@@ -418,3 +424,14 @@ def test_user_metrics_round_trip_and_pair_by_user_id(tmp_path: Path) -> None:
     (tmp_path / "bad.csv").write_text("id,r\nx,1\n")
     with pytest.raises(ValueError, match="cannot read per-user metrics"):
         UserMetrics.load(tmp_path / "bad.csv")
+
+
+def test_mask_excluded_masks_padding_and_each_row_s_own_ids() -> None:
+    scores = np.arange(12, dtype=np.float64).reshape(3, 4)
+    out = mask_excluded(scores, [np.array([2, 3]), np.array([], np.int64), np.array([[1]])])
+    assert out is scores
+    expected = np.arange(12, dtype=np.float64).reshape(3, 4)
+    expected[:, 0] = expected[0, [2, 3]] = expected[2, 1] = -np.inf
+    np.testing.assert_array_equal(scores, expected)
+    none = mask_excluded(np.ones((2, 3)), [np.array([], np.int64)] * 2)
+    np.testing.assert_array_equal(none, [[-np.inf, 1, 1], [-np.inf, 1, 1]])

@@ -8,6 +8,7 @@ from .evaluate import (
     evaluate_sampled,
     exact_top_k,
     full_ranking_top_k,
+    mask_excluded,
     popularity_top_k,
 )
 from .metrics import (
@@ -60,6 +61,7 @@ __all__ = [
     "full_ranking_top_k",
     "load_run_rows",
     "markdown_table",
+    "mask_excluded",
     "paired_comparison",
     "paired_difference",
     "popularity_prepared",

@@ -30,6 +30,16 @@ _SCORES_PER_BATCH = 1 << 24
 the catalogue's size."""
 
 
+def mask_excluded(scores: np.ndarray, exclude: Sequence[np.ndarray]) -> np.ndarray:
+    """Sets, in place, padding (column 0) and each row's ``exclude`` ids of ``scores`` ``[U, V]``
+    to ``-inf``, so that they are never ranked; returns ``scores``."""
+    scores[:, 0] = -np.inf
+    excluded = [np.asarray(ids, np.int64).ravel() for ids in exclude]
+    rows = np.repeat(np.arange(len(excluded)), [len(ids) for ids in excluded])
+    scores[rows, np.concatenate([np.zeros(0, np.int64), *excluded])] = -np.inf
+    return scores
+
+
 def _top_k_rows(scores: np.ndarray, exclude: Sequence[np.ndarray], k: int) -> np.ndarray:
     """Masks padding (column 0) and each row's excluded ids, then returns the top-k ids per row,
     best first, the lower id first among equal scores.
@@ -38,10 +48,7 @@ def _top_k_rows(scores: np.ndarray, exclude: Sequence[np.ndarray], k: int) -> np
     """
     import tensorflow as tf  # its top-k is several times faster than numpy's argpartition
 
-    scores[:, 0] = -np.inf
-    excluded = [np.asarray(ids, np.int64).ravel() for ids in exclude]
-    rows = np.repeat(np.arange(len(excluded)), [len(ids) for ids in excluded])
-    scores[rows, np.concatenate(excluded)] = -np.inf
+    mask_excluded(scores, exclude)
     n = min(k, scores.shape[1] - 1)
     values, top = (t.numpy() for t in tf.math.top_k(scores, n))
     top = top.astype(np.int64)

@@ -52,8 +52,8 @@ def test_a_preset_for_any_data_names_no_dataset(tmp_path: Path, monkeypatch: pyt
 
 
 def test_sasrec_on_any_data_is_beauty_sasrec_without_its_schedule(shared_data: Path) -> None:
-    """The Beauty preset's values, but a constant rate after the warm-up and the default step
-    budget: a decay's horizon would be one dataset's number of steps."""
+    """The Beauty preset's values, but a decay on the plateau and the default step budget: a
+    decay's horizon would be one dataset's number of steps."""
     anywhere = apply_preset(Config(), "sasrec")
     beauty = apply_preset(Config(), "beauty-sasrec", data_root=shared_data)
     assert anywhere.model == beauty.model
@@ -64,7 +64,7 @@ def test_sasrec_on_any_data_is_beauty_sasrec_without_its_schedule(shared_data: P
         if getattr(anywhere.train, f.name) != getattr(beauty.train, f.name)
     }
     assert differ == schedule
-    assert (anywhere.train.lr_schedule, anywhere.train.max_steps) == ("constant", TrainConfig().max_steps)
+    assert (anywhere.train.lr_schedule, anywhere.train.max_steps) == ("plateau", TrainConfig().max_steps)
     assert apply_preset(Config(), "ml100k-sasrec", data_root=shared_data).train == anywhere.train
 
 

@@ -48,8 +48,9 @@ class EarlyStopping(keras.callbacks.Callback):
     Args:
         monitor: epoch-log key, e.g. ``val_ndcg@10``.
         patience: validations without improvement before stopping (>= 1).
-        cooldown: the ``plateau`` schedule's decay: the first time patience runs out, the best
-            weights are restored and the decay begins instead of the run stopping.
+        cooldown: the ``plateau`` schedule's decay: when patience runs out, the best weights
+            are restored and the decay begins instead of the run stopping; the decay's end
+            ends the run.
     """
 
     def __init__(
@@ -76,14 +77,15 @@ class EarlyStopping(keras.callbacks.Callback):
         self.wait += 1
         if self.wait < self.patience:
             return
-        if self.cooldown is not None and self.cooldown.begin(int(self.model.optimizer.iterations)):
-            self.restore_best(self.model)
+        if self.cooldown is not None:  # the decay, once begun, ends the run
+            if self.cooldown.begin(int(self.model.optimizer.iterations)):
+                self.restore_best(self.model)
             self.wait = 0
-        else:
-            self.stopped = True
-            self.model.stop_training = True
-            log.info("early stopping after round %d: best %s %.5f at round %d", epoch + 1,
-                     self.monitor, self.best, self.best_epoch)  # fmt: skip
+            return
+        self.stopped = True
+        self.model.stop_training = True
+        log.info("early stopping after round %d: best %s %.5f at round %d", epoch + 1,
+                 self.monitor, self.best, self.best_epoch)  # fmt: skip
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self.restore_best(self.model)

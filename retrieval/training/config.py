@@ -183,7 +183,7 @@ class TrainConfig:
     stopped early by patience ends with part of the decay done. ``plateau`` needs no horizon:
     the rate stays constant until validation stops improving (``patience``), then, from the
     best validation's weights, decays linearly to 0 over ``cooldown_fraction`` of the steps
-    trained so far, and the run ends there (or earlier, if patience runs out again); without
+    trained so far, and the run ends there (patience does not cut the decay short); without
     validation, or if validation keeps improving, the decay takes the budget's last
     ``cooldown_fraction``.
 

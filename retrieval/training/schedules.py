@@ -76,7 +76,8 @@ class Cooldown(keras.callbacks.Callback):
     The decay starts when validation stops improving (:meth:`begin`, called by early stopping
     when its patience runs out) or, at the latest, when ``fraction`` of the budget is left; it
     lasts ``fraction`` of the steps before it, in whole rounds, so no horizon is set in
-    advance. The run stops when the rate reaches 0.
+    advance. The run stops when the rate reaches 0: a decay is not cut short by patience, as
+    its first steps, still at a high rate, seldom beat the best validation.
 
     Args:
         schedule: the optimizer's ``plateau`` schedule.

@@ -643,6 +643,34 @@ def test_without_validation_the_plateau_schedule_decays_over_the_budget_s_end(
     assert states == [{"start": None, "steps": 0}] * 3 + [{"start": 80, "steps": 20}] * 2
 
 
+def test_a_run_resumed_in_its_decay_continues_the_same_decay(
+    synthetic_csv, tmp_path, monkeypatch, exported
+) -> None:
+    """The plateau decay began at step 80 of 100; a crash right after that round's checkpoint
+    resumes into the decay (at the peak rate the last round's weights would differ)."""
+    budget = ["train.epochs=none", "train.max_steps=100", "train.eval_every_steps=20", "train.patience=0"]
+    config = tiny_config(synthetic_csv, *budget, "train.lr_schedule=plateau", "train.learning_rate=0.01")
+    full = retrieval.training.run.train(config, tmp_path / "full", verbose=0)
+    original = EpochCheckpoint.on_epoch_end
+
+    def crash_after_round_four(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        original(self, epoch, logs)
+        if epoch == 3:
+            raise Interrupted
+
+    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_round_four)
+    with pytest.raises(Interrupted):
+        retrieval.training.run.train(config, tmp_path / "m", verbose=0)
+    state = json.loads((run_folder(tmp_path / "m") / "checkpoint" / "state.json").read_text())
+    assert state["cooldown"] == {"start": 80, "steps": 20}
+    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", original)
+    resumed = retrieval.training.run.train(config, tmp_path / "m", verbose=0, resume=True)
+    assert resumed.steps_trained == full.steps_trained == 100
+    np.testing.assert_allclose(resumed.train_loss_per_epoch, full.train_loss_per_epoch, rtol=1e-6)
+    for a, b in zip(exported[-1], exported[0], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
 def test_a_round_that_ends_mid_epoch_resumes_like_an_uninterrupted_run(
     synthetic_csv, tmp_path, monkeypatch, exported
 ) -> None:

@@ -1,6 +1,7 @@
 """Helpers shared by several test files: the tools runner, the in-memory served model and its
 brute-force oracle, a server on port 0, the hot-reload-under-load harness, a DIN saved for
-reranking, the rankers' contract fixture and a model artifact without TensorFlow.
+reranking, the rankers' contract fixture, a model artifact without TensorFlow and a training
+run's crash after a checkpoint.
 
 A plain module (fixtures live in ``tests/conftest.py``, which imports from here): test files and
 the child processes some tests start import it as ``tests.helpers``. Heavy libraries (Keras,
@@ -47,6 +48,28 @@ def run_tool(name: str, *args: str) -> int:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return int(module.main(list(args)))
+
+
+class Interrupted(Exception):
+    """Stands for a crash (or Ctrl-C) in the middle of a training run."""
+
+
+@contextmanager
+def crash_after_round(epoch: int) -> Iterator[None]:
+    """A training run inside the block crashes right after round ``epoch``'s checkpoint
+    (0-based), leaving the run folder a resume continues from; the block expects the crash."""
+    from retrieval.training.callbacks import EpochCheckpoint
+
+    original = EpochCheckpoint.on_epoch_end
+
+    def crash(self: Any, done: int, logs: Any = None) -> None:
+        original(self, done, logs)
+        if done == epoch:
+            raise Interrupted
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(EpochCheckpoint, "on_epoch_end", crash)
+        yield
 
 
 def tiered(values: Iterable[Any], slow: Collection[Any]) -> list[Any]:

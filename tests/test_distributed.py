@@ -37,12 +37,12 @@ import tensorflow as tf
 import retrieval.training.run
 from retrieval.artifacts.model import MANIFEST
 from retrieval.config import apply_overrides
-from retrieval.training.callbacks import EpochCheckpoint, run_folder
+from retrieval.training.callbacks import run_folder
 from retrieval.training.config import Config, TrainConfig
 from retrieval.training.distribute import GlobalBatchTask, is_chief, make_strategy, peak_learning_rate
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, crash_after_round
 
 FLAGS = ["--model", "youtubednn", "--dim", "8", "--max-len", "6", "--epochs", "2"]
 FLAGS += ["--batch-size", "64", "--negatives", "5", "--quiet"]
@@ -162,27 +162,13 @@ def test_two_replicas_in_one_process(synthetic_csv: Path, tmp_path: Path, single
     np.testing.assert_allclose(metrics["train_loss_per_epoch"], expected, rtol=LOSS_RTOL)
 
 
-class Interrupted(Exception):
-    """Stands for a crash in the middle of a run."""
-
-
 @pytest.mark.slow  # two TensorFlow worker processes: 13 s here, 20 s loaded
-def test_two_workers_resume_a_single_device_run(
-    synthetic_csv: Path, tmp_path: Path, single: dict, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_two_workers_resume_a_single_device_run(synthetic_csv: Path, tmp_path: Path, single: dict) -> None:
     """A run interrupted after its first epoch on one device is finished by two workers: both
     restore the chief's checkpoint (weights, optimizer, seed counters) and end where the
     uninterrupted single-device run did."""
     out = tmp_path / "model"
-    original = EpochCheckpoint.on_epoch_end
-
-    def crash_after_first_epoch(self: EpochCheckpoint, epoch: int, logs: Any = None) -> None:
-        original(self, epoch, logs)
-        if epoch == 0:
-            raise Interrupted
-
-    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_first_epoch)
-    with pytest.raises(Interrupted):
+    with crash_after_round(0):
         retrieval.training.run.train(single_config(synthetic_csv), out, verbose=0)
     assert (run_folder(out) / "checkpoint").is_dir() and not out.exists()
     run_workers(synthetic_csv, out, tmp_path / "scratch", "--resume")

@@ -20,7 +20,6 @@ from retrieval.config import apply_overrides
 from retrieval.training.batches import bucketed_order, epoch_batches
 from retrieval.training.callbacks import (
     EarlyStopping,
-    EpochCheckpoint,
     load_checkpoint,
     run_folder,
     save_checkpoint,
@@ -32,7 +31,7 @@ from retrieval.training.losses.task import SampledSoftmaxTask
 from retrieval.training.model import build_model
 from retrieval.training.optimizer import make_optimizer, make_schedule
 from retrieval.training.schedules import Cooldown, WarmupDecay
-from tests.helpers import run_tool, tiered
+from tests.helpers import crash_after_round, run_tool, tiered
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5"]
 TINY += ["train.batch_size=32", "train.epochs=2"]
@@ -41,10 +40,6 @@ STEPS_PER_EPOCH = 16  # synthetic_csv under TINY: its "last" examples in batches
 
 def tiny_config(data: Path, *extra: str) -> Config:
     return apply_overrides(Config(), [f"data.path={data}", *TINY, *extra])
-
-
-class Interrupted(Exception):
-    """Stands for a crash (or Ctrl-C) in the middle of a run."""
 
 
 @pytest.fixture
@@ -82,20 +77,11 @@ def test_same_seed_gives_the_same_loss_trajectory(synthetic_csv, tmp_path, expor
 
 @pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_resume_finishes_an_interrupted_run_like_an_uninterrupted_one(
-    synthetic_csv, tmp_path, monkeypatch, exported, full_run
+    synthetic_csv, tmp_path, exported, full_run
 ) -> None:
     config, out = tiny_config(synthetic_csv), tmp_path / "m"
-    original = EpochCheckpoint.on_epoch_end
-
-    def crash_after_first_epoch(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        original(self, epoch, logs)
-        if epoch == 0:
-            raise Interrupted
-
-    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_first_epoch)
-    with pytest.raises(Interrupted):
+    with crash_after_round(0):
         retrieval.training.run.train(config, out, verbose=0)
-    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", original)
     # A half-trained run is only a run folder, never an artifact.
     assert not out.exists()
     run = run_folder(out)
@@ -643,27 +629,16 @@ def test_without_validation_the_plateau_schedule_decays_over_the_budget_s_end(
     assert states == [{"start": None, "steps": 0}] * 3 + [{"start": 80, "steps": 20}] * 2
 
 
-def test_a_run_resumed_in_its_decay_continues_the_same_decay(
-    synthetic_csv, tmp_path, monkeypatch, exported
-) -> None:
+def test_a_run_resumed_in_its_decay_continues_the_same_decay(synthetic_csv, tmp_path, exported) -> None:
     """The plateau decay began at step 80 of 100; a crash right after that round's checkpoint
     resumes into the decay (at the peak rate the last round's weights would differ)."""
     budget = ["train.epochs=none", "train.max_steps=100", "train.eval_every_steps=20", "train.patience=0"]
     config = tiny_config(synthetic_csv, *budget, "train.lr_schedule=plateau", "train.learning_rate=0.01")
     full = retrieval.training.run.train(config, tmp_path / "full", verbose=0)
-    original = EpochCheckpoint.on_epoch_end
-
-    def crash_after_round_four(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        original(self, epoch, logs)
-        if epoch == 3:
-            raise Interrupted
-
-    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_round_four)
-    with pytest.raises(Interrupted):
+    with crash_after_round(3):
         retrieval.training.run.train(config, tmp_path / "m", verbose=0)
     state = json.loads((run_folder(tmp_path / "m") / "checkpoint" / "state.json").read_text())
     assert state["cooldown"] == {"start": 80, "steps": 20}
-    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", original)
     resumed = retrieval.training.run.train(config, tmp_path / "m", verbose=0, resume=True)
     assert resumed.steps_trained == full.steps_trained == 100
     np.testing.assert_allclose(resumed.train_loss_per_epoch, full.train_loss_per_epoch, rtol=1e-6)
@@ -672,7 +647,7 @@ def test_a_run_resumed_in_its_decay_continues_the_same_decay(
 
 
 def test_a_round_that_ends_mid_epoch_resumes_like_an_uninterrupted_run(
-    synthetic_csv, tmp_path, monkeypatch, exported
+    synthetic_csv, tmp_path, exported
 ) -> None:
     """Rounds of 24 steps end inside epochs of 16: the resumed run reads the data (and
     bert4rec-style per-step seeds) from the step it stopped at."""
@@ -680,17 +655,8 @@ def test_a_round_that_ends_mid_epoch_resumes_like_an_uninterrupted_run(
     config = tiny_config(synthetic_csv, "train.lr_schedule=linear", *budget)
     full = retrieval.training.run.train(config, tmp_path / "full", verbose=0)
     assert (full.steps_trained, len(full.train_loss_per_epoch)) == (72, 3)
-    original = EpochCheckpoint.on_epoch_end
-
-    def crash_after_round_two(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        original(self, epoch, logs)
-        if epoch == 1:
-            raise Interrupted
-
-    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_round_two)
-    with pytest.raises(Interrupted):
+    with crash_after_round(1):
         retrieval.training.run.train(config, tmp_path / "m", verbose=0)
-    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", original)
     resumed = retrieval.training.run.train(config, tmp_path / "m", verbose=0, resume=True)
     assert [h["step"] for h in resumed.validation_per_epoch] == [24, 48, 72]
     np.testing.assert_allclose(resumed.train_loss_per_epoch, full.train_loss_per_epoch, rtol=1e-6)

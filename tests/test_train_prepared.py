@@ -25,9 +25,9 @@ from retrieval.data.vocab import ItemVocab
 from retrieval.evaluation.prepared import evaluate_prepared
 from retrieval.evaluation.protocols import evaluate_protocol
 from retrieval.storage.manifest import ArtifactError
-from retrieval.training.callbacks import EpochCheckpoint, run_folder
+from retrieval.training.callbacks import run_folder
 from retrieval.training.config import Config
-from tests.helpers import run_tool
+from tests.helpers import crash_after_round, run_tool
 
 TINY = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.num_negatives=5", "train.epochs=2"]
 
@@ -42,10 +42,6 @@ def prepared(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 def config_for(data: Path, *extra: str) -> Config:
     return apply_overrides(Config(), [f"data.path={data}", *TINY, *extra])
-
-
-class Interrupted(Exception):
-    """Stands for a crash in the middle of a run."""
 
 
 @pytest.fixture
@@ -90,9 +86,7 @@ def test_one_batch_per_epoch_trains_as_the_csv_does(
 
 
 @pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
-def test_resume_from_a_prepared_folder(
-    prepared: Path, synthetic_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resume_from_a_prepared_folder(prepared: Path, synthetic_csv: Path, tmp_path: Path) -> None:
     """Several batches per epoch (32 of 496): the interrupted and resumed run ends where the
     uninterrupted one does, through the command line, and writes a complete artifact."""
     flags = ["--data", str(prepared), "--model", "youtubednn", "--dim", "8", "--max-len", "6"]
@@ -100,18 +94,9 @@ def test_resume_from_a_prepared_folder(
     assert run_tool("train", *flags, "--format", "prepared", "--out", str(tmp_path / "full")) == 0
     full = json.loads((tmp_path / "full" / "metrics.json").read_text())
 
-    original = EpochCheckpoint.on_epoch_end
-
-    def crash_after_first_epoch(self: EpochCheckpoint, epoch: int, logs: Any = None) -> None:
-        original(self, epoch, logs)
-        if epoch == 0:
-            raise Interrupted
-
     out = tmp_path / "resumed"
-    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", crash_after_first_epoch)
-    with pytest.raises(Interrupted):
+    with crash_after_round(0):
         run_tool("train", *flags, "--out", str(out))
-    monkeypatch.setattr(EpochCheckpoint, "on_epoch_end", original)
     assert not out.exists() and (run_folder(out) / "checkpoint").is_dir()
     assert run_tool("train", *flags, "--out", str(out), "--resume") == 0
     resumed = json.loads((out / "metrics.json").read_text())

@@ -40,11 +40,6 @@ class TwoTowerModel(keras.Model):
         self.similarity = similarity
         self.task: RetrievalTask | None = None
         self.objective = user_tower.objectives[0]
-        import os
-        self.bias_t = float(os.environ.get("PROBE_BIAS_T", "0"))
-        if self.bias_t > 0:
-            n = int(user_tower.item_tower.embedding.input_dim)
-            self.item_bias = keras.layers.Embedding(n, 1, embeddings_initializer="zeros", name="probe_item_bias")
 
     @property
     def item_tower(self) -> ItemTower:
@@ -62,19 +57,8 @@ class TwoTowerModel(keras.Model):
 
     def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
         if training and self.objective != "last":
-            return self._ones(self._scored(self.user_tower.sequence_output(inputs, training=True)))
-        return self._ones(self._scored(self.user_tower(inputs, training=training)))
-
-    def _ones(self, vectors: Any) -> Any:
-        if self.bias_t <= 0:
-            return vectors
-        return ops.concatenate([vectors, ops.ones_like(vectors[..., :1])], axis=-1)
-
-    def _items(self, ids: Any, training: bool) -> Any:
-        vectors = self._scored(self.item_tower.candidates(ids, training))
-        if self.bias_t <= 0:
-            return vectors
-        return ops.concatenate([vectors, self.bias_t * self.item_bias(ids)], axis=-1)
+            return self._scored(self.user_tower.sequence_output(inputs, training=True))  # [B, L, d]
+        return self._scored(self.user_tower(inputs, training=training))  # [B, K, d]
 
     def _scored(self, vectors: Any) -> Any:
         """``vectors [..., d]`` as the similarity scores them: unit length for cosine (a zero
@@ -93,13 +77,7 @@ class TwoTowerModel(keras.Model):
             raise RuntimeError(
                 "attach a task (model.task = retrieval.training.losses.task.build_task(...)) before training"
             )
-        embed = lambda ids: self._items(ids, training)  # noqa: E731
-        loss = self.task(y_pred, y, embed)
-        import os
-        w = float(os.environ.get("PROBE_FUTURE_W", "0"))
-        if training and w > 0 and len(y.shape) == 2:
-            for k in range(1, int(os.environ.get("PROBE_FUTURE_K", "1")) + 1):
-                loss = loss + (w**k) * self.task(y_pred[:, :-k], y[:, k:], embed)
+        loss = self.task(y_pred, y, lambda ids: self._scored(self.item_tower.candidates(ids, training)))
         if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
             loss = loss + tf.add_n(self.losses)
         if training and self.task.contrastive_weight > 0:  # DuoRec: a second pass, other dropout masks
@@ -207,11 +185,7 @@ def scoring_table(model: TwoTowerModel, table: np.ndarray | None = None) -> np.n
     (default :func:`item_table`), itself, or its rows scaled to unit length when
     ``model.similarity`` is cosine. What the index and evaluation read."""
     table = item_table(model) if table is None else table
-    rows = scored_rows(table, model.similarity)
-    if model.bias_t > 0:
-        bias = model.bias_t * np.array(model.item_bias.embeddings, np.float32)
-        rows = np.concatenate([rows, bias], axis=1).astype(np.float32)
-    return rows
+    return scored_rows(table, model.similarity)
 
 
 def export_user_tower(

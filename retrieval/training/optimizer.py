@@ -26,11 +26,8 @@ def make_optimizer(config: TrainConfig, rate: float | WarmupDecay) -> keras.opti
     """Adam (AdamW when ``weight_decay`` > 0, biases and normalisation scales not decayed) at
     ``rate`` (:func:`make_schedule`); with ``dense_gradients``, embedding gradients are summed
     per row first (:func:`_sum_rows_first`)."""
-    import os
-    ema = float(os.environ.get("PROBE_EMA", "0"))
-    extra = {"use_ema": True, "ema_momentum": ema} if ema > 0 else {}
     if config.weight_decay <= 0:
-        optimizer = keras.optimizers.Adam(rate, **extra)
+        optimizer = keras.optimizers.Adam(rate)
     else:
         optimizer = keras.optimizers.AdamW(rate, weight_decay=config.weight_decay)
         optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])

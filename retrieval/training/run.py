@@ -376,9 +376,6 @@ def _train(
     )
     ends = [c for c in (early, cooldown) if c is not None]
     callbacks: list[keras.callbacks.Callback] = [timer, validation, *ends, checkpoint]
-    import os
-    if float(os.environ.get("PROBE_EMA", "0")) > 0:
-        callbacks.insert(0, keras.callbacks.SwapEMAWeights(swap_on_epoch=True))
     if tensorboard is not None:
         callbacks.append(TensorBoardLogger(tensorboard))
 
@@ -438,11 +435,6 @@ def _train(
         best_step=None if best_round is None else best_round * budget.round_steps,
     )
     metrics = result.to_dict()
-    import json, os
-    if model.bias_t > 0:
-        where.out.mkdir(parents=True, exist_ok=True)
-        (where.out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        return result
     save_model(model, config, data.vocab, data.side, metrics, where.out, overwrite, data.item_attributes)
     remove_folder(where.run)  # the artifact is complete: the checkpoints are done with
     wait_for_workers(strategy)

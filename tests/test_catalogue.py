@@ -50,7 +50,7 @@ def attributes_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train(data: Path, out: Path, *options: str) -> Path:
-    # The library's defaults, not the sasrec preset's: catalogue changes need a dot-product model.
+    # The library's defaults (a dot-product model), not the sasrec preset's; cosine by options.
     defaults = out.parent / f"{out.name}-config.json"
     defaults.write_text(config_to_json(Config(model=ModelConfig(tower="sasrec"))))
     code = run_tool(
@@ -61,17 +61,28 @@ def _train(data: Path, out: Path, *options: str) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def deployed(attributes_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _deploy(data: Path, out: Path, *options: str) -> Path:
     """A model trained with attributes and id-dropout, its Flat index, as a deployment root."""
-    out = tmp_path_factory.mktemp("catalogue")
     model_dir = _train(
-        attributes_data, out / "model", "--set", "model.side_features=attributes",
-        "--set", "model.fusion=nova", "--set", "model.id_dropout=0.5",
+        data, out / "model", "--set", "model.side_features=attributes",
+        "--set", "model.fusion=nova", "--set", "model.id_dropout=0.5", *options,
     )  # fmt: skip
     assert run_tool("build_index", "--model", str(model_dir), "--out", str(out / "index")) == 0
     publish_deployment(model_dir, out / "index", out / "live")
     return out / "live"
+
+
+@pytest.fixture(scope="module")
+def deployed(attributes_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dot-product model (:func:`_deploy`)."""
+    return _deploy(attributes_data, tmp_path_factory.mktemp("catalogue"))
+
+
+@pytest.fixture(scope="module")
+def cosine_deployed(attributes_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cosine model (:func:`_deploy`), as the ``sasrec`` presets train."""
+    out = tmp_path_factory.mktemp("cosine")
+    return _deploy(attributes_data, out, "--set", "model.similarity=cosine", "--set", "train.temperature=0.1")
 
 
 def _copy_root(root: Path, tmp_path: Path) -> Path:
@@ -338,6 +349,70 @@ def test_updates_keep_a_trained_items_id_part_and_removal_is_undone_by_adding(
         after.item_embeddings[i5], before.item_embeddings[i5] - old_part + new_part, rtol=1e-5, atol=1e-6
     )
     assert after.manifest["tower_items"] == len(before.vocab) == len(after.vocab)
+
+
+# --- a cosine model: new items, removals, and updates that keep a trained item's attribute part ----
+
+
+def _unit_attribute_mean(model_dir: Path, attributes: list[str]) -> np.ndarray:
+    """The reference cold vector: the unit-length mean of the attributes' rows in the folder."""
+    names = json.loads((model_dir / "side_vocab.json").read_text())["attributes"]
+    rows = [names.index(a) + 1 for a in attributes]  # row 0 is padding
+    mean = np.load(model_dir / "attribute_embeddings.npy")[rows].mean(axis=0)
+    return mean / np.linalg.norm(mean)
+
+
+def test_a_cosine_model_serves_an_added_item_at_the_unit_mean_of_its_attributes(
+    cosine_deployed: Path, tmp_path: Path
+) -> None:
+    root = _copy_root(cosine_deployed, tmp_path)
+    assert load_deployment(root).model.similarity == "cosine"
+    change = change_catalogue(root, [CatalogueItem("new-c1", ("1", "99"), "A cluster-1 newcomer")])
+    assert (change.added, change.updated) == (1, 0)
+    served = load_deployment(root)
+    row = served.model.item_embeddings[int(served.model.vocab.lookup(["new-c1"])[0])]
+    np.testing.assert_allclose(row, _unit_attribute_mean(deployment_dirs(root)[0], ["1", "99"]), rtol=1e-5)
+    found = served.retrieve(["11", "12", "13"], k=1, allow=["new-c1"]).items
+    assert [i for i, _, _ in found] == ["new-c1"] and -1 - 1e-5 <= found[0][1] <= 1 + 1e-5
+
+
+def test_a_cosine_model_removes_an_item_from_the_index(cosine_deployed: Path, tmp_path: Path) -> None:
+    root = _copy_root(cosine_deployed, tmp_path)
+    assert load_deployment(root).retrieve(["1"], k=5, allow=["24"]).items  # served before
+    change_catalogue(root, remove=["24"])
+    served = load_deployment(root)
+    assert int(served.model.vocab.lookup(["24"])[0]) not in served.index.ids().tolist()
+    assert not served.retrieve(["1"], k=5, allow=["24"]).items
+
+
+def test_a_cosine_model_keeps_a_trained_items_vector_when_its_attributes_stay(
+    cosine_deployed: Path, tmp_path: Path
+) -> None:
+    """A title-only update, and a removal undone by adding the item back with its attributes
+    in another order: both keep the trained (unit-length) row exactly."""
+    root = _copy_root(cosine_deployed, tmp_path)
+    before = load_deployment(root).model
+    change = change_catalogue(root, [CatalogueItem("6", ("0", "99"), "Six")])
+    assert (change.added, change.updated) == (0, 1)
+    change_catalogue(root, remove=["7"])
+    change_catalogue(root, [CatalogueItem("7", ("99", "0"))])
+    after = load_deployment(root).model
+    rows = before.vocab.lookup(["6", "7"])
+    np.testing.assert_array_equal(after.item_embeddings[rows], before.item_embeddings[rows])
+    assert after.vocab.title(int(rows[0])) == "Six" and len(after.removed) == 0
+
+
+def test_a_cosine_model_refuses_new_attributes_for_a_trained_item(
+    cosine_deployed: Path, tmp_path: Path
+) -> None:
+    root = _copy_root(cosine_deployed, tmp_path)
+    current = resolve_current(root)
+    items = [CatalogueItem("fresh", ("1",)), CatalogueItem("6", ("0", "99")), CatalogueItem("5", ("3", "99"))]
+    with pytest.raises(ValueError, match=r"1 trained items would change attributes, e\.g\. '5'") as refused:
+        change_catalogue(root, items)
+    for why_and_instead in ("scores by cosine", "unit length", "new id", "--set model.similarity=dot"):
+        assert why_and_instead in str(refused.value)
+    assert resolve_current(root) == current  # nothing published, not even the new item
 
 
 def test_bad_changes_leave_the_root_unchanged(

@@ -9,12 +9,9 @@ import keras
 import numpy as np
 import pytest
 
-from retrieval.artifacts.catalogue import CatalogueItem, change_catalogue
-from retrieval.artifacts.deployment import publish_deployment
 from retrieval.artifacts.model import EMBEDDINGS_FILE, TOWER_TABLE_FILE, load_model
 from retrieval.evaluation.evaluate import exact_top_k
 from retrieval.serving.retriever import Retriever
-from retrieval.storage.manifest import ArtifactError
 from retrieval.training.config import ModelConfig
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import build_task
@@ -124,10 +121,3 @@ def test_served_cosine_results_equal_a_brute_force_over_unit_vectors(cosine_mode
         got = retriever.retrieve(model.vocab.external(dense), k=10)
         assert [item for item, _, _ in got.items] == model.vocab.external(expected)
         assert all(-1.0 - 1e-5 <= score <= 1.0 + 1e-5 for _, score, _ in got.items)  # cosines
-
-
-def test_a_cosine_model_refuses_catalogue_changes(cosine_model, cosine_index, tmp_path) -> None:
-    root = tmp_path / "live"
-    publish_deployment(cosine_model, cosine_index, root)
-    with pytest.raises(ArtifactError, match="scores by cosine similarity"):
-        change_catalogue(root, [CatalogueItem("new", ("a",), None)])

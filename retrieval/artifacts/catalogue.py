@@ -6,6 +6,9 @@ item tower's attribute part: meaningful when the model was trained with ``side_f
 ``attributes``, better with ``model.id_dropout``). It is appended to the vocabulary (new dense
 ids past ``tower_items``: retrieved, never read as history) and upserted into the index. A
 removed item leaves the index; it stays in the vocabulary, since histories may still hold it.
+A model that scores by cosine stores unit-length vectors, from which a trained item's id part
+cannot be separated: it takes new items, removals, and updates that keep a trained item's
+attribute part (:func:`_vectors`).
 
 A change costs its own size: the new version hard-links every file of the current one and adds
 the changes since those files were written (:mod:`retrieval.artifacts.changes`), which a
@@ -175,6 +178,7 @@ class _Current:
     changes: CatalogueChanges
     side: SideVocab
     attribute_embeddings: np.ndarray
+    similarity: str
 
 
 def _read_current(model_dir: Path) -> _Current:
@@ -185,13 +189,6 @@ def _read_current(model_dir: Path) -> _Current:
     """
     manifest = read_manifest(model_dir, KIND, verify=False)
     listed = set(manifest.get("files", {}))
-    if (similarity := manifest_similarity(manifest)) != "dot":
-        raise ArtifactError(
-            f"model {manifest['version']} scores by {similarity} similarity: catalogue "
-            "changes derive new vectors from the trained ones, which only a dot-product model "
-            "keeps unchanged; retrain with --set model.similarity=dot (and a temperature for it, "
-            "e.g. --set train.temperature=1) to change its catalogue"
-        )
     if ATTRIBUTE_EMBEDDINGS_FILE not in listed:
         raise ArtifactError(
             f"model {manifest['version']} was trained without item attributes, so it cannot embed "
@@ -206,16 +203,18 @@ def _read_current(model_dir: Path) -> _Current:
     side = SideVocab.load(model_dir / SIDE_FILE)
     attributes = load_vectors(model_dir / ATTRIBUTE_EMBEDDINGS_FILE, len(side.attributes) + 1, dim)
     vocab = grown_vocab(base, changes)
-    return _Current(model_dir, manifest, vocab, len(base), changes, side, attributes)
+    similarity = manifest_similarity(manifest)
+    return _Current(model_dir, manifest, vocab, len(base), changes, side, attributes, similarity)
 
 
 def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence[str]) -> np.ndarray:
     """The vectors of ``items``: cold-start vectors, except that a trained item keeps its id
-    part (new attribute part, same id embedding).
+    part (new attribute part, same id embedding); on a cosine model, whose stored vectors are
+    unit length, a trained item keeps its latest vector and must keep its attribute part.
 
     Raises:
-        ValueError: an id both added and removed, an unknown id to remove, or an item without a
-            known attribute.
+        ValueError: an id both added and removed, an unknown id to remove, an item without a
+            known attribute, or a cosine model's trained item with another attribute part.
     """
     both = sorted({i.id for i in items} & set(remove))
     if both:
@@ -223,7 +222,9 @@ def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence
     unknown = [i for i in remove if i not in current.vocab]
     if unknown:
         raise ValueError(f"{len(unknown)} ids to remove are not in the catalogue, e.g. {unknown[0]!r}")
-    vectors = cold_vectors(current.side, current.attribute_embeddings, [i.attributes for i in items])
+    vectors = cold_vectors(
+        current.side, current.attribute_embeddings, [i.attributes for i in items], current.similarity
+    )
     dense = current.vocab.lookup([i.id for i in items])
     trained = (dense != PAD) & (dense <= int(current.manifest.get("tower_items", current.base_items)))
     if trained.any():
@@ -231,8 +232,33 @@ def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence
         table = np.load(_verified(current, EMBEDDINGS_FILE), mmap_mode="r", allow_pickle=False)
         now = _latest(current, ids, table, dense[trained])
         before, _ = _attribute_means(current.side, current.attribute_embeddings, [a for a, _ in now])
-        vectors[trained] += np.stack([v for _, v in now]) - before
+        if current.similarity == "cosine":
+            attributes = [i.attributes for i, t in zip(items, trained, strict=True) if t]
+            after, _ = _attribute_means(current.side, current.attribute_embeddings, attributes)
+            _refuse_new_attribute_parts(ids, before, after)
+            vectors[trained] = np.stack([v for _, v in now])
+        else:
+            vectors[trained] += np.stack([v for _, v in now]) - before
     return vectors
+
+
+def _refuse_new_attribute_parts(ids: Sequence[str], before: np.ndarray, after: np.ndarray) -> None:
+    """Refuses the trained items ``ids`` of a cosine model whose attribute part (``before``,
+    float32 ``[n, d]``) would become ``after``.
+
+    Raises:
+        ValueError: some of them change it.
+    """
+    # The same attributes in another order sum in another order: equal up to float32 rounding.
+    same = np.isclose(after, before, rtol=1e-5, atol=1e-6).all(axis=1)
+    if not same.all():
+        raise ValueError(
+            f"{int((~same).sum())} trained items would change attributes, e.g. "
+            f"{ids[int(np.flatnonzero(~same)[0])]!r}: the model scores by cosine, so its stored "
+            "vectors are unit length and an item's id part cannot be separated from its attribute "
+            "part; add it under a new id, or remove it, or train with --set model.similarity=dot "
+            "--set train.temperature=1 to update attributes in place"
+        )
 
 
 def _latest(
@@ -294,7 +320,7 @@ def change_catalogue(
         ArtifactError: ``root`` has no current version, its model cannot embed new items, or
             its index is not a FAISS file.
         ValueError: a bad change (see :func:`cold_vectors`; an id both added and removed, an
-            unknown id to remove).
+            unknown id to remove, new attributes for a trained item of a cosine model).
     """
     folder = resolve_current(Path(root))
     model_dir, index_dir = deployment_dirs(folder)

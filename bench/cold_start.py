@@ -63,6 +63,7 @@ WARM_COLUMNS = ("hr@50", "ndcg@50", "hr@10", "ndcg@10")
 """The warm test's metrics (the training run's leave-one-out: its HR@50 is its Recall@50)."""
 METHODS = ("cold path", "random vectors", "popularity")
 _USER_BATCH = 256
+_TIE = 1e-6  # relative: float32 scores this close to the target's tie with it
 
 __all__ = ["ColdUsers", "HeldOut", "evaluate_cold", "hold_out", "main", "rank_metrics", "target_ranks"]
 
@@ -207,8 +208,8 @@ def target_ranks(
     scores_for: Callable[[slice], np.ndarray], exclude: Sequence[np.ndarray], targets: np.ndarray
 ) -> np.ndarray:
     """Each user's target rank among the items it may be shown: how many of them score at least
-    as high as it (0 = first; ties count against it). A target in ``exclude`` is a miss: it
-    ranks after every item.
+    as high as it (0 = first; ties, scores within float32 rounding of its own, count against
+    it). A target in ``exclude`` is a miss: it ranks after every item.
 
     Args:
         scores_for: users (a slice) -> their scores float ``[b, V]`` (column 0, padding, ignored).
@@ -223,7 +224,9 @@ def target_ranks(
         rows = slice(start, start + _USER_BATCH)
         scores = mask_excluded(np.array(scores_for(rows), np.float64), exclude[rows])
         own = scores[np.arange(len(scores)), targets[rows]]  # [b]
-        ahead = (scores >= own[:, None]).sum(axis=1) - 1
+        # Equal vectors can score a few float32 ulps apart (a BLAS product's summation order
+        # depends on the row's position): a score within _TIE of the target's is a tie.
+        ahead = (scores >= own[:, None] - _TIE * np.abs(own[:, None])).sum(axis=1) - 1
         out[rows] = np.where(np.isneginf(own), scores.shape[1] - 1, ahead)
     return out
 

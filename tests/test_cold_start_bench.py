@@ -92,6 +92,12 @@ def test_target_ranks_match_a_sorting_oracle() -> None:
     # Ties count against the target: all alike -> behind every other item shown.
     flat = cold_start.target_ranks(lambda rows: np.zeros((1, 5)), [np.zeros(0, np.int64)], np.array([2]))
     assert flat.tolist() == [3]
+    # ... and so do scores a float32 rounding below it (equal vectors, summed in another order).
+    below = np.float64(np.nextafter(np.float32(2.5), np.float32(0)))
+    near = cold_start.target_ranks(
+        lambda rows: np.array([[0, below, 2.5, 1.0]]), [np.zeros(0, np.int64)], np.array([2])
+    )
+    assert near.tolist() == [1]
     metrics = cold_start.rank_metrics(np.array([0, 9, 10, 49, 50]))
     assert metrics["hr@10"].tolist() == [1, 1, 0, 0, 0] and metrics["recall@50"].tolist() == [1, 1, 1, 1, 0]
     np.testing.assert_allclose(metrics["ndcg@50"], [1, 1 / np.log2(11), 1 / np.log2(12), 1 / np.log2(51), 0])

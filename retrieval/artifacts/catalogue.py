@@ -222,9 +222,8 @@ def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence
     unknown = [i for i in remove if i not in current.vocab]
     if unknown:
         raise ValueError(f"{len(unknown)} ids to remove are not in the catalogue, e.g. {unknown[0]!r}")
-    vectors = cold_vectors(
-        current.side, current.attribute_embeddings, [i.attributes for i in items], current.similarity
-    )
+    means = cold_vectors(current.side, current.attribute_embeddings, [i.attributes for i in items])
+    vectors = scored_rows(means, current.similarity)  # the new items' cold vectors
     dense = current.vocab.lookup([i.id for i in items])
     trained = (dense != PAD) & (dense <= int(current.manifest.get("tower_items", current.base_items)))
     if trained.any():
@@ -232,13 +231,12 @@ def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence
         table = np.load(_verified(current, EMBEDDINGS_FILE), mmap_mode="r", allow_pickle=False)
         now = _latest(current, ids, table, dense[trained])
         before, _ = _attribute_means(current.side, current.attribute_embeddings, [a for a, _ in now])
+        latest = np.stack([v for _, v in now])
         if current.similarity == "cosine":
-            attributes = [i.attributes for i, t in zip(items, trained, strict=True) if t]
-            after, _ = _attribute_means(current.side, current.attribute_embeddings, attributes)
-            _refuse_new_attribute_parts(ids, before, after)
-            vectors[trained] = np.stack([v for _, v in now])
+            _refuse_new_attribute_parts(ids, before, means[trained])
+            vectors[trained] = latest
         else:
-            vectors[trained] += np.stack([v for _, v in now]) - before
+            vectors[trained] += latest - before
     return vectors
 
 

@@ -27,39 +27,35 @@ class AFM(Ranker):
     """Attention-weighted pairwise interactions of 4 fields (2 without attributes) + linear terms.
 
     Args:
-        num_items: see :class:`~rankers.base.Ranker`.
-        dim: see :class:`~rankers.base.Ranker`.
-        max_len: see :class:`~rankers.base.Ranker`.
-        num_attributes: see :class:`~rankers.base.Ranker`.
         attention_units: ``t``, the attention network's hidden size.
         attention_dropout: dropout on the attention weights (training only).
+        **kwargs: :class:`~rankers.base.Ranker`'s arguments (``num_items``, ``dim``, ...).
 
     Call:
         inputs: see :class:`~rankers.base.Ranker` -> logits ``[B, C]``.
     """
 
+    options = ("attention_units", "attention_dropout")
+
     def __init__(
         self,
-        num_items: int,
-        dim: int,
-        max_len: int,
-        num_attributes: int = 0,
+        *,
         attention_units: int = 16,
         attention_dropout: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_items, dim, max_len, num_attributes, **kwargs)
+        super().__init__(**kwargs)
         self.attention_units, self.attention_dropout = attention_units, attention_dropout
-        self.num_fields = 4 if num_attributes else 2
+        self.num_fields = 4 if self.num_attributes else 2
         self.pairs = tuple(combinations(range(self.num_fields), 2))
         self.attention_hidden = keras.layers.Dense(attention_units, activation="relu", name="attention_w")
         self.attention_out = keras.layers.Dense(1, use_bias=False, name="attention_h")
         self.projection = keras.layers.Dense(1, use_bias=False, name="p")
         self.drop = keras.layers.Dropout(attention_dropout)
-        self.item_bias = keras.layers.Embedding(num_items + 1, 1, embeddings_initializer="zeros")
+        self.item_bias = keras.layers.Embedding(self.num_items + 1, 1, embeddings_initializer="zeros")
         self.attribute_bias = (
-            keras.layers.Embedding(num_attributes + 1, 1, embeddings_initializer="zeros")
-            if num_attributes
+            keras.layers.Embedding(self.num_attributes + 1, 1, embeddings_initializer="zeros")
+            if self.num_attributes
             else None
         )
 
@@ -128,10 +124,3 @@ class AFM(Ranker):
         a = self.drop(a, training=training)
         pooled = ops.sum(ops.expand_dims(a, -1) * products, axis=2)  # [B, C, d]
         return ops.squeeze(self.projection(pooled), -1) + self.linear(inputs)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "attention_units": self.attention_units,
-            "attention_dropout": self.attention_dropout,
-        }

@@ -75,6 +75,10 @@ class Ranker(keras.Model, abc.ABC):
     context_size: int = 0
     """Items of the ``"context"`` input a ranker reads (0 = it reads none; DSTN sets it)."""
 
+    options: tuple[str, ...] = ()
+    """The names of a ranker's own constructor arguments, kept as attributes of the same names:
+    :meth:`get_config` saves them beside the base arguments."""
+
     def __init__(
         self,
         num_items: int,
@@ -216,4 +220,5 @@ class Ranker(keras.Model, abc.ABC):
             "num_attributes": self.num_attributes,
             "retrieval_score": self.retrieval_score,
             "ranker_scale_init": self.ranker_scale_init,
+            **{name: getattr(self, name) for name in self.options},
         }

@@ -29,26 +29,22 @@ class DIEN(Ranker):
     list of a few hundred candidates at small ``d``.
 
     Args:
-        num_items: see :class:`~rankers.base.Ranker`.
-        dim: see :class:`~rankers.base.Ranker`.
-        max_len: see :class:`~rankers.base.Ranker`.
-        num_attributes: see :class:`~rankers.base.Ranker`.
         hidden_units: hidden widths of the final MLP.
         activation: ``"dice"``, ``"prelu"`` or ``"relu"`` in the final MLP.
         dropout: in the final MLP.
         aux_weight: weight of the auxiliary loss (0 = off), added in training.
         seed: of the negative sampler of the auxiliary loss.
+        **kwargs: :class:`~rankers.base.Ranker`'s arguments (``num_items``, ``dim``, ...).
 
     Call:
         inputs: see :class:`~rankers.base.Ranker` -> logits ``[B, C]``.
     """
 
+    options = ("hidden_units", "activation", "dropout", "aux_weight", "seed")
+
     def __init__(
         self,
-        num_items: int,
-        dim: int,
-        max_len: int,
-        num_attributes: int = 0,
+        *,
         hidden_units: Sequence[int] = (200, 80),
         activation: str = "dice",
         dropout: float = 0.0,
@@ -56,12 +52,12 @@ class DIEN(Ranker):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_items, dim, max_len, num_attributes, **kwargs)
+        super().__init__(**kwargs)
         self.hidden_units = [int(u) for u in hidden_units]
         self.activation, self.dropout = activation, dropout
         self.aux_weight, self.seed = aux_weight, seed
-        self.extractor = keras.layers.GRU(dim, return_sequences=True, name="interest_extractor")
-        self.cell = AUGRUCell(dim, dim)
+        self.extractor = keras.layers.GRU(self.dim, return_sequences=True, name="interest_extractor")
+        self.cell = AUGRUCell(self.dim, self.dim)
         self.evolution = keras.layers.RNN(self.cell, name="interest_evolution")
         self.mlp = ClickMLP(self.hidden_units, activation, dropout)
         self.sampler = keras.random.SeedGenerator(seed)
@@ -136,13 +132,3 @@ class DIEN(Ranker):
             negatives = self.sample_negatives(history)
             self.add_loss(self.aux_weight * self.auxiliary_loss(states, history, negatives))
         return ops.reshape(logits, (batch, num))
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "hidden_units": self.hidden_units,
-            "activation": self.activation,
-            "dropout": self.dropout,
-            "aux_weight": self.aux_weight,
-            "seed": self.seed,
-        }

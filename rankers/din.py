@@ -24,26 +24,22 @@ class DIN(Ranker):
     """Target attention over the history, then an MLP on ``[u, e_c, u ⊙ e_c]``.
 
     Args:
-        num_items: see :class:`~rankers.base.Ranker`.
-        dim: see :class:`~rankers.base.Ranker`.
-        max_len: see :class:`~rankers.base.Ranker`.
-        num_attributes: see :class:`~rankers.base.Ranker`.
         attention_units: hidden widths of the activation unit ((80, 40) as in DIN's code).
         hidden_units: hidden widths of the final MLP ((200, 80) as in the paper).
         activation: ``"dice"`` or ``"prelu"`` (or ``"relu"``) in the final MLP.
         dropout: in the final MLP.
         mba_l2: ``λ`` of the mini-batch-aware L2 on the item table (0 = off), added in training.
+        **kwargs: :class:`~rankers.base.Ranker`'s arguments (``num_items``, ``dim``, ...).
 
     Call:
         inputs: see :class:`~rankers.base.Ranker` -> logits ``[B, C]``.
     """
 
+    options = ("attention_units", "hidden_units", "activation", "dropout", "mba_l2")
+
     def __init__(
         self,
-        num_items: int,
-        dim: int,
-        max_len: int,
-        num_attributes: int = 0,
+        *,
         attention_units: Sequence[int] = (80, 40),
         hidden_units: Sequence[int] = (200, 80),
         activation: str = "dice",
@@ -51,11 +47,11 @@ class DIN(Ranker):
         mba_l2: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_items, dim, max_len, num_attributes, **kwargs)
+        super().__init__(**kwargs)
         self.attention_units = [int(u) for u in attention_units]
         self.hidden_units = [int(u) for u in hidden_units]
         self.activation, self.dropout, self.mba_l2 = activation, dropout, mba_l2
-        self.unit = LocalActivationUnit(dim, self.attention_units)
+        self.unit = LocalActivationUnit(self.dim, self.attention_units)
         self.mlp = ClickMLP(self.hidden_units, activation, dropout)
 
     def build_layers(self) -> None:
@@ -92,13 +88,3 @@ class DIN(Ranker):
         if training and self.mba_l2 > 0:
             self.add_loss(self.mba_penalty(inputs))
         return ops.reshape(logits, (batch, num))
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "attention_units": self.attention_units,
-            "hidden_units": self.hidden_units,
-            "activation": self.activation,
-            "dropout": self.dropout,
-            "mba_l2": self.mba_l2,
-        }

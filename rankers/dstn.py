@@ -88,15 +88,12 @@ class DSTN(Ranker):
     """Interactive attention over context, clicked and unclicked items, then an MLP.
 
     Args:
-        num_items: see :class:`~rankers.base.Ranker`.
-        dim: see :class:`~rankers.base.Ranker`.
-        max_len: see :class:`~rankers.base.Ranker`.
-        num_attributes: see :class:`~rankers.base.Ranker`.
         attention_units: hidden size of each interactive attention (one per auxiliary set).
         hidden_units: hidden widths of the final MLP.
         activation: ``"relu"`` (the paper), ``"dice"`` or ``"prelu"``.
         dropout: in the final MLP.
         context_size: N, context items per candidate (0 = every other candidate of the request).
+        **kwargs: :class:`~rankers.base.Ranker`'s arguments (``num_items``, ``dim``, ...).
 
     Call:
         inputs: see :class:`~rankers.base.Ranker`; ``"unclicked"`` int ``[B, U]`` is optional (absent
@@ -106,12 +103,11 @@ class DSTN(Ranker):
         ``N + 1`` columns are read -> logits ``[B, C]``.
     """
 
+    options = ("attention_units", "hidden_units", "activation", "dropout", "context_size")
+
     def __init__(
         self,
-        num_items: int,
-        dim: int,
-        max_len: int,
-        num_attributes: int = 0,
+        *,
         attention_units: int = 32,
         hidden_units: Sequence[int] = (128, 64),
         activation: str = "relu",
@@ -119,7 +115,7 @@ class DSTN(Ranker):
         context_size: int = 20,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_items, dim, max_len, num_attributes, **kwargs)
+        super().__init__(**kwargs)
         if context_size < 0:
             raise ValueError(f"context_size must be >= 0, got {context_size}")
         self.context_size = int(context_size)
@@ -127,7 +123,7 @@ class DSTN(Ranker):
         self.hidden_units = [int(u) for u in hidden_units]
         self.activation, self.dropout = activation, dropout
         self.attentions = {
-            name: InteractiveAttention(dim, attention_units, name=f"{name}_attention")
+            name: InteractiveAttention(self.dim, attention_units, name=f"{name}_attention")
             for name in AUXILIARY_SETS
         }
         self.mlp = ClickMLP(self.hidden_units, activation, dropout)
@@ -201,13 +197,3 @@ class DSTN(Ranker):
         valid = ops.reshape(sequence_mask(inputs["candidates"]), (-1,))
         logits = self.mlp(ops.reshape(x, (-1, 4 * self.dim)), valid=valid, training=training)
         return ops.reshape(logits, (batch, num))
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "attention_units": self.attention_units,
-            "hidden_units": self.hidden_units,
-            "activation": self.activation,
-            "dropout": self.dropout,
-            "context_size": self.context_size,
-        }

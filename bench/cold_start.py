@@ -1,6 +1,6 @@
 """Cold start: items never seen in training, ranked through their attributes alone.
 
-    python -m bench.quality --cold-start --datasets beauty sports --seeds 42 43 44 --epochs 20
+    python -m bench.cold_start --datasets beauty sports --seeds 42 43 44 --epochs 20
     python -m bench.cold_start --datasets beauty --id-dropout 0.5 0 --hold-out 0.1
 
 The protocol, per dataset:
@@ -481,13 +481,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.cold_start") -> int:
-    """The command; ``prog`` is how the report names it (``bench.quality --cold-start`` too)."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command (``python -m bench.cold_start``)."""
     args = parse_args(argv)
     meta: dict[str, Any] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit(),
-        "command": f"{prog} {shlex.join(args.argv)}",
+        "command": f"python -m bench.cold_start {shlex.join(args.argv)}",
         "machine": machine(),
         "load_start": load_average(2),
         "hold_out": args.hold_out,

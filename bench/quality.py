@@ -4,7 +4,6 @@
     python -m bench.quality --datasets beauty ml100k --protocols loo comirec --epochs 30
     python -m bench.quality --datasets beauty --towers sasrec --fusions none nova sum gated concat
     python -m bench.quality --quick                      # smoke run: ML-100K's first 200 users
-    python -m bench.quality --cold-start --datasets beauty sports --epochs 20   # bench/cold_start.py
 
 Datasets are names (``ml100k``, ``beauty``, ``sports``: ``retrieval.data.DATASETS``, under
 ``--data-root``, default ``$MITT_DATA`` or ``../shared/data``) or paths; ``--max-users N`` trains
@@ -837,11 +836,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--dry-run", action="store_true", help="list the runs (new, interrupted, finished) and stop"
     )
     p.add_argument("--quiet", action="store_true", help="no Keras progress output")
-    p.add_argument(
-        "--cold-start",
-        action="store_true",
-        help="the cold-start protocol instead, with its own options: python -m bench.cold_start --help",
-    )
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.quick:
@@ -863,13 +857,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--cold-start" in argv:  # a protocol with options of its own
-        from bench import cold_start
-
-        return cold_start.main(
-            [a for a in argv if a != "--cold-start"], "python -m bench.quality --cold-start"
-        )
     args = parse_args(argv)
     meta: dict[str, Any] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -129,7 +129,7 @@ def _artifact(vocab: ItemVocab, attributes: dict[str, tuple[str, ...]], seed: in
 def test_protocol_end_to_end_with_a_stand_in_trainer(
     s3rec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``bench.quality --cold-start`` with training replaced: the trainer is given the reduced
+    """``bench.cold_start`` with training replaced: the trainer is given the reduced
     data only, and the cold path's ranks are those of a numpy oracle over warm + cold vectors."""
     given: list[Any] = []
     every = json.loads((s3rec.parent / "Toy_item2attributes.json").read_text())
@@ -167,7 +167,6 @@ def test_protocol_end_to_end_with_a_stand_in_trainer(
     monkeypatch.setattr(cold_start, "load_model", fake_load)
     out = tmp_path / "cold"
     argv = [
-        "--cold-start",
         "--datasets",
         str(s3rec),
         "--hold-out",
@@ -179,7 +178,8 @@ def test_protocol_end_to_end_with_a_stand_in_trainer(
         "2",
     ]
     assert (
-        quality.main([*argv, "--id-dropout", "0.5", "0", "--epochs", "1", "--out", str(out), "--quiet"]) == 0
+        cold_start.main([*argv, "--id-dropout", "0.5", "0", "--epochs", "1", "--out", str(out), "--quiet"])
+        == 0
     )
 
     held = cold_start.hold_out(str(s3rec), 0.3, 5, tmp_path / "check")
@@ -196,7 +196,7 @@ def test_protocol_end_to_end_with_a_stand_in_trainer(
         trained = build_sequences(load_interactions(config.data.path))
         assert not set(trained.vocab.ids) & set(held.items)  # the trainer never sees a held-out item
     report = json.loads((out / "results.json").read_text())
-    assert report["meta"]["command"].startswith("python -m bench.quality --cold-start")
+    assert report["meta"]["command"].startswith("python -m bench.cold_start")
     info = report["datasets"]["Toy"]
     assert (info["held_out"], info["cold_users"]) == (len(held.items), len(held.cold.users))
     assert (info["without_vector"], info["dropped_users"]) == (1, 2)

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint proto clean
+.PHONY: install demo test test-fast lint proto native clean
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,5 +38,17 @@ proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iretrieval/api/v1=proto --python_out=. --pyi_out=. \
 		--grpc_python_out=. proto/retrieval.proto
 
+## The native engine (native/README.md): CMake builds retrieval/serving/_native*.so against Debian's
+## gRPC C++; the Debian packages (as root) and nanobind are installed when missing. `pip install`
+## never builds it. Keep NATIVE_PACKAGES equal to retrieval.serving.native.PACKAGES (a test checks).
+NATIVE_PACKAGES := libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev cmake g++ pkg-config
+native: $(STAMP)
+	@missing="$$(for p in $(NATIVE_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+		| grep -q 'install ok installed' || echo $$p; done)"; \
+	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; fi
+	$(BIN)/python -c 'import nanobind' 2>/dev/null || $(BIN)/pip install --quiet 'nanobind>=2.9,<4'
+	cmake -S native -B native/build -DPython_EXECUTABLE=$(abspath $(BIN)/python)
+	cmake --build native/build -j 2
+
 clean:
-	rm -rf $(VENV) runs *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs *.egg-info .pytest_cache .mypy_cache .ruff_cache native/build retrieval/serving/_native*.so

@@ -1,0 +1,65 @@
+#include "server.h"
+
+#include <chrono>
+#include <stdexcept>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+namespace mitt::native {
+namespace {
+
+const std::string& ServiceName() {
+  static const std::string name = retrieval::v1::RetrievalService::service_full_name();
+  return name;
+}
+
+}  // namespace
+
+NativeServer::NativeServer(std::shared_ptr<const Vocabulary> vocabulary, Kernel kernel, EngineOptions engine,
+                           BatchOptions batching)
+    : engine_(std::move(vocabulary), std::move(kernel), std::move(engine)),
+      batcher_(batching, [this](MicroBatcher<PendingCall>::Batch batch) { engine_.Answer(std::move(batch)); }),
+      service_(engine_, batcher_) {}
+
+NativeServer::~NativeServer() { Stop(0); }
+
+int NativeServer::Start(const std::string& address) {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (started_) throw std::logic_error("the server was already started");
+  started_ = true;
+  // Process-wide switches gRPC reads when a server is built (neither has a per-server form);
+  // both only matter to this module's private copy of gRPC. The reflection plugin registers
+  // itself as soon as it is linked in; the call is what links it.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(&service_);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    server_.reset();
+    batcher_.Stop();
+    stopped_ = true;
+    throw std::runtime_error("cannot serve on " + address);
+  }
+  server_->GetHealthCheckService()->SetServingStatus(ServiceName(), true);
+  return port_;
+}
+
+void NativeServer::Stop(double grace_seconds) {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->Shutdown();  // NOT_SERVING, and stays so
+    const auto grace = std::chrono::duration<double>(std::max(grace_seconds, 0.0));
+    // Returns once every call is finished: the batcher keeps answering meanwhile (a call still
+    // queued at the deadline is cancelled by gRPC, and its batch finishes it CANCELLED).
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::microseconds>(grace));
+    server_->Wait();
+  }
+  batcher_.Stop();
+}
+
+}  // namespace mitt::native

@@ -283,7 +283,7 @@ def test_install_is_skipped_when_the_marker_matches(tmp_path: Path) -> None:
 
 def test_runners_are_standalone() -> None:
     """The runners run in the peers' venvs: they must not import the project."""
-    for runner in sorted(peers.RUNNERS.glob("*_runner.py")):
+    for runner in sorted(peers.RUNNERS.glob("*.py")):
         tree = ast.parse(runner.read_text())
         imported = {
             (node.module or "").split(".")[0]
@@ -464,3 +464,34 @@ def test_smoke_run_trains_both_peers_and_ours_and_compares_them(shared_data: Pat
     ]
     table = (out / "results.md").read_text()
     assert "recbole | SASRec" in table and "deepmatch | YouTubeDNN" in table
+
+
+def test_the_runners_epoch_loop_times_training_exports_each_epoch_and_stops_at_the_time_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runners/epochs.py``: only ``train`` is timed, every epoch is exported and recorded, and
+    the epoch whose training passes ``max_minutes`` is the last."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("epochs", peers.RUNNERS / "epochs.py")
+    assert spec is not None and spec.loader is not None
+    epochs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(epochs)
+    clock = iter([0.0, 40.0, 40.0, 100.0, 100.0, 1000.0])  # epoch 1 trains 40 s, epoch 2 60 s
+    monkeypatch.setattr(epochs.time, "perf_counter", lambda: next(clock))
+    exported: list[str] = []
+    progress: dict = {"epochs": [], "done": False}
+
+    def export(folder: Path) -> None:
+        assert folder.is_dir()
+        exported.append(folder.name)
+
+    epochs.train_epochs(tmp_path, progress, 5, 1.5, lambda n: 10.0 / n, export)
+    assert exported == ["epoch_001", "epoch_002"]  # 40 + 60 s passed 1.5 minutes: stopped
+    written = json.loads((tmp_path / "progress.json").read_text())
+    assert written == progress
+    assert written["epochs"] == [
+        {"epoch": 1, "train_seconds": 40.0, "loss": 10.0},
+        {"epoch": 2, "train_seconds": 60.0, "loss": 5.0},
+    ]
+    assert written["done"] and written["stopped_by_time"]

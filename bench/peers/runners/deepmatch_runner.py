@@ -25,13 +25,13 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # DeepMatch is tf.keras (Keras 2) code
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
+from epochs import train_epochs  # beside this script, on its sys.path
 
 MODELS = ("ComiRec-SA", "ComiRec-DR", "MIND", "YouTubeDNN")
 
@@ -168,29 +168,20 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": [],
         "done": False,
     }
-    total = 0.0
-    for epoch in range(1, args.epochs + 1):
-        started = time.perf_counter()
+
+    def train(epoch: int) -> float:
         history = model.fit(x, y, batch_size=args.batch_size, epochs=1, shuffle=True, verbose=0)
-        seconds = time.perf_counter() - started
-        total += seconds
-        folder = args.out / f"epoch_{epoch:03d}"
-        folder.mkdir(exist_ok=True)
+        return float(history.history["loss"][-1])
+
+    def export(folder: Path) -> None:
         for part, inputs in evaluation.items():
             vectors = user_model.predict(inputs, batch_size=4096)
             if vectors.ndim == 2:  # single-interest: [U, d] -> [U, 1, d]
                 vectors = vectors[:, None, :]
             np.save(folder / f"{part}_users.npy", vectors.astype(np.float32))
         np.save(folder / "items.npy", item_model.predict(all_items, batch_size=4096).astype(np.float32))
-        loss = float(history.history["loss"][-1])
-        progress["epochs"].append({"epoch": epoch, "train_seconds": round(seconds, 3), "loss": loss})
-        (args.out / "progress.json").write_text(json.dumps(progress, indent=2))
-        print(f"epoch {epoch}: {seconds:.1f} s, loss {loss:.4f}", flush=True)
-        if args.max_minutes and total > 60 * args.max_minutes:
-            progress["stopped_by_time"] = True
-            break
-    progress["done"] = True
-    (args.out / "progress.json").write_text(json.dumps(progress, indent=2))
+
+    train_epochs(args.out, progress, args.epochs, args.max_minutes, train, export)
     return 0
 
 

@@ -29,12 +29,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # RecBole's torch.load of its own files
 
 import numpy as np
+from epochs import train_epochs  # beside this script, on its sys.path
 
 MODELS = ("SASRec", "BERT4Rec")
 DATASET = "bench"
@@ -180,14 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": [],
         "done": False,
     }
-    total = 0.0
-    for epoch in range(1, args.epochs + 1):
-        started = time.perf_counter()
-        loss = trainer._train_epoch(train_data, epoch - 1, show_progress=False)
-        seconds = time.perf_counter() - started
-        total += seconds
-        folder = args.out / f"epoch_{epoch:03d}"
-        folder.mkdir(exist_ok=True)
+
+    def train(epoch: int) -> float:
+        return float(trainer._train_epoch(train_data, epoch - 1, show_progress=False))
+
+    def export(folder: Path) -> None:
         model.eval()
         with torch.no_grad():
             for part, (seq, lengths) in evaluation.items():
@@ -208,14 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             if error > 1e-3:
                 raise AssertionError(f"exported vectors differ from full_sort_predict by {error}")
             np.save(folder / "items.npy", items[1:].detach().numpy().astype(np.float32))
-        progress["epochs"].append({"epoch": epoch, "train_seconds": round(seconds, 3), "loss": float(loss)})
-        (args.out / "progress.json").write_text(json.dumps(progress, indent=2))
-        print(f"epoch {epoch}: {seconds:.1f} s, loss {float(loss):.4f}", flush=True)
-        if args.max_minutes and total > 60 * args.max_minutes:
-            progress["stopped_by_time"] = True
-            break
-    progress["done"] = True
-    (args.out / "progress.json").write_text(json.dumps(progress, indent=2))
+
+    train_epochs(args.out, progress, args.epochs, args.max_minutes, train, export)
     return 0
 
 

@@ -459,3 +459,54 @@ def test_readme_links_reach_files_and_headings() -> None:
             if anchor not in slugs:
                 problems.append(f"README.md links to {target}: no such heading")
     assert not problems, "\n".join(problems)
+
+
+def test_readme_results_stand_in_the_benchmark_sections_they_link() -> None:
+    """Every number of a README results row (its "ours" and "peer" cells) is written in the
+    benchmarks section the row links to, so the README cannot drift from its sources."""
+    slugify = pytest.importorskip("markdown.extensions.toc").slugify
+    readme = (REPO_ROOT / "README.md").read_text()
+    table = readme.split("## Results", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in table.splitlines() if r.startswith("| [")]
+    assert len(rows) >= 4, table
+    problems = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        sections = " ".join(
+            benchmark_section(slugify, anchor) for anchor in re.findall(r"benchmarks\.md#([\w-]+)", row)
+        )
+        for number in re.findall(r"\d+\.\d+", " ".join(cells[1:3])):
+            if number not in sections:
+                problems.append(f"{number} ({cells[0][:50]}...) is not in the sections the row links")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_tower_count_the_docs_give_is_the_registry_s() -> None:
+    """ "(N towers)" in the request diagrams and "N user towers" in the prose match ``towers``."""
+    from towers import tower_names
+
+    words = {"seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}
+    found = []
+    for page in (REPO_ROOT / "README.md", DOCS / "index.md", DOCS / "architecture.md", DOCS / "towers.md"):
+        text = page.read_text()
+        found += [(page.name, int(n)) for n in re.findall(r"\((\d+) towers\)", text)]
+        found += [(page.name, words[w.lower()]) for w in re.findall(r"\b([A-Za-z]+) user towers", text, re.I)
+                  if w.lower() in words]  # fmt: skip
+    assert len(found) >= 5, found
+    assert {n for _, n in found} == {len(tower_names())}, found
+
+
+def benchmark_section(slugify: object, anchor: str) -> str:
+    """The text of the benchmarks page's section whose heading slug is ``anchor``, up to the next
+    heading of the same or a higher level."""
+    lines = (DOCS / "benchmarks.md").read_text().splitlines()
+    for start, line in enumerate(lines):
+        heading = re.match(r"^(#+) (.+)$", line)
+        if heading and slugify(heading.group(2), "-") == anchor:  # type: ignore[operator]
+            level = len(heading.group(1))
+            end = next(
+                (i for i in range(start + 1, len(lines)) if re.match(rf"^#{{1,{level}}} ", lines[i])),
+                len(lines),
+            )
+            return "\n".join(lines[start:end])
+    raise AssertionError(f"docs/benchmarks.md has no heading {anchor!r}")

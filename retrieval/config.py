@@ -2,58 +2,83 @@
 
 A config is a frozen dataclass whose fields hold plain values (``bool``, ``int``, ``float``,
 ``str``, optionally ``None``), options with a fixed set of values (``Literal[...]``), bags of
-extra arguments (``dict[str, Any]``) or nested configs (sections, e.g. ``Config.train``). Its
-``__post_init__`` calls :func:`check_fields`, so a config with an unknown option value cannot
-be built, whichever way it is made. The same functions serve every config:
+extra arguments (``dict[str, Any]``) or nested configs (sections, e.g. ``Config.train``). A
+numeric field declares the values it may take beside it, ``dim: Annotated[int, Range(1)]``.
+Its ``__post_init__`` calls :func:`check_fields`, so a config with an unknown option value or a
+number out of its range cannot be built, whichever way it is made; the error
+(:class:`FieldError`) names the key (``train.learning_rate=-1.0``) or flag (``--lr -1.0``) the
+value came from. The same functions serve every config:
 
 * :func:`apply_overrides`: ``section.field=value`` strings (``--set``), typed by the field;
+* :func:`apply_flags`: command-line flags that stand for fields (``--dim`` for ``model.dim``);
 * :func:`update_config` / :func:`config_from_dict`: a (partial) mapping, e.g. a config file;
 * :func:`config_to_dict` / :func:`config_to_json`: the config as saved beside an artifact;
 * :func:`load_config_file`: a ``.json``, ``.yaml`` or ``.yml`` file as a mapping.
 
-This module imports nothing from :mod:`retrieval` and no TensorFlow: tools check their whole
-configuration with it before loading anything heavy.
+This module imports nothing from :mod:`retrieval`, no TensorFlow, and YAML only to read a
+file: tools check their whole configuration with it before loading anything heavy, and a
+client-only install (no YAML) names its flags with it.
 
 Example:
     >>> from dataclasses import dataclass
     >>> @dataclass(frozen=True)
     ... class Opt:
     ...     kind: Literal["adam", "sgd"] = "adam"
-    ...     lr: float = 1e-3
+    ...     lr: Annotated[float, Range(0, low_open=True)] = 1e-3
     ...     def __post_init__(self) -> None:
     ...         check_fields(self)
     >>> apply_overrides(Opt(), ["kind=sgd", "lr=0.1"])
     Opt(kind='sgd', lr=0.1)
     >>> apply_overrides(Opt(), ["kind=rmsprop"])
     Traceback (most recent call last):
-    ValueError: kind: unknown kind 'rmsprop'; expected one of adam, sgd
+    retrieval.config.FieldError: kind: unknown kind 'rmsprop'; expected one of adam, sgd
+    >>> apply_flags(Opt(), {"lr": -1.0}, {"lr": "lr"})
+    Traceback (most recent call last):
+    retrieval.config.FieldError: --lr -1.0: must be > 0
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import math
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-import yaml
 
 __all__ = [
     "CONFIG_SUFFIXES",
+    "SEEDS",
+    "FieldError",
+    "NonNegativeFloat",
+    "NonNegativeInt",
+    "PositiveFloat",
+    "PositiveInt",
+    "Range",
+    "Seed",
+    "Share",
+    "apply_flags",
     "apply_overrides",
     "check_fields",
     "config_from_dict",
     "config_to_dict",
     "config_to_json",
+    "field_ranges",
+    "flag_of",
     "load_config_file",
+    "ranged",
     "update_config",
 ]
 
 C = TypeVar("C")
 """A config dataclass type."""
+N = TypeVar("N", int, float)
+"""A number's type."""
 
 NULLS = ("none", "null")
 """Override values that mean ``None`` for a field that allows it."""
@@ -61,15 +86,136 @@ NULLS = ("none", "null")
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 """Config files :func:`load_config_file` reads."""
 
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a field may take: from ``low`` to ``high`` (``None``: no bound), each end
+    included unless ``low_open``/``high_open`` says it is not; never NaN or infinite.
+
+    Declared once, beside its field (``dropout: Annotated[float, Range(0, 1, high_open=True)]``),
+    and checked by :func:`check_fields` when the config is built.
+
+    Example:
+        >>> str(Range(0, 1, high_open=True)), str(Range(1)), str(Range(0, low_open=True))
+        ('in [0, 1)', '>= 1', '> 0')
+        >>> 0.5 in Range(0, 1), 1 in Range(0, 1, high_open=True), float("inf") in Range(0)
+        (True, False, False)
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or not (value > self.high or (self.high_open and value == self.high))
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            return (
+                f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+            )
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        if self.high is not None:
+            return f"{'<' if self.high_open else '<='} {self.high}"
+        return "a finite number"
+
+
+PositiveInt = Annotated[int, Range(1)]
+"""Sizes, counts, budgets: ``>= 1``."""
+NonNegativeInt = Annotated[int, Range(0)]
+"""Counts where 0 means none or off: ``>= 0``."""
+PositiveFloat = Annotated[float, Range(0, low_open=True)]
+"""Rates and temperatures: ``> 0``."""
+NonNegativeFloat = Annotated[float, Range(0)]
+"""Weights where 0 means off: ``>= 0``."""
+Share = Annotated[float, Range(0, 1)]
+"""A share of something, 0 and 1 included."""
+SEEDS = Range(0, 2**32 - 1)
+"""The seeds NumPy's legacy seeding (``keras.utils.set_random_seed``) takes."""
+Seed = Annotated[int, SEEDS]
+"""A seed (a field's, and with :func:`ranged` a flag's)."""
+
+
+def ranged(kind: Callable[[str], N], allowed: Range) -> Callable[[str], N]:
+    """An argparse ``type`` for a numeric flag that stands for no config field: the text read as
+    ``kind``, refused outside ``allowed`` (``argument --k: must be >= 1, got 0``).
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> parser.add_argument("--k", type=ranged(int, Range(1)), default=10)  # doctest: +ELLIPSIS
+        _StoreAction(...)
+    """
+
+    def parse(text: str) -> N:
+        value = kind(text)  # text that is no number: argparse's own "invalid int value"
+        if value not in allowed:
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class FieldError(ValueError):
+    """A field's value outside its choices or its range.
+
+    The message starts with the name the value was given under: ``ModelConfig.dim`` when a
+    config is built directly, the key of an override or a file (``model.dim=0: must be >= 1``),
+    the flag of a command line (``--dim 0: must be >= 1``), as :meth:`named` renames it.
+
+    Attributes:
+        field: the field's name in its dataclass (``dim``).
+        value: the value refused.
+        expected: what the field takes: a :class:`Range`, or the tuple of its choices.
+    """
+
+    def __init__(self, field: str, value: Any, expected: Range | tuple[Any, ...], name: str) -> None:
+        self.field, self.value, self.expected, self.name = field, value, expected, name
+        if isinstance(expected, Range):
+            given = f"{name} {value}" if name.startswith("-") else f"{name}={value}"
+            message = f"{given}: must be {'' if math.isfinite(value) else 'finite and '}{expected}"
+        else:
+            message = (
+                f"{name}: unknown {field.replace('_', ' ')} {value!r}; expected one of {_choices(expected)}"
+            )
+        super().__init__(message)
+
+    def named(self, name: str) -> FieldError:
+        """The same error, its value given as ``name`` (a key such as ``train.epochs``, a flag)."""
+        return FieldError(self.field, self.value, self.expected, name)
+
+
 _FIELD_TYPES: dict[type, dict[str, Any]] = {}
+_FIELD_RANGES: dict[type, dict[str, Range]] = {}
 
 
 def field_types(cls: type) -> dict[str, Any]:
-    """Field name -> its resolved annotation (string annotations evaluated in the class's module)."""
+    """Field name -> its resolved annotation (string annotations evaluated in the class's module,
+    ``Annotated`` extras such as a :class:`Range` left out)."""
     if cls not in _FIELD_TYPES:
         hints = typing.get_type_hints(cls)
         _FIELD_TYPES[cls] = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
     return _FIELD_TYPES[cls]
+
+
+def field_ranges(cls: type) -> dict[str, Range]:
+    """Field name -> the :class:`Range` declared beside it, for the fields that declare one
+    (``Annotated[int, Range(1)]``, optional or not)."""
+    if cls not in _FIELD_RANGES:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        _FIELD_RANGES[cls] = {}
+        for f in dataclasses.fields(cls):
+            for annotation in (hints[f.name], *typing.get_args(hints[f.name])):
+                if typing.get_origin(annotation) is Annotated:
+                    found = [m for m in annotation.__metadata__ if isinstance(m, Range)]
+                    _FIELD_RANGES[cls].update({f.name: found[0]} if found else {})
+    return _FIELD_RANGES[cls]
 
 
 def _members(annotation: Any) -> tuple[list[Any], bool]:
@@ -97,12 +243,6 @@ def _choices(values: Iterable[Any]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def _unknown_value(key: str, value: Any, values: Iterable[Any]) -> str:
-    """``train.loss: unknown loss 'foo'; expected one of sampled_softmax, ...``."""
-    what = key.rpartition(".")[2].replace("_", " ")
-    return f"{key}: unknown {what} {value!r}; expected one of {_choices(values)}"
-
-
 def _is_section(annotation: Any) -> bool:
     return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
 
@@ -113,27 +253,32 @@ def _is_mapping(annotation: Any) -> bool:
 
 
 def check_fields(config: Any) -> None:
-    """Checks every ``Literal`` field of a config dataclass against its values; call it from
+    """Checks every ``Literal`` field of a config dataclass against its values and every field
+    with a :class:`Range` against it (``None`` passes where the field allows it); call it from
     ``__post_init__``.
 
     Raises:
-        ValueError: names the field, the valid values and the value given.
+        FieldError: names the field (``ModelConfig.dim``), the value given and the valid values.
     """
-    name = type(config).__name__
-    for field, annotation in field_types(type(config)).items():
-        values = literal_values(annotation)
+    cls = type(config)
+    ranges = field_ranges(cls)
+    for field, annotation in field_types(cls).items():
         value = getattr(config, field)
-        if values is None or (value is None and _members(annotation)[1]):
+        if value is None and _members(annotation)[1]:
             continue
-        if value not in values:
-            raise ValueError(_unknown_value(f"{name}.{field}", value, values))
+        values = literal_values(annotation)
+        if values is not None and value not in values:
+            raise FieldError(field, value, values, f"{cls.__name__}.{field}")
+        if field in ranges and value not in ranges[field]:
+            raise FieldError(field, value, ranges[field], f"{cls.__name__}.{field}")
 
 
 def parse_value(raw: str, annotation: Any, key: str) -> Any:
     """Text (an override's value) as the type ``annotation`` says.
 
     ``none``/``null`` is ``None`` where the field allows it; ``bool`` takes true/false/1/0;
-    a ``Literal`` field one of its values; a ``dict`` field a JSON object.
+    a ``Literal`` field the value its text names (text naming none is kept, for
+    :func:`check_fields` to refuse); a ``dict`` field a JSON object.
 
     Raises:
         ValueError: ``key: expected <type>, got <raw>``.
@@ -145,11 +290,8 @@ def parse_value(raw: str, annotation: Any, key: str) -> Any:
         raise ValueError(f"{key}: cannot parse a value of type {annotation}")
     target = members[0]
     values = literal_values(target)
-    if values is not None:
-        found = [v for v in values if str(v) == raw]
-        if not found:
-            raise ValueError(_unknown_value(key, raw, values))
-        return found[0]
+    if values is not None:  # the value its text names; other text is refused by check_fields
+        return next((v for v in values if str(v) == raw), raw)
     if target is bool:
         if raw.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"{key}: expected true/false, got {raw!r}")
@@ -216,7 +358,10 @@ def _override(config: Any, parts: list[str], raw: str, item: str, prefix: str) -
         raise ValueError(f"unknown field {path + '.' + '.'.join(rest)!r}: {path} has no fields")
     else:
         value = parse_value(raw, annotation, path)
-    return dataclasses.replace(config, **{name: value})
+    try:
+        return dataclasses.replace(config, **{name: value})
+    except FieldError as e:
+        raise e.named(path) from None
 
 
 def apply_overrides(config: C, overrides: Iterable[str]) -> C:
@@ -233,7 +378,8 @@ def apply_overrides(config: C, overrides: Iterable[str]) -> C:
 
     Raises:
         ValueError: not ``key=value``, an unknown key (the message lists the valid ones), or a
-            value of the wrong type or outside a ``Literal``'s values (listed too).
+            value of the wrong type.
+        FieldError: a value outside its ``Literal``'s values (listed) or its range, named by its key.
     """
     form = "section.field=value" if _has_sections(type(config)) else "field=value"
     for item in overrides:
@@ -243,6 +389,33 @@ def apply_overrides(config: C, overrides: Iterable[str]) -> C:
             raise ValueError(f"override {item!r} is not of the form {form}")
         config = _override(config, parts, raw.strip(), item, "")
     return config
+
+
+def apply_flags(config: C, values: Mapping[str, Any], fields: Mapping[str, str]) -> C:
+    """``config`` with the command-line flags that stand for its fields applied in order.
+
+    ``values`` are the parsed arguments (``vars(args)``: argparse's dest -> value, ``None`` for
+    a flag not given, which changes nothing), ``fields`` the dest of each flag -> the key it
+    sets (``{"dim": "model.dim", "lr": "train.learning_rate"}``); the flag of dest ``batch_size``
+    is ``--batch-size``.
+
+    Raises:
+        FieldError: a value outside its field's choices or range, named by the flag as typed
+            (``--dim 0: must be >= 1``).
+    """
+    for dest, key in fields.items():
+        if values[dest] is None:
+            continue
+        try:
+            config = apply_overrides(config, [f"{key}={values[dest]}"])
+        except FieldError as e:
+            raise e.named(flag_of(dest)) from None
+    return config
+
+
+def flag_of(dest: str) -> str:
+    """The flag argparse stores as ``dest``: ``batch_size`` -> ``--batch-size``."""
+    return "--" + dest.replace("_", "-")
 
 
 def _check_value(value: Any, annotation: Any, key: str) -> Any:
@@ -255,12 +428,10 @@ def _check_value(value: Any, annotation: Any, key: str) -> Any:
         raise ValueError(f"{key}: expected {annotation}, got null")
     target = members[0] if len(members) == 1 else None
     values = literal_values(annotation)
-    if isinstance(value, str) and target is not str and values is None:
-        return parse_value(value, annotation, key)
-    if values is not None:
-        if value not in values:
-            raise ValueError(_unknown_value(key, value, values))
+    if values is not None:  # check_fields refuses a value outside them
         return value
+    if isinstance(value, str) and target is not str:
+        return parse_value(value, annotation, key)
     if target is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if (
@@ -280,6 +451,7 @@ def update_config(config: C, payload: Mapping[str, Any], prefix: str = "") -> C:
 
     Raises:
         ValueError: an unknown key (the message lists the valid ones) or a value of the wrong type.
+        FieldError: a value outside its choices or range, named by its key (``train.epochs=0``).
     """
     where = prefix[:-1] or _label(type(config))
     if not isinstance(payload, Mapping):
@@ -298,7 +470,10 @@ def update_config(config: C, payload: Mapping[str, Any], prefix: str = "") -> C:
             changes[name] = update_config(getattr(config, name), value, f"{prefix}{name}.")
         else:
             changes[name] = _check_value(value, annotation, prefix + name)
-    return dataclasses.replace(config, **changes)  # type: ignore[type-var]
+    try:
+        return dataclasses.replace(config, **changes)  # type: ignore[type-var]
+    except FieldError as e:
+        raise e.named(prefix + e.field) from None
 
 
 def config_from_dict(cls: type[C], payload: Mapping[str, Any]) -> C:
@@ -335,6 +510,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(
             f"{path}: a config file is {', '.join(CONFIG_SUFFIXES)}, not {suffix or 'no suffix'!r}"
         )
+    import yaml  # here: a client-only install has none, and reads no config file
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:

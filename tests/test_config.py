@@ -87,7 +87,7 @@ def test_save_and_load_round_trip(tmp_path) -> None:
 
 OPTIONS = {
     DataConfig: {"format", "protocol", "timestamp_unit"},
-    ModelConfig: {"fusion", "similarity", "block"},
+    ModelConfig: {"tower", "fusion", "similarity", "block"},
     TrainConfig: {"objective", "loss", "sampler", "interest_selection", "lr_schedule", "lr_scaling"},
     RankerConfig: {"item_init", "unclicked", "retrieval_fit"},
 }

@@ -150,11 +150,10 @@ def test_the_config_reaches_the_task_and_is_checked() -> None:
     task = build_training_task(config.train, counts, counts)
     assert (task.contrastive_weight, task.contrastive_temperature) == (0.1, 0.5)
     assert build_training_task(TrainConfig(), counts, counts).contrastive_weight == 0.0  # off by default
-    message = r"train.contrastive_weight must be >= 0 and train.contrastive_temperature > 0, got"
-    for bad in (
-        "train.contrastive_weight=-0.1",
-        "train.contrastive_temperature=0",
-        "train.contrastive_temperature=-1",
+    for bad, message in (
+        ("train.contrastive_weight=-0.1", r"train.contrastive_weight=-0.1: must be >= 0"),
+        ("train.contrastive_temperature=0", r"train.contrastive_temperature=0.0: must be > 0"),
+        ("train.contrastive_temperature=-1", r"train.contrastive_temperature=-1.0: must be > 0"),
     ):
         with pytest.raises(ValueError, match=message):
             apply_overrides(Config(), [bad])

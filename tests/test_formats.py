@@ -171,7 +171,7 @@ def test_iso_timestamps(tmp_path: Path) -> None:
         (
             "2024-05-01",
             "s",
-            r"line 2: timestamp '2024-05-01' is not an integer .*set data\.timestamp_unit=iso",
+            r"line 2: timestamp '2024-05-01' is not an integer .*: give --timestamp-unit iso$",
         ),
         ("2024-13-01", "iso", r"line 2: timestamp '2024-13-01' is not an ISO-8601 date and time"),
         ("1700000000", "iso", r"line 2: timestamp '1700000000' is not an ISO-8601 date"),
@@ -192,7 +192,7 @@ def test_a_unit_that_looks_wrong_is_logged(tmp_path: Path, caplog: pytest.LogCap
         load_table(write(tmp_path / "small.csv", "user,item,timestamp\nu,a,1\nu,b,2\n"))  # positions: fine
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2, messages
-    assert "set data.timestamp_unit=ms" in messages[0] and "set data.timestamp_unit=s" in messages[1]
+    assert messages[0].endswith("give --timestamp-unit ms") and messages[1].endswith("give --timestamp-unit s")
 
 
 def test_datetime_columns_need_no_unit(tmp_path: Path) -> None:

@@ -197,7 +197,7 @@ def test_protocol_splits_the_configured_fold_and_names_its_users() -> None:
         make_protocol(DataConfig(protocol="loo", folds=2), data)
     with pytest.raises(ValueError, match="0 <= fold < folds"):
         make_protocol(DataConfig(protocol="comirec", folds=2, fold=2), data)
-    with pytest.raises(ValueError, match=r"data\.folds must be >= 1"):
+    with pytest.raises(ValueError, match=r"DataConfig\.folds=0: must be >= 1"):
         DataConfig(folds=0)
     with pytest.raises(ValueError, match="unknown split"):
         protocol.held_out_ids("train")

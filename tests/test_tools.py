@@ -183,8 +183,9 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path: Path) -> None:
     """As on a client-only install: the commands of other extras fail in one line naming theirs;
     query works, but its --titles (which reads a model folder) needs the serve extra."""
     out = str(tmp_path / "out")
+    (tmp_path / "x.csv").touch()  # inputs that exist: the missing extra is all that is wrong
     for entry, extra, args in [
-        ("mitt train", "train", ["--data", "x.csv", "--out", out]),
+        ("mitt train", "train", ["--data", str(tmp_path / "x.csv"), "--out", out]),
         ("mitt build-index", "train", ["--model", str(tmp_path), "--out", out]),
         ("mitt serve", "serve", ["--model", str(tmp_path), "--index", str(tmp_path)]),
     ]:
@@ -203,6 +204,39 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path: Path) -> None:
         "error: --titles (reading a model folder) needs the serve extra (import of pandas halted; None in "
         f"sys.modules): pip install '{DISTRIBUTION}[serve]'"
     ]
+
+
+MISSING_INPUT = {
+    "prepare": ["--data", "{missing}", "--out", "{tmp}/out"],
+    "train": ["--data", "{missing}", "--out", "{tmp}/out"],
+    "evaluate": ["--model", "{missing}", "--data", "{tmp}"],
+    "build-index": ["--model", "{missing}", "--out", "{tmp}/out"],
+    "train-ranker": ["--model", "{missing}", "--index", "{tmp}", "--data", "{tmp}", "--ranker", "din",
+                     "--out", "{tmp}/out"],
+    "deploy": ["--model", "{tmp}", "--index", "{missing}", "--root", "{tmp}/root"],
+    "add-items": ["--root", "{tmp}", "--items", "{missing}"],
+    "serve": ["--model", "{tmp}", "--index", "{tmp}", "--tls-cert", "{missing}", "--tls-key", "{tmp}",
+              "--processes", "1"],
+    "query": ["--history", "a", "--titles", "{missing}"],
+    "plot-attention": ["--model", "{missing}", "--data", "{tmp}", "--user", "1", "--out", "{tmp}/u.png"],
+}  # fmt: skip
+"""Per command, arguments naming one input that does not exist (the first path argument after
+the flag shown in the error) and otherwise existing folders."""
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_missing_input_is_refused_before_any_heavy_import(command: str, tmp_path: Path) -> None:
+    """Exit 2 and one line naming the flag and the path, without the seconds of importing
+    TensorFlow, FAISS or pandas first."""
+    missing = tmp_path / "no-such-input"
+    args = [a.format(missing=missing, tmp=tmp_path) for a in MISSING_INPUT[command]]
+    done, loaded, _ = run_child(f"mitt {command}", *args)
+    flag = args[args.index(str(missing)) - 1]
+    assert (done.returncode, done.stderr.strip()) == (
+        2,
+        f"error: {flag} {missing}: no such file or directory",
+    )
+    assert loaded == [], f"mitt {command} loaded {loaded} before refusing"
 
 
 def test_a_missing_module_of_our_own_is_not_an_extra() -> None:

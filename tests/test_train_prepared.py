@@ -127,7 +127,7 @@ def test_prepared_folders_hold_leave_one_out_only(
     with pytest.raises(ArtifactError, match="not a prepared-data folder"):
         retrieval.training.run.train(config_for(synthetic_csv.parent, "data.format=prepared"), tmp_path / "m")
     with pytest.raises(SystemExit, match="2"):  # refused by the argument parser, before any model is read
-        run_tool("evaluate", "--model", "m", "--data", str(prepared), "--protocol", "comirec")
+        run_tool("evaluate", "--model", str(tmp_path), "--data", str(prepared), "--protocol", "comirec")
 
 
 def table_model(vocab: ItemVocab, vectors: dict[str, np.ndarray]) -> ModelArtifact:

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from retrieval.cli.inputs import flag_inputs, missing_inputs
 from retrieval.storage import ArtifactError
 
 __all__ = ["main"]
@@ -43,6 +44,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         p.error("give --items, --remove, --compact or several")
     if args.keep < 1:
         p.error("--keep must be >= 1")
+    if missing_inputs(flag_inputs(args, "root", "items", "remove")):
+        return 2
     # Imported here, never for --help: the artifacts layer loads FAISS and NumPy.
     from retrieval.artifacts.catalogue import change_catalogue, read_ids, read_items
 

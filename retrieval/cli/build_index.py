@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from retrieval.cli.inputs import flag_inputs, missing_inputs
+from retrieval.config import SEEDS, Range, ranged
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.storage import ArtifactError
 
@@ -83,19 +85,29 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
     )
     p.add_argument(
         "--target-recall",
-        type=float,
+        type=ranged(float, Range(0, 1, low_open=True)),
         help="tune: the cheapest search parameters (and with --factory auto, index type) reaching "
         "this recall@k against exact search (default 0.99 with --factory auto)",
     )
-    p.add_argument("--k", type=int, default=50, help="recall cut-off for tuning and measuring")
+    p.add_argument(
+        "--k", type=ranged(int, Range(1)), default=50, help="recall cut-off for tuning and measuring"
+    )
     p.add_argument("--data", help="interaction data whose users' interest vectors are the tuning queries")
     p.add_argument("--format", help="data format (movielens, s3rec, table); detected from --data by default")
-    p.add_argument("--num-users", type=int, default=1000, help="users sampled from --data as queries")
-    p.add_argument("--train-size", type=int, help="vectors sampled to train IVF/PQ (default: automatic)")
     p.add_argument(
-        "--max-build-seconds", type=float, help="tuning prefers indexes built within this time (e.g. 60)"
+        "--num-users", type=ranged(int, Range(1)), default=1000, help="users sampled from --data as queries"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--train-size",
+        type=ranged(int, Range(1)),
+        help="vectors sampled to train IVF/PQ (default: automatic)",
+    )
+    p.add_argument(
+        "--max-build-seconds",
+        type=ranged(float, Range(0, low_open=True)),
+        help="tuning prefers indexes built within this time (e.g. 60)",
+    )
+    p.add_argument("--seed", type=ranged(int, SEEDS), default=0)
     p.add_argument("--publish", action="store_true", help="write a new version under --out and swap to it")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
@@ -201,6 +213,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
     if args.factory == "auto" and args.target_recall is None:
         args.target_recall = 0.99
+    if missing_inputs(flag_inputs(args, "model", "data")):
+        return 2
     quiet_tensorflow(args.verbose)
     # Imported here, once TensorFlow's logging is set and never for --help: they load FAISS and
     # pandas, and TensorFlow with the model.

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
+from retrieval.cli.inputs import flag_inputs, missing_inputs
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.storage import ArtifactError
 
@@ -43,6 +44,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = p.parse_args(argv)
     if args.keep < 1:
         p.error("--keep must be >= 1")
+    if missing_inputs(flag_inputs(args, "model", "index", "ranker")):
+        return 2
     quiet_tensorflow(args.verbose)
     # Imported here, never for --help: the artifacts layer loads FAISS and pandas, and the
     # check TensorFlow, once its logging is set.

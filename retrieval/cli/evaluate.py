@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # Light names only: the model, the index and the evaluation itself are imported in main.
+from retrieval.cli.inputs import flag_inputs, missing_inputs
+from retrieval.config import SEEDS, Range, ranged
 from retrieval.data import DEFAULT_SEED, PROTOCOLS
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.evaluation import METRICS_FILE, comparison_markdown, load_run_rows, markdown_table
@@ -57,10 +59,16 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
     p.add_argument("--index", help="index folder (mitt build-index --out); default exact search")
     p.add_argument("--split", choices=["test", "valid"], default="test", help="default %(default)s")
     p.add_argument(
-        "--seed", type=int, default=DEFAULT_SEED, help="comirec user split, sampled negatives (%(default)s)"
+        "--seed",
+        type=ranged(int, SEEDS),
+        default=DEFAULT_SEED,
+        help="comirec user split, sampled negatives (%(default)s)",
     )
     p.add_argument(
-        "--negatives", type=int, default=100, help="loo-sampled: negatives per user (default %(default)s)"
+        "--negatives",
+        type=ranged(int, Range(1)),
+        default=100,
+        help="loo-sampled: negatives per user (default %(default)s)",
     )
     p.add_argument("--out", help="folder to write metrics.json into (created if needed)")
     p.add_argument("--table", action="store_true", help="print a Markdown table instead of JSON")
@@ -74,8 +82,8 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         p.error("--model and --data are required (unless --compare)")
     if args.compare is not None and (args.model is not None or args.data is not None):
         p.error("--compare tabulates finished runs: give it without --model/--data")
-    if args.negatives < 1:
-        p.error("--negatives must be at least 1")
+    if missing_inputs(flag_inputs(args, "model", "data", "index")):
+        p.exit(2)  # before telling a prepared folder, which loads pandas and pyarrow
     if args.data is not None and args.format is None:
         from retrieval.data import is_prepared  # reads the folder (pyarrow)
 

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from retrieval.cli.inputs import flag_inputs, missing_inputs
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 
 __all__ = ["main", "parse_args"]
@@ -35,6 +36,8 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
+    if missing_inputs(flag_inputs(args, "model", "data")):
+        return 2
     quiet_tensorflow(args.verbose)
     # Imported here, once TensorFlow's logging is set and never for --help: the training layer
     # loads TensorFlow, the data layer pandas.

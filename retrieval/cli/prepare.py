@@ -21,6 +21,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from retrieval.cli.inputs import flag_inputs, missing_inputs
+from retrieval.config import Range, ranged
 from retrieval.storage import ArtifactError
 
 __all__ = ["main", "parse_args"]
@@ -55,23 +57,26 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument(
         "--partitions",
-        type=int,
+        type=ranged(int, Range(1, MAX_PARTITIONS)),
         help=f"partition files (1..{MAX_PARTITIONS}; default: events / --events-per-partition)",
     )
     p.add_argument(
         "--events-per-partition",
-        type=int,
+        type=ranged(int, Range(1)),
         default=EVENTS_PER_PARTITION,
         help=f"partition size aimed at; bounds memory (default {EVENTS_PER_PARTITION:,})",
     )
     p.add_argument(
         "--users-per-row-group",
-        type=int,
+        type=ranged(int, Range(1)),
         default=USERS_PER_ROW_GROUP,
         help=f"users per Parquet row group, the readers' unit (default {USERS_PER_ROW_GROUP})",
     )
     p.add_argument(
-        "--batch-rows", type=int, default=BATCH_ROWS, help=f"rows per record batch (default {BATCH_ROWS})"
+        "--batch-rows",
+        type=ranged(int, Range(1)),
+        default=BATCH_ROWS,
+        help=f"rows per record batch (default {BATCH_ROWS})",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
@@ -79,6 +84,8 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
+    if missing_inputs(flag_inputs(args, "data")):
+        return 2
     from retrieval.data import parse_columns, prepare  # here, never for --help: prepare loads pandas
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -20,6 +20,7 @@ from google.protobuf.json_format import MessageToJson
 
 from retrieval.api import Explanations, MergeStrategy, Rerank, RetrievalClient, Retrieved
 from retrieval.cli.dispatch import missing_library
+from retrieval.cli.inputs import flag_inputs, missing_inputs
 from retrieval.storage import ArtifactError
 
 __all__ = ["main", "parse_args"]
@@ -131,6 +132,8 @@ def explanation_line(explanations: Explanations, interest: int, titles: dict[str
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
+    if missing_inputs(flag_inputs(args, "titles", "tls_ca", "tls_cert", "tls_key")):
+        return 2
     try:
         titles = load_titles(args.titles) if args.titles else None
     except ModuleNotFoundError as e:  # a client-only install: reading a model folder needs more

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retrieval.api import DEFAULT_MAX_REQUEST_BYTES
+from retrieval.cli.inputs import flag_inputs, missing_inputs
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.serving import LOG_FORMATS  # loads retrieval.serving.logs only (the layer is lazy)
 from retrieval.storage import ArtifactError
@@ -283,6 +284,9 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
+    read = ("model", "index", "ranker", "watch", "access_file", "tls_cert", "tls_key", "tls_ca")
+    if missing_inputs(flag_inputs(args, *read, "metrics_auth_file")):
+        return 2
     if args.processes > 1:
         return _serve_group(args, list(sys.argv[1:] if argv is None else argv))
     return _serve(args)

@@ -13,9 +13,10 @@ Settings are applied in order: the defaults (retrieval/training/config.py), --pr
 one, the tower's own: --preset sasrec for --model sasrec), --config
 FILE (JSON or YAML, whole or partial; a model folder's config.json repeats its run exactly), the
 flags below, then every --set. A preset's dataset is looked up under --data-root (default
-$MITT_DATA) unless a later layer sets data.path. Every setting is checked before TensorFlow is
-loaded or any data read; --print-config prints the resolved configuration as JSON and exits
-(docs/configuration.md). An interrupted run continues with the same command plus --resume.
+$MITT_DATA) unless a later layer sets data.path. Every setting is checked against its choices or
+range, and the data's existence, before TensorFlow is loaded or any data read; --print-config
+prints the resolved configuration as JSON and exits (docs/configuration.md). An interrupted run
+continues with the same command plus --resume.
 
 --strategy multi-worker runs one process per host, each with its own TF_CONFIG (the cluster's
 workers and this one's index) and otherwise the same command; worker 0 (or the "chief" task)
@@ -34,7 +35,16 @@ from typing import Any
 
 # Configuration only (no TensorFlow, no data libraries): the training itself is imported in
 # main, once the configuration is known to be valid.
-from retrieval.config import apply_overrides, config_to_json, load_config_file, update_config
+from retrieval.cli.inputs import missing_inputs
+from retrieval.config import (
+    Range,
+    apply_flags,
+    apply_overrides,
+    config_to_json,
+    load_config_file,
+    ranged,
+    update_config,
+)
 from retrieval.data import DATA_ROOT_ENV, TIMESTAMP_UNITS, parse_columns
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.storage import ArtifactError
@@ -55,7 +65,7 @@ from retrieval.training import (
 
 __all__ = ["main", "parse_args"]
 
-# flag dest -> config field; a flag overrides its field only when given.
+# flag dest -> config field; a flag overrides its field only when given, and an error names it.
 FLAG_FIELDS = {
     "data": "data.path",
     "format": "data.format",
@@ -80,23 +90,22 @@ def _layered(config: Config, args: argparse.Namespace, file: dict[str, Any] | No
     """``config`` under the layers after the preset: the --config ``file``, --columns, the
     flags, --set."""
     if file is not None:
-        config = update_config(config, file)
+        try:
+            config = update_config(config, file)
+        except ValueError as e:
+            raise ValueError(f"{args.config}: {e}") from None
     if args.columns is not None:
         config = update_config(config, {"data": {"columns": parse_columns(args.columns)}})
-    flags = [
-        f"{field}={getattr(args, dest)}"
-        for dest, field in FLAG_FIELDS.items()
-        if getattr(args, dest) is not None
-    ]
-    return apply_overrides(config, [*flags, *args.set])
+    return apply_overrides(apply_flags(config, vars(args), FLAG_FIELDS), args.set)
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Config, argparse.Namespace]:
     """The resolved configuration and the parsed arguments; loads no TensorFlow and reads no data.
 
     Raises:
-        ValueError: an unknown preset, a bad config file or ``--set``, an option value outside
-            its choices, no data given, or (a preset's dataset) no data root.
+        ValueError: an unknown preset, a bad config file or ``--set``, a value outside its
+            choices or range (named by the flag, key or file it came from), no data given, or
+            (a preset's dataset) no data root.
     """
     m, t = ModelConfig(), TrainConfig()
     p = argparse.ArgumentParser(
@@ -178,7 +187,7 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
     )
     p.add_argument(
         "--replicas",
-        type=int,
+        type=ranged(int, Range(1)),
         help="mirrored: replicas on this machine (default: every GPU; without GPUs, this many logical "
         "CPU devices, default 1)",
     )
@@ -220,6 +229,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if args.print_config:
         print(config_to_json(config))
         return 0
+    if missing_inputs({"--data" if args.data else "data.path": config.data.path}):
+        return 2
     quiet_tensorflow(args.verbose)
     from retrieval.training import is_chief, make_strategy, train  # TensorFlow, from here on
 

@@ -15,9 +15,10 @@ retrieval.ranking.config.RankerConfig, settable with --set field=value (ranker a
 --set options.NAME=JSON).
 
 Settings are applied in order: the defaults, --config FILE (JSON or YAML, whole or partial; a
-ranker folder's config.json repeats its run), the flags below, then every --set. Option values
-are checked before TensorFlow is loaded, the ranker's name and the ranges before any data is
-read; --print-config prints the resolved configuration as JSON and exits (docs/configuration.md).
+ranker folder's config.json repeats its run), the flags below, then every --set. Option values,
+ranges and the input folders are checked before TensorFlow is loaded, the ranker's name before
+any data is read; --print-config prints the resolved configuration as JSON and exits
+(docs/configuration.md).
 
 Every ranker reads the retriever's score of each candidate by default: its own part is trained
 on the training clicks, then blended with the retrieval score (g * own + w * score + b) on the
@@ -37,14 +38,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # Configuration only (no TensorFlow): training is imported in main, once the configuration is valid.
-from retrieval.config import apply_overrides, config_to_json, load_config_file, update_config
+from retrieval.cli.inputs import flag_inputs, missing_inputs
+from retrieval.config import apply_flags, apply_overrides, config_to_json, load_config_file, update_config
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
 from retrieval.ranking import ITEM_INITS, RankerConfig
 from retrieval.storage import ArtifactError
 
 __all__ = ["main", "parse_args"]
 
-# flag dest -> RankerConfig field; a flag overrides its field only when given.
+# flag dest -> RankerConfig field; a flag overrides its field only when given, and an error names it.
 FLAG_FIELDS = {
     "ranker": "ranker",
     "epochs": "epochs",
@@ -69,7 +71,8 @@ def parse_args(
     """The resolved configuration and the parsed arguments; loads no TensorFlow.
 
     Raises:
-        ValueError: a bad config file or ``--set``, or an option value outside its choices.
+        ValueError: a bad config file or ``--set``, or a value outside its choices or range
+            (named by the flag, key or file it came from).
     """
     c = RankerConfig()
     p = argparse.ArgumentParser(
@@ -133,13 +136,14 @@ def parse_args(
             missing.append("--ranker (or --config)")
         if missing:
             p.error(f"the following arguments are required: {', '.join(missing)}")
-    config = c if args.config is None else update_config(c, load_config_file(args.config))
-    flags = [
-        f"{field}={getattr(args, dest)}"
-        for dest, field in FLAG_FIELDS.items()
-        if getattr(args, dest) is not None
-    ]
-    return apply_overrides(config, [*flags, *args.set]), args
+    config = c
+    if args.config is not None:
+        file = load_config_file(args.config)
+        try:
+            config = update_config(c, file)
+        except ValueError as e:
+            raise ValueError(f"{args.config}: {e}") from None
+    return apply_overrides(apply_flags(config, vars(args), FLAG_FIELDS), args.set), args
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -151,6 +155,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if args.print_config:
         print(config_to_json(config))
         return 0
+    if missing_inputs(flag_inputs(args, "model", "index", "data")):
+        return 2
     quiet_tensorflow(args.verbose)
     from retrieval.ranking import check_config, train_ranker_from_dirs  # TensorFlow, from here on
 
@@ -158,7 +164,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     try:
-        check_config(config)  # the ranker's name and the ranges, before any data is read
+        check_config(config)  # the ranker's name and the negatives' sources, before any data is read
         result = train_ranker_from_dirs(
             config,
             args.model,

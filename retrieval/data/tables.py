@@ -272,7 +272,7 @@ def _unit_hint(value: Any) -> str:
     text = str(value).strip()
     if text.isdigit() or pd.isna(pd.to_datetime(text, format="ISO8601", errors="coerce", utc=True)):
         return ""
-    return "; it reads as an ISO-8601 date: set data.timestamp_unit=iso"
+    return "; it reads as an ISO-8601 date: give --timestamp-unit iso"
 
 
 def _check_magnitude(seconds: np.ndarray, exact: np.ndarray | None, unit: str) -> None:
@@ -281,13 +281,13 @@ def _check_magnitude(seconds: np.ndarray, exact: np.ndarray | None, unit: str) -
     if unit == "s" and len(seconds) and np.median(seconds) > SECONDS_LOOK_LIKE_MS:
         log.warning(
             "timestamps read as seconds are after the year 5138 (median %d): if they are "
-            "milliseconds, set data.timestamp_unit=ms",
+            "milliseconds, give --timestamp-unit ms",
             int(np.median(seconds)),
         )
     elif unit == "ms" and exact is not None and len(exact) and 0 < np.median(exact) < SECONDS_LOOK_LIKE_MS:
         log.warning(
             "timestamps read as milliseconds are before March 1973 (median %d): if they are "
-            "seconds, set data.timestamp_unit=s",
+            "seconds, give --timestamp-unit s",
             int(np.median(exact)),
         )
 

@@ -1,9 +1,10 @@
 """The configuration of a ranker's training (:class:`RankerConfig`) and its checks.
 
 Overrides (``--set field=value``, ``--set options.NAME=JSON``) and config files are
-:mod:`retrieval.config`'s, as for every config; the ``Literal`` fields are checked when a
-config is built, the rest (the ranker's name, which needs the :mod:`rankers` registry and so
-TensorFlow, and the numeric ranges) by :func:`check_config` before training.
+:mod:`retrieval.config`'s, as for every config; the ``Literal`` fields and the numeric ranges
+are checked when a config is built, the rest (the ranker's name, which needs the
+:mod:`rankers` registry and so TensorFlow, and the negatives' sources) by :func:`check_config`
+before training.
 ``docs/configuration.md`` keeps the measurements behind the defaults.
 """
 
@@ -11,10 +12,18 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from retrieval.artifacts.ranker import DEFAULT_NUM_UNCLICKED, DEFAULT_UNCLICKED
-from retrieval.config import check_fields, config_to_dict
+from retrieval.config import (
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Range,
+    Seed,
+    check_fields,
+    config_to_dict,
+)
 
 NEGATIVE_SOURCES = ("retrieved", "uniform", "popularity")
 """Sources of ``RankerConfig.negatives``, joined by ``+``."""
@@ -34,6 +43,8 @@ _DEFAULT_UNCLICKED = typing.cast(UnclickedMode, DEFAULT_UNCLICKED)  # a str ther
 
 KS = (10,)
 """Cut-offs of the reranking metrics."""
+Candidates = Annotated[int, Range(max(KS))]
+"""A reranked list is at least as long as the longest cut-off."""
 
 
 @dataclass(frozen=True)
@@ -66,26 +77,26 @@ class RankerConfig:
     """
 
     ranker: str = "din"
-    dim: int = 0
+    dim: NonNegativeInt = 0
     item_init: ItemInit = "retriever"
-    max_len: int = 20
+    max_len: PositiveInt = 20
     attributes: bool = True
     options: dict[str, Any] = field(default_factory=dict)
     negatives: str = "retrieved"
-    num_negatives: int = 20
+    num_negatives: PositiveInt = 20
     retrieved_positives_only: bool = True
-    positions_per_user: int = 10
-    candidates: int = 200
+    positions_per_user: PositiveInt = 10
+    candidates: Candidates = 200
     unclicked: UnclickedMode = _DEFAULT_UNCLICKED
-    num_unclicked: int = DEFAULT_NUM_UNCLICKED
-    context_size: int = 20
+    num_unclicked: PositiveInt = DEFAULT_NUM_UNCLICKED
+    context_size: NonNegativeInt = 20
     retrieval_fit: RetrievalFit = "lists"
-    epochs: int = 10
-    batch_size: int = 256
-    learning_rate: float = 1e-3
-    patience: int = 2
-    seed: int = 42
-    max_test_users: int = 0
+    epochs: PositiveInt = 10
+    batch_size: PositiveInt = 256
+    learning_rate: PositiveFloat = 1e-3
+    patience: NonNegativeInt = 2
+    seed: Seed = 42
+    max_test_users: NonNegativeInt = 0
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -114,21 +125,12 @@ def negative_counts(config: RankerConfig) -> dict[str, int]:
 
 def check_config(config: RankerConfig) -> None:
     """Raises ``ValueError`` for a configuration that cannot be trained (loads :mod:`rankers`, so
-    TensorFlow: the ``Literal`` fields were checked when ``config`` was built)."""
+    TensorFlow: the ``Literal`` fields and the ranges were checked when ``config`` was built)."""
     from rankers import ranker_names
 
     if config.ranker not in ranker_names():
         raise ValueError(f"unknown ranker {config.ranker!r}; choose one of {ranker_names()}")
     negative_counts(config)
-    if config.candidates < max(KS):
-        raise ValueError(f"candidates must be at least {max(KS)} (NDCG@{max(KS)}), got {config.candidates}")
-    for name in ("max_len", "positions_per_user", "epochs", "batch_size", "num_unclicked"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
-    if config.dim < 0 or config.patience < 0 or config.max_test_users < 0 or config.learning_rate <= 0:
-        raise ValueError("dim, patience and max_test_users must be >= 0, learning_rate > 0")
-    if config.context_size < 0:
-        raise ValueError(f"context_size must be >= 0, got {config.context_size}")
     if "context_size" in config.options:
         raise ValueError(
             "set DSTN's context with context_size=N, not options.context_size (it sizes the examples)"

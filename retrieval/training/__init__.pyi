@@ -14,6 +14,7 @@ from .config import (
     SAMPLERS,
     SIMILARITIES,
     STRATEGIES,
+    TOWERS,
     TRAINING_PROTOCOLS,
     Config,
     DataConfig,
@@ -25,7 +26,7 @@ from .examples import make_examples, mask_items
 from .inputs import InMemoryData, PreparedData, TrainingData, open_training_data, read_interactions
 from .model import TwoTowerModel, build_model, export_user_tower, takes_side_information, tower_fusions
 from .optimizer import make_optimizer
-from .presets import PRESETS, TOWERS, Preset, apply_preset, get_preset, preset_for, preset_names
+from .presets import PRESETS, Preset, apply_preset, get_preset, preset_for, preset_names
 from .run import TrainResult, save_model, train
 from .streaming import streaming_dataset
 

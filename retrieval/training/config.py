@@ -1,6 +1,7 @@
 """The training configuration: one frozen dataclass per section (data, model, train), the
-option values each section accepts (``Literal`` aliases, the one source of those names), and
-the ``config.json`` saved beside every artifact.
+option values each section accepts (``Literal`` aliases, the one source of those names), the
+range of every numeric field (a :class:`~retrieval.config.Range` beside it), and the
+``config.json`` saved beside every artifact.
 
 Overrides, config files and the checks are :mod:`retrieval.config`'s, as for every config;
 ``docs/configuration.md`` describes the fields, presets and command-line layers. No TensorFlow
@@ -12,11 +13,25 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from retrieval.config import check_fields, config_from_dict, config_to_dict, config_to_json
+from retrieval.config import (
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Range,
+    Seed,
+    Share,
+    check_fields,
+    config_from_dict,
+    config_to_dict,
+    config_to_json,
+)
 from retrieval.data.columns import TimestampUnit, check_columns
 
+Tower = Literal["youtubednn", "sa", "dr", "mind", "din", "sasrec", "bert4rec", "fmlprec", "bsarec"]
+"""``ModelConfig.tower``: the user towers of the ``towers`` registry (a test checks they agree)."""
 TrainingProtocol = Literal["loo", "loo-refit", "comirec"]
 """``DataConfig.protocol``: how a run splits its data (:mod:`retrieval.training.protocols`)."""
 DataFormat = Literal["movielens", "s3rec", "sasrec", "table", "recbole", "prepared"]
@@ -42,6 +57,7 @@ LrScaling = Literal["none", "linear", "sqrt"]
 Strategy = Literal["default", "mirrored", "multi-worker"]
 """``tools/train.py --strategy``: the ``tf.distribute`` strategy (:mod:`retrieval.training.distribute`)."""
 
+TOWERS: tuple[Tower, ...] = typing.get_args(Tower)
 TRAINING_PROTOCOLS: tuple[TrainingProtocol, ...] = typing.get_args(TrainingProtocol)
 DATA_FORMATS: tuple[DataFormat, ...] = typing.get_args(DataFormat)
 FUSIONS: tuple[Fusion, ...] = typing.get_args(Fusion)
@@ -54,6 +70,12 @@ INTEREST_SELECTIONS: tuple[InterestSelection, ...] = typing.get_args(InterestSel
 LR_SCHEDULES: tuple[LrSchedule, ...] = typing.get_args(LrSchedule)
 LR_SCALINGS: tuple[LrScaling, ...] = typing.get_args(LrScaling)
 STRATEGIES: tuple[Strategy, ...] = typing.get_args(Strategy)
+
+
+Dropout = Annotated[float, Range(0, 1, high_open=True)]
+"""A share of units or vectors dropped: all of them would leave nothing to train."""
+Fraction = Annotated[float, Range(0, 1, low_open=True, high_open=True)]
+"""A part of something, neither none of it nor all."""
 
 
 @dataclass(frozen=True)
@@ -87,20 +109,18 @@ class DataConfig:
     path: str = ""
     format: DataFormat | None = None
     protocol: TrainingProtocol = "loo"
-    split_seed: int = 42
-    folds: int = 1
-    fold: int = 0
-    shuffle_buffer: int = 100_000
+    split_seed: Seed = 42
+    folds: PositiveInt = 1
+    fold: NonNegativeInt = 0
+    shuffle_buffer: PositiveInt = 100_000
     columns: dict[str, str] = field(default_factory=dict)
     timestamp_unit: TimestampUnit = "s"
 
     def __post_init__(self) -> None:
         check_fields(self)
-        object.__setattr__(self, "columns", check_columns(self.columns))  # names as text
         # One field at a time (overrides apply in order); fold < folds and the protocol are
         # checked where the split is made (retrieval.training.protocols.make_protocol).
-        if self.folds < 1 or self.fold < 0:
-            raise ValueError(f"data.folds must be >= 1 and data.fold >= 0, got {self.folds} and {self.fold}")
+        object.__setattr__(self, "columns", check_columns(self.columns))  # names as text
 
 
 @dataclass(frozen=True)
@@ -123,23 +143,23 @@ class ModelConfig:
     ``sigmoid(W x)``, SwiGLU feed-forward: the LiGR layers of eSASRec).
     """
 
-    tower: str = "sa"
-    dim: int = 64
-    max_len: int = 50
-    num_interests: int | None = None
-    num_blocks: int = 2
-    num_heads: int = 1
-    dropout: float = 0.2
-    routing_iterations: int = 3  # dr, mind
+    tower: Tower = "sa"
+    dim: PositiveInt = 64
+    max_len: PositiveInt = 50
+    num_interests: PositiveInt | None = None
+    num_blocks: PositiveInt = 2
+    num_heads: PositiveInt = 1
+    dropout: Dropout = 0.2
+    routing_iterations: PositiveInt = 3  # dr, mind
     dynamic_interests: bool | None = None  # dr, mind: MIND's K'_u per user (None = tower default)
-    attention_penalty: float = 0.0  # sa: weight of Lin et al.'s ‖A Aᵀ − I‖²_F (0 = off)
+    attention_penalty: NonNegativeFloat = 0.0  # sa: weight of Lin et al.'s ‖A Aᵀ − I‖²_F (0 = off)
     fusion: Fusion = "none"  # sasrec, bert4rec: side information fusion (towers.side)
     side_features: str = ""  # comma list of attributes, action, gap_prev (retrieval.data.features)
-    id_dropout: float = 0.0  # share of item vectors trained on their attributes alone (cold start)
-    filter_alpha: float = 0.7  # bsarec: the filter's share of the mixing (BSARec's α)
-    filter_cutoff: int = 3  # bsarec: rFFT frequencies the low-pass keeps
+    id_dropout: Dropout = 0.0  # share of item vectors trained on their attributes alone (cold start)
+    filter_alpha: Share = 0.7  # bsarec: the filter's share of the mixing (BSARec's α)
+    filter_cutoff: PositiveInt = 3  # bsarec: rFFT frequencies the low-pass keeps (<= max_len // 2 + 1)
     similarity: Similarity = "dot"  # or "cosine": unit-length interests and item vectors
-    ffn_multiplier: int = 1  # transformer towers: feed-forward hidden width / dim
+    ffn_multiplier: PositiveInt = 1  # transformer towers: feed-forward hidden width / dim
     block: Block = "pre_ln"  # transformer towers: or "ligr" (gated residuals, SwiGLU)
 
     def __post_init__(self) -> None:
@@ -205,56 +225,38 @@ class TrainConfig:
     """
 
     objective: Objective | None = None
-    mask_ratio: float = 0.2
-    max_steps: int = 20_000  # the step budget's cap and the schedule's horizon
-    epochs: int | None = None  # a budget in epochs instead (max_steps, eval_every_steps unused)
-    batch_size: int = 256
-    learning_rate: float = 1e-3
+    mask_ratio: Share = 0.2
+    max_steps: PositiveInt = 20_000  # the step budget's cap and the schedule's horizon
+    epochs: PositiveInt | None = None  # a budget in epochs instead (max_steps, eval_every_steps unused)
+    batch_size: PositiveInt = 256
+    learning_rate: PositiveFloat = 1e-3
     loss: Loss = "sampled_softmax"
-    num_negatives: int = 1000
-    negatives_per_positive: int = 0  # > 0: per-target negatives instead of num_negatives shared
+    num_negatives: PositiveInt = 1000
+    negatives_per_positive: NonNegativeInt = 0  # > 0: per-target negatives instead of num_negatives shared
     sampler: Sampler = "popularity"
-    sampler_alpha: float = 0.75
+    sampler_alpha: NonNegativeFloat = 0.75
     logq_correction: bool = True
-    gbce_t: float = 0.75  # gSASRec's calibration t in [0, 1] (loss = gbce)
-    temperature: float = 1.0
+    gbce_t: Share = 0.75  # gSASRec's calibration t (loss = gbce)
+    temperature: PositiveFloat = 1.0
     remove_accidental_hits: bool = True
     interest_selection: InterestSelection = "hard"  # how K interests meet the target
-    label_aware_power: float = 1.0  # MIND's p, for interest_selection="label_aware"
-    contrastive_weight: float = 0.0  # > 0: DuoRec's contrastive regulariser, times this weight
-    contrastive_temperature: float = 1.0  # the regulariser's logits are divided by it
-    weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
+    label_aware_power: NonNegativeFloat = 1.0  # MIND's p, for interest_selection="label_aware"
+    contrastive_weight: NonNegativeFloat = 0.0  # > 0: DuoRec's contrastive regulariser, times this weight
+    contrastive_temperature: PositiveFloat = 1.0  # the regulariser's logits are divided by it
+    weight_decay: NonNegativeFloat = 0.0  # > 0: AdamW's decoupled weight decay
     lr_schedule: LrSchedule = "constant"  # cosine, linear: decay to 0 by the last step; plateau
-    cooldown_fraction: float = 0.2  # plateau: the decay's length, a fraction of the steps before it
-    warmup_steps: int = 0  # linear warm-up, at most a tenth of the schedule's horizon
-    patience: int = 5  # validations without a better validation NDCG@10 before stopping (0 = off)
-    seed: int = 42
-    eval_every_steps: int = 200  # steps between validations (or one epoch, if longer: at most 10x)
-    eval_every: int = 1  # epochs between validations, with a budget in epochs
+    cooldown_fraction: Fraction = 0.2  # plateau: the decay's length, a fraction of the steps before it
+    warmup_steps: NonNegativeInt = 0  # linear warm-up, at most a tenth of the schedule's horizon
+    patience: NonNegativeInt = 5  # validations without a better validation NDCG@10 before stopping (0 = off)
+    seed: Seed = 42
+    eval_every_steps: PositiveInt = 200  # steps between validations (or one epoch, if longer: at most 10x)
+    eval_every: PositiveInt = 1  # epochs between validations, with a budget in epochs
     lr_scaling: LrScaling = "none"  # learning rate × replicas (linear) or √replicas (sqrt)
     dense_gradients: bool = False  # sum embedding gradients per item before Adam (retrieval.training.run)
     length_buckets: bool = False  # batches of similar history lengths, padding trimmed (in memory)
 
     def __post_init__(self) -> None:
         check_fields(self)
-        at_least_one = {
-            "max_steps": self.max_steps,
-            "eval_every_steps": self.eval_every_steps,
-            "eval_every": self.eval_every,
-            "epochs": 1 if self.epochs is None else self.epochs,
-        }
-        at_least_zero = {"patience": self.patience, "warmup_steps": self.warmup_steps}
-        bad = [f"train.{k}={v}" for k, v in at_least_one.items() if v < 1]
-        bad += [f"train.{k}={v}" for k, v in at_least_zero.items() if v < 0]
-        if bad:
-            raise ValueError(f"{', '.join(bad)}: budgets and intervals must be >= 1, patience, warm-up >= 0")
-        if not 0 < self.cooldown_fraction < 1:
-            raise ValueError(f"train.cooldown_fraction must be in (0, 1), got {self.cooldown_fraction}")
-        if self.contrastive_weight < 0 or self.contrastive_temperature <= 0:
-            raise ValueError(
-                "train.contrastive_weight must be >= 0 and train.contrastive_temperature > 0, "
-                f"got {self.contrastive_weight} and {self.contrastive_temperature}"
-            )
 
     def budget(self, steps_per_epoch: int) -> Budget:
         """The run's steps, validations and schedule horizon for data of ``steps_per_epoch`` steps."""

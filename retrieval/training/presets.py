@@ -26,10 +26,7 @@ from pathlib import Path
 
 from retrieval.config import apply_overrides
 from retrieval.data.datasets import DATASETS, dataset_path
-from retrieval.training.config import Config
-
-TOWERS = ("youtubednn", "sa", "dr", "mind", "din", "sasrec", "bert4rec", "fmlprec", "bsarec")
-"""Towers with a preset for every dataset (a test checks this is every registered tower)."""
+from retrieval.training.config import TOWERS, Config
 
 _NOT_TUNED = "not tuned: the defaults of retrieval.training.config"
 
@@ -130,7 +127,7 @@ class Preset:
 
 
 def _default_presets() -> dict[str, Preset]:
-    presets = {}
+    presets: dict[str, Preset] = {}
     for tower in TOWERS:
         overrides, note = _EVERY_DATASET.get(tower, ((), _NOT_TUNED))
         presets[tower] = Preset(tower, None, (f"model.tower={tower}", *overrides), note)

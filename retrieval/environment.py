@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -32,7 +33,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 
-__all__ = ["LOG_LEVEL_ENV", "QUIET_LOG_LEVEL", "VERBOSE_HELP", "quiet_tensorflow", "shown_log_lines"]
+__all__ = [
+    "LOG_LEVEL_ENV",
+    "QUIET_LOG_LEVEL",
+    "VERBOSE_HELP",
+    "progress_verbosity",
+    "quiet_tensorflow",
+    "shown_log_lines",
+]
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 """TensorFlow's variable: C++ log lines below this severity are dropped (0 INFO, 1 WARNING,
@@ -50,10 +58,15 @@ ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called 
 ABSL_LINE = re.compile(r"([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^\]\s]+\] ")
 SEVERITIES = "IWEF"
 
+PYTHON_LOGGERS = ("absl", "tensorflow")
+"""TensorFlow's Python loggers: their INFO lines (a SavedModel's "Function `endpoint` contains input
+name(s) ...", "Assets written to ...") are dropped from a quiet tool's log."""
+
 
 def quiet_tensorflow(verbose: bool = False) -> None:
-    """Keeps TensorFlow's C++ logging to errors, its start-up lines included; ``verbose``: leaves it
-    at TensorFlow's defaults (changes nothing).
+    """Keeps TensorFlow's C++ logging to errors, its start-up lines included, and its Python
+    loggers (:data:`PYTHON_LOGGERS`) to warnings; ``verbose``: leaves both at TensorFlow's
+    defaults (changes nothing).
 
     Sets ``TF_CPP_MIN_LOG_LEVEL`` to 2 unless the environment sets it already (the user's
     setting wins), and has the first import of TensorFlow, if it is still to come, drop the
@@ -62,9 +75,19 @@ def quiet_tensorflow(verbose: bool = False) -> None:
     """
     if verbose:
         return
+    for name in PYTHON_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     level = _parse_level(os.environ.setdefault(LOG_LEVEL_ENV, str(QUIET_LOG_LEVEL)))
     if "tensorflow" not in sys.modules and not any(isinstance(f, _QuietImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _QuietImport(level))
+
+
+def progress_verbosity(quiet: bool) -> int:
+    """Keras's ``verbose`` for a tool's training: 0 when ``quiet``; its progress bar (1) only on a
+    terminal, else one line per epoch (2): a redirected log gets no carriage-return redraws."""
+    if quiet:
+        return 0
+    return 1 if sys.stdout.isatty() else 2
 
 
 def shown_log_lines(text: str, level: int) -> str:

@@ -46,7 +46,7 @@ from retrieval.config import (
     update_config,
 )
 from retrieval.data import DATA_ROOT_ENV, TIMESTAMP_UNITS, parse_columns
-from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.environment import VERBOSE_HELP, progress_verbosity, quiet_tensorflow
 from retrieval.storage import ArtifactError
 from retrieval.training import (
     DATA_FORMATS,
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             config,
             args.out,
             overwrite=args.overwrite,
-            verbose=0 if args.quiet else "auto",
+            verbose=progress_verbosity(args.quiet),
             resume=args.resume,
             tensorboard=args.tensorboard,
             strategy=strategy,

@@ -40,7 +40,7 @@ from pathlib import Path
 # Configuration only (no TensorFlow): training is imported in main, once the configuration is valid.
 from retrieval.cli.inputs import flag_inputs, missing_inputs
 from retrieval.config import apply_flags, apply_overrides, config_to_json, load_config_file, update_config
-from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.environment import VERBOSE_HELP, progress_verbosity, quiet_tensorflow
 from retrieval.ranking import ITEM_INITS, RankerConfig
 from retrieval.storage import ArtifactError
 
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             args.out,
             data_format=args.format,
             overwrite=args.overwrite,
-            verbose=0 if args.quiet else 2,
+            verbose=progress_verbosity(args.quiet),
         )
     except (ValueError, FileExistsError, ArtifactError) as e:  # a DataError is a ValueError
         print(f"error: {e}", file=sys.stderr)

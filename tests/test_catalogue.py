@@ -4,6 +4,11 @@ version that a watching server swaps in, removed items never coming back."""
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import keras
@@ -21,8 +26,8 @@ from retrieval.config import config_to_json
 from retrieval.data.vocab import ItemVocab
 from retrieval.serving.reload import load_deployment, open_deployment
 from retrieval.serving.retriever import Retriever
-from retrieval.storage.manifest import ArtifactError
-from retrieval.storage.versions import resolve_current
+from retrieval.storage.manifest import ArtifactError, read_manifest
+from retrieval.storage.versions import resolve_current, version_folders
 from retrieval.training.config import Config, ModelConfig
 from tests.helpers import ReloadUnderLoad, connected, run_tool
 from towers.item import ItemTower
@@ -441,12 +446,154 @@ def test_bad_changes_leave_the_root_unchanged(
         read_items(tmp_path / "bad.jsonl")
 
 
-def test_a_model_without_attributes_refuses_cold_start(attributes_data: Path, tmp_path: Path) -> None:
+def test_a_model_without_attributes_removes_items_but_refuses_cold_start(
+    attributes_data: Path, tmp_path: Path
+) -> None:
+    """Removal needs no vector (it used to be refused with "cannot embed items it never saw")."""
     model_dir = _train(attributes_data, tmp_path / "ids-only")
     assert run_tool("build_index", "--model", str(model_dir), "--out", str(tmp_path / "index")) == 0
-    publish_deployment(model_dir, tmp_path / "index", tmp_path / "live")
-    with pytest.raises(ArtifactError, match="trained without item attributes"):
-        change_catalogue(tmp_path / "live", [CatalogueItem("x", ("0",))])
+    root = tmp_path / "live"
+    publish_deployment(model_dir, tmp_path / "index", root)
+    with pytest.raises(ArtifactError, match="trained without item attributes, so it cannot embed items"):
+        change_catalogue(root, [CatalogueItem("x", ("0",))])
+    assert change_catalogue(root, remove=["5", "24"]).removed == 2
+    for compacted in (False, True):
+        served = load_deployment(root)
+        assert not served.retrieve(["1"], k=5, allow=["5", "24"]).items
+        assert [i for i, _, _ in served.retrieve(["1"], k=5, allow=["6"]).items] == ["6"]
+        if not compacted:
+            assert change_catalogue(root, compact=True).compacted
+    whole = set(read_manifest(deployment_dirs(root)[0], "model")["files"])
+    assert whole == {*read_manifest(model_dir, "model")["files"], "removed_items.json"}  # written whole
+
+
+# --- writers at the same time, and changes that change nothing -----------------------------------
+
+
+def _changed(root: Path) -> tuple[set[str], set[str]]:
+    """(ids the current version's changes add or update, ids they remove)."""
+    changes = CatalogueChanges.load(deployment_dirs(root)[0], 16)
+    pairs = list(zip(changes.ids, changes.removed, strict=True))
+    return {i for i, out in pairs if not out}, {i for i, out in pairs if out}
+
+
+def _held_change(root: Path, items: list[CatalogueItem], remove: list[str]) -> Path:
+    """:func:`change_catalogue`, held 20 ms inside its publication (its check); the version."""
+    return change_catalogue(
+        root, items, remove, check=lambda _: time.sleep(0.02), compact=False, grace=0
+    ).folder
+
+
+def _signal_then_wait(event: threading.Event) -> Callable[[Path], None]:
+    """A deploy check that sets ``event`` and takes 0.2 s."""
+
+    def check(_: Path) -> None:
+        event.set()
+        time.sleep(0.2)
+
+    return check
+
+
+@pytest.mark.slow  # 20 rounds of 3 changes: ~10 s here
+def test_changes_made_at_the_same_time_are_all_published(deployed: Path, tmp_path: Path) -> None:
+    """Three writers at a time, each held 20 ms inside its publication (its check): without the
+    lock they read the same version and the last one published lost the others' changes. Each
+    version is published over the one before (its model names that one's as previous)."""
+    root = _copy_root(deployed, tmp_path)
+    added: set[str] = set()
+    removed: set[str] = set()
+    for round_ in range(20):
+        items = [f"r{round_}-a", f"r{round_}-b"]
+        gone = str(round_ + 1)  # a trained item
+        changes = [
+            ([CatalogueItem(items[0], ("1",))], []),
+            ([CatalogueItem(items[1], ("2",))], []),
+            ([], [gone]),
+        ]
+        with ThreadPoolExecutor(3) as pool:
+            folders = sorted(pool.map(lambda c: _held_change(root, *c), changes), key=lambda f: f.name)
+        added |= set(items)
+        removed.add(gone)
+        assert _changed(root) == (added, removed), round_
+        models = [read_manifest(f / "model", "model", verify=False) for f in folders]
+        assert [m["previous_version"] for m in models[1:]] == [m["version"] for m in models[:-1]], round_
+
+
+def test_a_change_made_during_a_deploy_changes_the_deployed_model(
+    deployed: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A change started while a deploy checks its version waits for it (saying so), then applies
+    to the deployed model: it used to read the version before, and either published it back
+    over the deploy or was lost under it."""
+    root = _copy_root(deployed, tmp_path)
+    model_dir, index_dir = deployment_dirs(deployed)
+    version = read_manifest(model_dir, "model", verify=False)["version"]
+    for round_ in range(10):
+        checking = threading.Event()
+        caplog.clear()
+        with ThreadPoolExecutor(1) as pool:
+            check = _signal_then_wait(checking)
+            deploying = pool.submit(publish_deployment, model_dir, index_dir, root, grace=0, check=check)
+            assert checking.wait(60)
+            with caplog.at_level(logging.WARNING, logger="retrieval.storage.versions"):
+                change = change_catalogue(root, remove=[str(round_ + 1)], compact=False, grace=0)
+            deployed_folder = deploying.result()
+        assert change.folder.name > deployed_folder.name and resolve_current(root) == change.folder.resolve()
+        assert read_manifest(change.folder / "model", "model", verify=False)["previous_version"] == version
+        assert _changed(root) == (set(), {str(round_ + 1)}), round_  # the deploy reset the others
+        assert [r.getMessage() for r in caplog.records if "waiting for another writer" in r.getMessage()]
+
+
+def test_an_id_removed_already_is_reported_as_such(
+    deployed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Removing ids that are out already is not counted as removing them; when that is the whole
+    change, nothing is published (exit code 2), before and after the removal is compacted into
+    the base files."""
+    root = _copy_root(deployed, tmp_path)
+    first = change_catalogue(root, remove=["6"], compact=False)
+    assert (first.removed, first.already_removed) == (1, 0)
+    (tmp_path / "gone.txt").write_text("6\n7\n")
+    capsys.readouterr()
+    assert run_tool("add_items", "--root", str(root), "--remove", str(tmp_path / "gone.txt")) == 0
+    assert "1 removed (1 removed already)," in capsys.readouterr().out
+    for compact in (False, True):
+        current, versions = resolve_current(root), version_folders(root)
+        assert run_tool("add_items", "--root", str(root), "--remove", str(tmp_path / "gone.txt")) == 2
+        err = capsys.readouterr().err
+        assert "nothing to publish: the 2 ids to remove are removed already" in err and "unchanged" in err
+        assert resolve_current(root) == current and version_folders(root) == versions
+        if not compact:
+            change_catalogue(root, compact=True)
+    assert _removed_ids(root) == {"6", "7"}
+
+
+def _removed_ids(root: Path) -> set[str]:
+    model = load_deployment(root).model
+    return set(model.vocab.external(model.removed))
+
+
+@pytest.mark.parametrize("empty", ["items", "remove", "nothing"])
+def test_an_empty_change_publishes_nothing(
+    deployed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], empty: str
+) -> None:
+    """An empty file (an export that failed?) used to publish a version identical to the current
+    one, pushing an older one out of ``--keep``."""
+    root = _copy_root(deployed, tmp_path)
+    current, versions = resolve_current(root), version_folders(root)
+    if empty == "nothing":
+        with pytest.raises(ValueError, match="nothing to publish: no item to add or remove"):
+            change_catalogue(root)
+    else:
+        (tmp_path / "empty").write_text("\n \n")  # blank lines only
+        capsys.readouterr()
+        assert (
+            run_tool("add_items", "--root", str(root), f"--{empty}", str(tmp_path / "empty"), "--keep", "1")
+            == 2
+        )
+        err = capsys.readouterr().err
+        assert f"nothing to publish: {tmp_path / 'empty'} is empty" in err and err.count("\n") == 1, err
+    assert resolve_current(root) == current and version_folders(root) == versions
 
 
 def test_a_ranker_reads_items_added_after_it_as_unknown() -> None:

@@ -9,22 +9,27 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.robustness import broken_tower, nan_embeddings, nan_index, start_watching_server
+from bench.robustness.deploys import forged_vectors
+from index import FaissIndex
 from retrieval.artifacts.deployment import deployment_dirs, publish_deployment
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.reload import (
     REFUSAL_CHARS,
     DeploymentWatcher,
+    check_answers,
     describe_error,
     load_deployment,
     open_deployment,
 )
+from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
 from retrieval.storage.manifest import MANIFEST, ArtifactError, read_manifest
 from retrieval.storage.versions import version_folders
-from tests.helpers import connected, run_tool, scrape, tiered
+from tests.helpers import connected, make_model, run_tool, scrape, tiered
 
 Versions = list[tuple[Path, Path, str]]
 
@@ -58,6 +63,43 @@ def test_deploy_refuses_a_version_that_cannot_serve(
     assert (root / "current").resolve() == current and version_folders(root) == versions
     assert not [p for p in (root / "versions").iterdir() if p.name.startswith(".")]  # no leftovers
     assert load_deployment(root).model_version == v1  # a restart still starts
+
+
+@pytest.mark.parametrize("forgery", ["all 3e38", "all one vector"])
+def test_deploy_refuses_item_vectors_that_answer_every_user_alike(
+    model_versions: Versions, tmp_path: Path, capsys: pytest.CaptureFixture[str], forgery: str
+) -> None:
+    """Finite vectors, every checksum and version in order, yet useless: every score ties within
+    a user (or overflows), so every user gets the same list. Both used to deploy with exit 0."""
+    (model_1, index_1, _), (model_2, _, _) = model_versions
+    root = tmp_path / "live"
+    assert deploy(model_1, index_1, root) == 0
+    current = (root / "current").resolve()
+    trained = np.load(model_2 / "item_embeddings.npy")[1:]
+    vectors = (
+        np.full_like(trained, 3e38) if forgery == "all 3e38" else np.repeat(trained[:1], len(trained), 0)
+    )
+    model_dir, index_dir = forged_vectors(model_2, tmp_path / "forged", vectors)
+    capsys.readouterr()
+    assert deploy(model_dir, index_dir, root) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith(f"error: not published, {root} unchanged")
+    assert "the 8 sampled users all get the same items in the same order" in error
+    assert (root / "current").resolve() == current
+
+
+def test_the_check_refuses_interests_that_score_beyond_float32() -> None:
+    """Index vectors of ±3e38 are finite, but real interests (of norm ~1 here) score them ±inf
+    or NaN; the same model over its own vectors passes (K = 2 interests, 40 items)."""
+    model = make_model()
+    ids = np.arange(1, len(model.vocab) + 1)
+    check_answers(Retriever(model, FaissIndex.build(ids, model.item_embeddings[1:])))
+    huge = (np.sign(model.item_embeddings[1:]) * 3e38).astype(np.float32)
+    assert np.isfinite(huge).all()
+    with pytest.raises(
+        ArtifactError, match=r"of the \d+ scores of 8 sampled users' interests are not finite"
+    ):
+        check_answers(Retriever(model, FaissIndex.build(ids, huge)))
 
 
 def test_a_start_on_a_broken_current_serves_the_newest_version_that_loads(

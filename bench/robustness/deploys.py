@@ -3,8 +3,9 @@
 Versions that pass every checksum but cannot serve, made from a good one (:func:`nan_embeddings`,
 :func:`nan_index`, :func:`broken_tower`), go through ``tools/deploy.py`` while ``tools/serve.py
 --watch`` serves the deployment root in a child process; a broken version published without the
-deploy's check (as an older ``mitt deploy`` did) then meets the running server and a restart; and
-a version is published between a server's load and its watcher's start.
+deploy's check (as an older ``mitt deploy`` did) then meets the running server and a restart; a
+version is published between a server's load and its watcher's start; and ``tools/add_items.py``
+and ``tools/deploy.py`` write one root at the same time (:func:`concurrent_writers`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +86,26 @@ def nan_index(model_dir: Path, out: Path) -> Path:
     index = FaissIndex.build(np.arange(1, len(vectors) + 1), vectors, "Flat")
     save_index(index, out, str(read_manifest(model_dir, "model")["version"]))
     return out
+
+
+def forged_vectors(model_dir: Path, out: Path, vectors: np.ndarray) -> tuple[Path, Path]:
+    """A copy of the model ``model_dir`` at ``out/model`` whose item vectors are ``vectors``
+    (float32 ``[items, d]``), re-signed, and a Flat index of them at ``out/index`` built from
+    it: finite vectors, every checksum and version in order. Returns ``(model, index)``."""
+    from index import FaissIndex
+    from retrieval.artifacts import save_index
+    from retrieval.storage import read_manifest
+
+    model = out / "model"
+    shutil.copytree(model_dir, model)
+    table = model / "item_embeddings.npy"
+    embeddings = np.load(table)
+    embeddings[1:] = vectors
+    np.save(table, embeddings)
+    resign(model)
+    index = FaissIndex.build(np.arange(1, len(vectors) + 1), np.asarray(vectors, np.float32), "Flat")
+    save_index(index, out / "index", str(read_manifest(model, "model")["version"]))
+    return model, out / "index"
 
 
 def deploy(model_dir: Path, index_dir: Path, root: Path) -> subprocess.CompletedProcess[str]:
@@ -214,12 +236,101 @@ def start_during_publish(versions: Sequence[Version], work: Path, max_polls: int
     )
 
 
+def concurrent_writers(versions: Sequence[Version], work: Path, changes: int = 6) -> Case:
+    """Publishes ``versions[0]`` to a root, then starts ``tools/deploy.py`` of ``versions[1]`` and,
+    0.1 s apart, ``changes`` ``tools/add_items.py --remove`` each taking out another item, all
+    child processes writing that root at once. Every writer must exit 0; in the order of their
+    version names, each add-items version's model must name the previous version's as the one
+    it changed (published over the version it read), ``current`` must be the last, and every
+    removal published after the deploy must be in it (those published before it changed the
+    older model, which the deploy replaces, as any deploy does)."""
+    from retrieval.artifacts import publish_deployment, read_model_vocab
+
+    root = work / "writers-root"
+    publish_deployment(versions[0].model, versions[0].index, root)
+    keep = ("--keep", str(changes + 2))  # every version stays for the checks
+    new = versions[1]
+    started = time.monotonic()
+    writers = {
+        "deploy": _start(
+            "deploy", "--model", str(new.model), "--index", str(new.index), "--root", str(root), *keep
+        )
+    }
+    for item in read_model_vocab(versions[0].model).ids[10 : 10 + changes]:
+        time.sleep(0.1)
+        (work / f"remove-{item}.txt").write_text(item + "\n")
+        writers[item] = _start(
+            "add_items", "--root", str(root), "--remove", str(work / f"remove-{item}.txt"), *keep
+        )
+    outputs = {name: (*process.communicate(), process.returncode) for name, process in writers.items()}
+    seconds = time.monotonic() - started
+    failed = [f"{name} exit {code}: {err.strip()[-300:]}" for name, (_, err, code) in outputs.items() if code]
+    # Each tool prints its version folder first.
+    published = {
+        Path(out.split(":")[0].strip()).name: name for name, (out, _, code) in outputs.items() if not code
+    }
+    chained, after, removed = _publication_order(root, published)
+    waited = sum("waiting for another writer" in err for _, err, _ in outputs.values())
+    return Case(
+        "add-items and deploy at once",
+        f"{len(published)}/{len(writers)} writers exit 0 in {seconds:.1f} s ({changes} add-items, 1 deploy), "
+        f"{waited} waited for the lock; each version over the one before: {chained}; removals published "
+        f"after the deploy: {len(after)}, in current: {len(after & removed)}"
+        + (f"; {failed}" if failed else ""),
+        not failed and chained and removed == after,
+    )
+
+
+def _start(name: str, *args: str) -> subprocess.Popen[str]:
+    """``tools/<name>.py ARGS`` started in a child process, its output piped."""
+    return subprocess.Popen(
+        tool_command(name, *args),
+        cwd=REPO,
+        env=tool_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _publication_order(root: Path, published: dict[str, str]) -> tuple[bool, set[str], set[str]]:
+    """Given version folder name -> writer (``"deploy"`` or the item an add-items removed):
+    whether ``current`` is the last version and each add-items version changed the version
+    before it (version names sort in publication order), the items removed after the last
+    deploy, and the items ``current`` has removed."""
+    from retrieval.artifacts.model import load_catalogue
+    from retrieval.storage import read_manifest, resolve_current
+
+    order = sorted(published)
+    models = {
+        name: read_manifest(root / "versions" / name / "model", "model", verify=False) for name in order
+    }
+    current = resolve_current(root)
+    chained = (
+        bool(order)
+        and current.name == order[-1]
+        and all(
+            published[later] == "deploy" or models[later]["previous_version"] == models[earlier]["version"]
+            for earlier, later in pairwise(order)
+        )
+    )
+    deploys = [n for n, name in enumerate(order) if published[name] == "deploy"]
+    after = {published[name] for name in order[deploys[-1] + 1 if deploys else 0 :]}
+    catalogue = load_catalogue(current / "model", read_manifest(current / "model", "model", verify=False))
+    removed = set(catalogue.vocab.external(catalogue.removed)) if len(catalogue.removed) else set()
+    return chained, after, removed
+
+
 def run_deploys(versions: Sequence[Version], out: Path) -> list[Case]:
     """Every case, in a fresh folder ``out/deploys``."""
     work = out / "deploys"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    return [*refused_deploys(versions, work), start_during_publish(versions, work)]
+    return [
+        *refused_deploys(versions, work),
+        start_during_publish(versions, work),
+        concurrent_writers(versions, work),
+    ]
 
 
 def deploys_main(args: argparse.Namespace) -> int:

@@ -5,10 +5,11 @@ An item the model never saw gets the vector of its attributes alone (:func:`cold
 item tower's attribute part: meaningful when the model was trained with ``side_features``
 ``attributes``, better with ``model.id_dropout``). It is appended to the vocabulary (new dense
 ids past ``tower_items``: retrieved, never read as history) and upserted into the index. A
-removed item leaves the index; it stays in the vocabulary, since histories may still hold it.
-A model that scores by cosine stores unit-length vectors, from which a trained item's id part
-cannot be separated: it takes new items, removals, and updates that keep a trained item's
-attribute part (:func:`_vectors`).
+removed item leaves the index; it stays in the vocabulary, since histories may still hold it
+(removing needs no vector: a model trained without attributes removes items too). A model that
+scores by cosine stores unit-length vectors, from which a trained item's id part cannot be
+separated: it takes new items, removals, and updates that keep a trained item's attribute part
+(:func:`_vectors`).
 
 A change costs its own size: the new version hard-links every file of the current one and adds
 the changes since those files were written (:mod:`retrieval.artifacts.changes`), which a
@@ -16,6 +17,11 @@ watching server applies to the catalogue and the index it already holds
 (:meth:`retrieval.serving.retriever.Retriever.from_dirs`'s ``reuse``). Once the changes exceed
 :data:`COMPACT_SHARE` of the catalogue (or with ``compact``), the version is written whole
 instead: its files hold the changes, and the next changes start from them.
+
+A change holds the root's writer lock (:func:`retrieval.storage.versions.writer_lock`) from
+reading the current version to publishing the next, so changes and deploys made at the same
+time apply one after the other, each to the version the one before published. A change with no
+item to add and no id to take out (none given, or all removed already) publishes nothing.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ from retrieval.data.features import SideVocab, attribute_table
 from retrieval.data.vocab import PAD, ItemVocab
 from retrieval.storage.folders import derive_folder, remove_folder
 from retrieval.storage.manifest import ArtifactError, read_manifest, refuse_outside_links, sha256_file
-from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current
+from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current, writer_lock
 
 __all__ = ["CatalogueChange", "CatalogueItem", "change_catalogue", "cold_vectors", "read_ids", "read_items"]
 
@@ -70,7 +76,8 @@ the items its base files hold and this many items (small catalogues never need i
 
 @dataclass(frozen=True)
 class CatalogueChange:
-    """What :func:`change_catalogue` published: the version folder and the counts."""
+    """What :func:`change_catalogue` published: the version folder and the counts (``removed``
+    counts the ids taken out, ``already_removed`` those that were out already)."""
 
     folder: Path
     model_version: str
@@ -79,6 +86,7 @@ class CatalogueChange:
     removed: int
     items: int
     compacted: bool
+    already_removed: int = 0
 
 
 def read_items(path: Path) -> list[CatalogueItem]:
@@ -169,42 +177,68 @@ def _attribute_means(
 @dataclass
 class _Current:
     """What a change reads of the current version's model folder (never the user tower, nor
-    the whole item table)."""
+    the whole item table): ``side`` and ``attribute_embeddings`` only for a model trained with
+    item attributes, ``removed`` the external ids out of the index now."""
 
     folder: Path
     manifest: dict[str, Any]
     vocab: ItemVocab
     base_items: int
     changes: CatalogueChanges
-    side: SideVocab
-    attribute_embeddings: np.ndarray
+    removed: frozenset[str]
     similarity: str
+    side: SideVocab | None = None
+    attribute_embeddings: np.ndarray | None = None
+
+    def attribute_tables(self) -> tuple[SideVocab, np.ndarray]:
+        """The side vocabulary and the attribute embeddings that embed items from attributes.
+
+        Raises:
+            ArtifactError: the model was trained without item attributes.
+        """
+        if self.side is None or self.attribute_embeddings is None:
+            raise ArtifactError(
+                f"model {self.manifest['version']} was trained without item attributes, so it cannot "
+                "embed items it never saw: train with --set model.side_features=attributes (and "
+                "model.id_dropout, e.g. 0.5) on data with item attributes"
+            )
+        return self.side, self.attribute_embeddings
 
 
 def _read_current(model_dir: Path) -> _Current:
     """Reads and verifies the small files a change needs.
 
     Raises:
-        ArtifactError: a corrupted file, or a model that cannot embed new items.
+        ArtifactError: a corrupted file.
     """
     manifest = read_manifest(model_dir, KIND, verify=False)
     listed = set(manifest.get("files", {}))
-    if ATTRIBUTE_EMBEDDINGS_FILE not in listed:
-        raise ArtifactError(
-            f"model {manifest['version']} was trained without item attributes, so it cannot embed "
-            "items it never saw: train with --set model.side_features=attributes (and "
-            "model.id_dropout, e.g. 0.5) on data with item attributes"
-        )
-    read = {VOCAB_FILE, SIDE_FILE, ATTRIBUTE_EMBEDDINGS_FILE, CHANGES_FILE, CHANGE_VECTORS_FILE}
+    read = {VOCAB_FILE, SIDE_FILE, ATTRIBUTE_EMBEDDINGS_FILE, REMOVED_FILE, CHANGES_FILE, CHANGE_VECTORS_FILE}
     manifest = read_manifest(model_dir, KIND, verified=listed - read)
     dim = int(manifest["dim"])
     base = load_vocab(model_dir)
     changes = CatalogueChanges.load(model_dir, dim) if CHANGES_FILE in listed else CatalogueChanges.none(dim)
-    side = SideVocab.load(model_dir / SIDE_FILE)
-    attributes = load_vectors(model_dir / ATTRIBUTE_EMBEDDINGS_FILE, len(side.attributes) + 1, dim)
+    removed = _removed_now(model_dir, listed, changes)
     vocab = grown_vocab(base, changes)
-    similarity = manifest_similarity(manifest)
-    return _Current(model_dir, manifest, vocab, len(base), changes, side, attributes, similarity)
+    current = _Current(model_dir, manifest, vocab, len(base), changes, removed, manifest_similarity(manifest))
+    if ATTRIBUTE_EMBEDDINGS_FILE in listed:
+        current.side = SideVocab.load(model_dir / SIDE_FILE)
+        current.attribute_embeddings = load_vectors(
+            model_dir / ATTRIBUTE_EMBEDDINGS_FILE, len(current.side.attributes) + 1, dim
+        )
+    return current
+
+
+def _removed_now(model_dir: Path, listed: set[str], changes: CatalogueChanges) -> frozenset[str]:
+    """The external ids out of the index: the base files' removed items, then the changes'."""
+    base: set[str] = set()
+    if REMOVED_FILE in listed:
+        ids = json.loads((model_dir / REMOVED_FILE).read_text(encoding="utf-8"))
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ArtifactError(f"{model_dir / REMOVED_FILE} is not a list of item ids")
+        base = set(ids)
+    out = {item.id for item, gone in zip(changes.items, changes.removed, strict=True) if gone}
+    return frozenset((base - set(changes.ids)) | out)
 
 
 def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence[str]) -> np.ndarray:
@@ -213,6 +247,7 @@ def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence
     unit length, a trained item keeps its latest vector and must keep its attribute part.
 
     Raises:
+        ArtifactError: items to add to a model trained without item attributes.
         ValueError: an id both added and removed, an unknown id to remove, an item without a
             known attribute, or a cosine model's trained item with another attribute part.
     """
@@ -222,7 +257,10 @@ def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence
     unknown = [i for i in remove if i not in current.vocab]
     if unknown:
         raise ValueError(f"{len(unknown)} ids to remove are not in the catalogue, e.g. {unknown[0]!r}")
-    means = cold_vectors(current.side, current.attribute_embeddings, [i.attributes for i in items])
+    if not items:  # removing needs no vector
+        return np.zeros((0, int(current.manifest["dim"])), np.float32)
+    side, attribute_embeddings = current.attribute_tables()
+    means = cold_vectors(side, attribute_embeddings, [i.attributes for i in items])
     vectors = scored_rows(means, current.similarity)  # the new items' cold vectors
     dense = current.vocab.lookup([i.id for i in items])
     trained = (dense != PAD) & (dense <= int(current.manifest.get("tower_items", current.base_items)))
@@ -230,7 +268,7 @@ def _vectors(current: _Current, items: Sequence[CatalogueItem], remove: Sequence
         ids = [i.id for i, t in zip(items, trained, strict=True) if t]
         table = np.load(_verified(current, EMBEDDINGS_FILE), mmap_mode="r", allow_pickle=False)
         now = _latest(current, ids, table, dense[trained])
-        before, _ = _attribute_means(current.side, current.attribute_embeddings, [a for a, _ in now])
+        before, _ = _attribute_means(side, attribute_embeddings, [a for a, _ in now])
         latest = np.stack([v for _, v in now])
         if current.similarity == "cosine":
             _refuse_new_attribute_parts(ids, before, means[trained])
@@ -302,6 +340,10 @@ def change_catalogue(
     """Adds, updates and removes items of the current version of the deployment ``root`` and
     publishes the result as its new current version (:func:`retrieval.storage.versions.publish`).
 
+    The root's writer lock (:func:`retrieval.storage.versions.writer_lock`) is held from reading
+    the current version to publishing the new one: a change made while another writer publishes
+    waits for it (one WARNING says so), then applies to what that writer published.
+
     Args:
         items: items to add; an id already in the catalogue is updated (new attributes and
             title; a trained item keeps its id embedding) and comes back if it was removed.
@@ -315,12 +357,29 @@ def change_catalogue(
             :data:`COMPACT_MIN`.
 
     Raises:
-        ArtifactError: ``root`` has no current version, its model cannot embed new items, or
-            its index is not a FAISS file.
+        ArtifactError: ``root`` has no current version, its model cannot embed items to add,
+            or its index is not a FAISS file.
         ValueError: a bad change (see :func:`cold_vectors`; an id both added and removed, an
-            unknown id to remove, new attributes for a trained item of a cosine model).
+            unknown id to remove, new attributes for a trained item of a cosine model), or one
+            with no item to add and no id to take out (none, or all removed already).
     """
-    folder = resolve_current(Path(root))
+    root = Path(root)
+    deployment_dirs(root)  # a root that is not a deployment is refused before the lock file is made
+    with writer_lock(root):
+        return _publish_change(root, items, remove, keep, grace, check, compact)
+
+
+def _publish_change(
+    root: Path,
+    items: Sequence[CatalogueItem],
+    remove: Sequence[str],
+    keep: int,
+    grace: float,
+    check: Callable[[Path], object] | None,
+    compact: bool | None,
+) -> CatalogueChange:
+    """:func:`change_catalogue` once the root's writer lock is held."""
+    folder = resolve_current(root)
     model_dir, index_dir = deployment_dirs(folder)
     refuse_outside_links(folder)
     current = _read_current(model_dir)
@@ -330,6 +389,10 @@ def change_catalogue(
             f"{index_dir} is a {index_manifest.get('backend')} index: items are added to FAISS "
             "deployments only (upsert into the collection itself)"
         )
+    already = [i for i in remove if i in current.removed]
+    if not compact and not items and len(already) == len(remove):
+        why = f"the {len(remove)} ids to remove are removed already" if remove else "no item to add or remove"
+        raise ValueError(f"nothing to publish: {why}")
     vectors = _vectors(current, items, remove)
     if index_manifest.get("mips_norm"):
         try:
@@ -361,10 +424,10 @@ def change_catalogue(
         if check is not None:
             check(new)
 
-    published = publish(Path(root), write, keep, grace)
+    published = publish(root, write, keep, grace)
     updated = int((current.vocab.lookup([i.id for i in items]) != PAD).sum())
-    added = len(items) - updated
-    return CatalogueChange(published, versions[0], added, updated, len(remove), len(vocab), compact)
+    added, removed = len(items) - updated, len(remove) - len(already)
+    return CatalogueChange(published, versions[0], added, updated, removed, len(vocab), compact, len(already))
 
 
 def _write_changes(current: _Current, changes: CatalogueChanges, items: int, dst: Path) -> dict[str, Any]:
@@ -386,14 +449,16 @@ def _compact(new: Path) -> dict[str, Any]:
     # What is read is verified: a damaged base file must not become a whole file with a new checksum.
     manifest = read_manifest(model_dir, KIND, verified=set(manifest["files"]) - read)
     catalogue = load_catalogue(model_dir, manifest)
-    attributes = read_item_attributes(model_dir) or {}
+    attributes = read_item_attributes(model_dir)  # None: the model has none (removals only)
     removed = sorted(catalogue.vocab.external(catalogue.removed)) if len(catalogue.removed) else []
 
     def write(dst: Path) -> list[str]:
         catalogue.vocab.save(dst / VOCAB_FILE)
         np.save(dst / EMBEDDINGS_FILE, catalogue.embeddings)
-        (dst / ATTRIBUTES_FILE).write_text(json.dumps(attributes, ensure_ascii=False))
         (dst / REMOVED_FILE).write_text(json.dumps(removed, ensure_ascii=False))
+        if attributes is None:
+            return [VOCAB_FILE, EMBEDDINGS_FILE, REMOVED_FILE]
+        (dst / ATTRIBUTES_FILE).write_text(json.dumps(attributes, ensure_ascii=False))
         return [VOCAB_FILE, EMBEDDINGS_FILE, ATTRIBUTES_FILE, REMOVED_FILE]
 
     whole = dict(manifest)

@@ -7,12 +7,15 @@ Only the files each artifact's manifest lists are copied, and before the new ver
 current it is loaded as a server would load it (warm-up, finite vectors, one retrieval): one
 that fails is refused with exit code 2 and the root is left unchanged. A server started with
 ``mitt serve --watch runs/live`` loads the new version in the background, warms it up and swaps
-it in without dropping a request. Prints the new version folder.
+it in without dropping a request. A deploy started while another writer of the root
+(``mitt deploy``, ``mitt add-items``) publishes waits for it (a WARNING line says so). Prints the
+new version folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -47,6 +50,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if missing_inputs(flag_inputs(args, "model", "index", "ranker")):
         return 2
     quiet_tensorflow(args.verbose)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Imported here, never for --help: the artifacts layer loads FAISS and pandas, and the
     # check TensorFlow, once its logging is set.
     from retrieval.artifacts import publish_deployment

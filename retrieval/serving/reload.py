@@ -43,6 +43,9 @@ REFUSAL_CHARS = 300
 _CHECK_ROWS = 65536
 """Index vectors decoded at a time by the finiteness check."""
 
+_CHECK_USERS, _CHECK_K = 8, 100
+"""One-item histories whose interests the check scores against the index, and items per interest."""
+
 
 def describe_error(error: BaseException, limit: int = REFUSAL_CHARS) -> str:
     """``error`` on one line (whitespace collapsed), at most ``limit`` characters: an
@@ -142,18 +145,51 @@ def warm_up(retriever: Retriever, batch_sizes: tuple[int, ...] = WARM_UP_BATCHES
 
 def check_answers(retriever: Retriever) -> None:
     """Checks what loading does not: every vector of a FAISS index is finite (a Milvus index
-    keeps its vectors in its own store), and a one-item history retrieves items (NaN scores, for
-    one, are dropped from answers).
+    keeps its vectors in its own store), real interests score finitely and differently
+    (:func:`_check_interests`), and a one-item history retrieves items (NaN scores, for one, are
+    dropped from answers).
 
     Raises:
-        ArtifactError: NaN or infinite index vectors, or an empty answer.
+        ArtifactError: NaN or infinite index vectors, useless scores, or an empty answer.
     """
     index = retriever.index
     if isinstance(index, FaissIndex) and not _finite_vectors(index):
         raise ArtifactError(f"index {index.factory!r} holds NaN or infinite vectors")
+    _check_interests(retriever)
     vocab = retriever.model.vocab
     if len(vocab) > 1 and not retriever.retrieve(vocab.external([1]), k=min(10, len(vocab) - 1)).items:
         raise ArtifactError("a one-item history retrieves nothing (NaN scores?)")
+
+
+def _check_interests(retriever: Retriever) -> None:
+    """Scores the interests of :data:`_CHECK_USERS` users against the index, each with a history
+    of one item the tower knows (spread over its items): every score must be finite (finite
+    vectors can still overflow: 3e38 in every component scores +inf) and the users must not all
+    get the same items in the same order (scores that do not depend on the user). One call of
+    the tower, one search.
+
+    Raises:
+        ArtifactError: a score that is not finite, or the same answer for every user.
+    """
+    known = min(retriever.model.tower_items, len(retriever.model.vocab))
+    if known < 1:
+        return
+    items = np.unique(np.linspace(1, known, min(_CHECK_USERS, known)).round().astype(np.int64))
+    interests = retriever.model.encode([np.array([i]) for i in items])  # [U, K, d]
+    users, dim = len(items), interests.shape[-1]
+    scores, ids = retriever.index.search(interests.reshape(-1, dim), _CHECK_K)  # [U·K, k]
+    found = scores[ids >= 0]
+    if not np.isfinite(found).all():
+        raise ArtifactError(
+            f"{int((~np.isfinite(found)).sum())} of the {found.size} scores of {users} sampled users' "
+            "interests are not finite (item vectors too large?)"
+        )
+    answers = ids.reshape(users, -1)
+    if users > 1 and (answers == answers[0]).all():
+        raise ArtifactError(
+            f"the {users} sampled users all get the same items in the same order ({int((ids[0] >= 0).sum())} "
+            "per interest): the scores do not depend on the user"
+        )
 
 
 def _finite_vectors(index: FaissIndex) -> bool:

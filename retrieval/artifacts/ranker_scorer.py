@@ -16,11 +16,9 @@ from retrieval.artifacts.xla import COMPILED_BATCHES, COMPILED_WIDTHS, XlaFuncti
 from retrieval.data.vocab import PAD
 
 XLA_ROWS = 1
-"""Lists a call may hold to run compiled (``xla``); larger calls run the plain graph. In one
-run of ``bench/serving.py`` (2026-12-01, 1M items, DIN over 200 candidates) the compiled
-ranker cut the p99 a rerank adds at concurrency 1 from 5.3 to 4.0 ms, but with micro-batches
-of several requests (8 and 32 in flight) the server spent 8.8-11.2 ms of CPU per request
-against the plain graph's 5.8-5.9."""
+"""Lists a call may hold to run compiled (``xla``); larger calls run the plain graph: compiled
+micro-batches cost the server more CPU per request than the plain graph (docs/benchmarks.md,
+"XLA in the server")."""
 
 _VARYING_WIDTHS = ("candidates", "retrieval_scores", "unclicked")
 """Scorer inputs whose width varies between calls (padded to ``COMPILED_WIDTHS`` under XLA)."""

@@ -46,6 +46,12 @@ class MicroBatcher {
     return nullptr;
   }
 
+  // Rows queued and not yet handed to the handler.
+  size_t queued_rows() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queued_rows_;
+  }
+
   // Answers what is queued, then ends the worker; later Submits are refused. Idempotent.
   void Stop() {
     {
@@ -88,7 +94,7 @@ class MicroBatcher {
 
   const BatchOptions options_;
   const Handler handler_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable ready_;
   std::deque<Queued> queue_;
   size_t queued_rows_ = 0;

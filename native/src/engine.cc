@@ -102,7 +102,7 @@ void Engine::Answer(std::vector<std::unique_ptr<PendingCall>> batch) {
 
 Counters Engine::counters() const {
   return {calls_.load(), rows_.load(), batches_.load(), max_batch_rows_.load(), kernel_errors_.load(),
-          cancelled_.load()};
+          cancelled_.load(), 0};
 }
 
 }  // namespace mitt::native

@@ -61,6 +61,7 @@ struct Counters {
   uint64_t max_batch_rows = 0;  // the largest batch's queries
   uint64_t kernel_errors = 0;   // batches failed by their kernel call
   uint64_t cancelled = 0;       // calls cancelled before their batch (deadline, client gone, stop)
+  uint64_t queued = 0;          // queries waiting for a batch now (filled by NativeServer)
 };
 
 class Engine {

@@ -141,6 +141,7 @@ NB_MODULE(_native, m) {
         out["max_batch_rows"] = c.max_batch_rows;
         out["kernel_errors"] = c.kernel_errors;
         out["cancelled"] = c.cancelled;
+        out["queued"] = c.queued;
         return out;
       });
 }

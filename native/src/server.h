@@ -33,7 +33,11 @@ class NativeServer {
   void Stop(double grace_seconds);
 
   int port() const { return port_; }
-  Counters counters() const { return engine_.counters(); }
+  Counters counters() const {
+    Counters counters = engine_.counters();
+    counters.queued = batcher_.queued_rows();
+    return counters;
+  }
 
  private:
   Engine engine_;

@@ -140,7 +140,8 @@ class NativeServer:
 
     def counters(self) -> dict[str, int]:
         """``calls``, ``rows`` (queries) and ``batches`` (kernel calls) answered, the largest
-        batch's rows (``max_batch_rows``), ``kernel_errors`` and ``cancelled`` calls."""
+        batch's rows (``max_batch_rows``), ``kernel_errors`` and ``cancelled`` calls; and the queries
+        ``queued`` for a batch now."""
         return dict(self._server.counters())
 
     def __enter__(self) -> Self:

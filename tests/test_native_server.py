@@ -1,0 +1,436 @@
+"""The native engine's skeleton (issue 44, ``native/``): the vocabulary handover, the per-batch
+kernel call, the C++ merge against a numpy reference, errors, micro-batching, health,
+reflection and the stop path. Every test but the first two needs ``make native`` and skips
+without it."""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from index.merge import max_score
+from retrieval.api import RetrievalClient
+from retrieval.api.types import MAX_K, Query
+from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
+from retrieval.serving import native
+from tests.helpers import REPO_ROOT, connected
+
+NUM_ITEMS, DIM, NUM_INTERESTS, MAX_LEN = 60, 16, 3, 8
+VOCAB = [f"item{i}" for i in range(NUM_ITEMS)]  # dense id i + 1
+
+
+def built() -> None:
+    """Skips the test when the engine is not built."""
+    try:
+        native.native_module()
+    except native.NativeEngineMissing as e:
+        pytest.skip(f"{e}")
+
+
+# --- a brute-force kernel and the reference answer ---------------------------------------------------
+
+_rng = np.random.default_rng(44)
+ITEM_VECTORS = _rng.normal(size=(NUM_ITEMS + 1, DIM)).astype(np.float32)
+ITEM_VECTORS[0] = 0.0  # padding
+PROJECTIONS = _rng.normal(size=(NUM_INTERESTS, DIM, DIM)).astype(np.float32)
+
+
+def brute_force(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A toy tower (K projections of the history's mean item vector) and an exact search: per
+    row and interest the ``max(fetch)`` best items, best first (ties: smaller id)."""
+    counts = np.maximum((histories > 0).sum(axis=1, keepdims=True), 1)
+    mean = ITEM_VECTORS[histories].sum(axis=1) / counts  # [B, d]
+    interests = np.einsum("bd,kde->bke", mean, PROJECTIONS)  # [B, K, d]
+    scores = (interests @ ITEM_VECTORS[1:].T).astype(np.float32)  # [B, K, N]
+    order = np.argsort(-scores, axis=-1, kind="stable")[..., : int(fetch.max())]
+    return (order + 1).astype(np.int64), np.take_along_axis(scores, order, axis=-1)
+
+
+def reference(
+    history: Sequence[str], k: int, exclude: Sequence[str] = (), per_interest_k: int = 0
+) -> list[tuple[str, float, int]]:
+    """The answer computed without the engine: the known history left-padded to MAX_LEN, the
+    kernel on that one row with this query's fetch, excluded ids dropped, index.merge.max_score."""
+    known = [VOCAB.index(h) + 1 for h in history if h in VOCAB]
+    excluded = set(known) | {VOCAB.index(e) + 1 for e in exclude if e in VOCAB}
+    row = np.zeros((1, MAX_LEN), np.int32)
+    tail = known[-MAX_LEN:]
+    row[0, MAX_LEN - len(tail) :] = tail
+    fetch = min(max(k, per_interest_k) + len(excluded), NUM_ITEMS)
+    ids, scores = brute_force(row, np.array([fetch], np.int32))
+    ids = np.where(np.isin(ids, list(excluded)), -1, ids)
+    merged = max_score(ids[0], scores[0], k)
+    return [
+        (VOCAB[i - 1], float(s), int(n))
+        for i, s, n in zip(merged.ids, merged.scores, merged.interests, strict=True)
+    ]
+
+
+def assert_answers(got: list[tuple[str, float, int]], expected: list[tuple[str, float, int]]) -> None:
+    """Ids and interests exactly, scores to float32 rounding."""
+    assert [(i, n) for i, _, n in got] == [(i, n) for i, _, n in expected]
+    np.testing.assert_allclose([s for _, s, _ in got], [s for _, s, _ in expected], rtol=2e-7, atol=0)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., native.NativeServer]]:
+    """Starts native servers on port 0 (``serve(kernel, **options)``); stops them at the end."""
+    built()
+    servers: list[native.NativeServer] = []
+
+    def start(kernel: native.Kernel = brute_force, **options: Any) -> native.NativeServer:
+        server = native.NativeServer(kernel, VOCAB, max_len=MAX_LEN, model_version="v-native", **options)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop(0)
+
+
+def address(server: native.NativeServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+# --- without the build ---------------------------------------------------------------------------------
+
+
+def test_without_the_build_the_error_says_what_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "retrieval.serving._native", None)  # its import fails
+    with pytest.raises(native.NativeEngineMissing) as raised:
+        native.NativeServer(brute_force, VOCAB, max_len=MAX_LEN)
+    message = str(raised.value)
+    assert "\n" not in message and "`make native`" in message
+    assert all(package in message for package in native.PACKAGES)
+
+
+def test_make_native_installs_the_packages_the_message_names() -> None:
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    listed = re.search(r"^NATIVE_PACKAGES := (.*)$", makefile, re.MULTILINE)
+    assert listed is not None and tuple(listed.group(1).split()) == native.PACKAGES
+
+
+# --- answers ---------------------------------------------------------------------------------------------
+
+
+def queries(count: int, seed: int) -> list[dict[str, Any]]:
+    """Random requests: histories of 1..12 ids (some unknown), k, per_interest_k, exclude lists."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        history = [VOCAB[i] for i in rng.integers(0, NUM_ITEMS, int(rng.integers(1, 13)))]
+        if rng.random() < 0.3:
+            history.insert(int(rng.integers(0, len(history) + 1)), "unknown-id")
+        k = int(rng.integers(1, 11))
+        out.append(
+            {
+                "history": history,
+                "k": k,
+                "per_interest_k": int(rng.choice([0, k, k + 5])),
+                "exclude": [VOCAB[i] for i in rng.integers(0, NUM_ITEMS, int(rng.integers(0, 4)))] + ["nope"],
+            }
+        )
+    return out
+
+
+def test_answers_equal_the_numpy_reference(serve: Callable[..., native.NativeServer]) -> None:
+    server = serve()
+    asked = queries(40, seed=1)
+    with connected(address(server), retries=0) as client:
+        for query in asked:
+            got = client.retrieve(**query)
+            assert_answers(got.items, reference(**query))
+            assert got.model_version == "v-native"
+            assert got.unknown_items == query["history"].count("unknown-id")
+        answers = client.batch_retrieve([Query(**query) for query in asked])
+    assert len(answers) == len(asked)
+    for answer, query in zip(answers, asked, strict=True):
+        assert_answers(answer.items, reference(**query))
+
+
+def test_the_kernel_gets_padded_histories_and_each_querys_fetch(
+    serve: Callable[..., native.NativeServer],
+) -> None:
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def recording(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seen.append((histories.copy(), fetch.copy()))
+        return brute_force(histories, fetch)
+
+    server = serve(recording)
+    history = ["item3", "gone", *[f"item{i}" for i in range(10, 20)]]  # 11 known ids, MAX_LEN 8
+    with connected(address(server), retries=0) as client:
+        client.retrieve(history, 5, exclude=["item40", "item3", "gone"])
+        client.retrieve(["item7"], 2, per_interest_k=9)
+    (first, fetch_first), (second, fetch_second) = seen
+    assert first.dtype == np.int32 and first.tolist() == [list(range(13, 21))]  # the last 8, dense ids
+    assert fetch_first.tolist() == [5 + 12]  # k + the 11 history ids and item40 (item3 is one of them)
+    assert second.tolist() == [[0] * 7 + [8]] and fetch_second.tolist() == [9 + 1]
+
+
+def test_the_merge_keeps_each_items_best_score_and_breaks_ties_by_id(
+    serve: Callable[..., native.NativeServer],
+) -> None:
+    # Worked out by hand: 5 (0.9, interest 0); 3 at its best, 0.8 (interest 1, its 0.5 under
+    # interest 0 dropped); 7 and 9 tie at 0.5: the smaller id first; 2 is the history.
+    ids = np.array([[[5, 3, 7, 2]], [[3, 9, -1, 2]]], np.int64).reshape(1, 2, 4)
+    scores = np.array([[0.9, 0.5, 0.5, 2.0], [0.8, 0.5, 0.1, 3.0]], np.float32).reshape(1, 2, 4)
+    server = serve(lambda histories, fetch: (ids, scores))
+    with connected(address(server), retries=0) as client:
+        got = client.retrieve(["item1"], 10).items
+    expected = [("item4", 0.9, 0), ("item2", 0.8, 1), ("item6", 0.5, 0), ("item8", 0.5, 1)]
+    assert_answers(got, expected)
+    merged = max_score(np.where(ids[0] == 2, -1, ids[0]), scores[0], 10)  # the Python engine's merge
+    assert [VOCAB[i - 1] for i in merged.ids] == [i for i, _, _ in expected]
+
+
+# --- errors ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "message"),
+    [
+        ({"history": ["item1"], "k": 0}, "INVALID_ARGUMENT", f"k must be between 1 and {MAX_K}, got 0"),
+        ({"history": [], "k": 3}, "INVALID_ARGUMENT", "history is empty: send at least one item id"),
+        (
+            {"history": ["a", "b"], "k": 3},
+            "INVALID_ARGUMENT",
+            "none of the 2 history ids is in the model's vocabulary",
+        ),
+        (
+            {"history": ["item1"], "k": 5, "per_interest_k": 3},
+            "INVALID_ARGUMENT",
+            "per_interest_k must be 0 (= k) or between k (5) and 2000, got 3",
+        ),
+        (
+            {"history": ["item1"], "k": 5, "allow_ids": ["item2"]},
+            "UNIMPLEMENTED",
+            "the native engine does not answer allow_ids yet: serve with --engine python",
+        ),
+        (
+            {"history": ["item1"], "k": 5, "merge": retrieval_pb2.ROUND_ROBIN},
+            "UNIMPLEMENTED",
+            "the native engine does not answer merge ROUND_ROBIN yet: serve with --engine python",
+        ),
+        (
+            {"events": [retrieval_pb2.Event(item_id="item1")], "k": 5},
+            "UNIMPLEMENTED",
+            "the native engine does not answer events yet: serve with --engine python",
+        ),
+    ],
+)
+def test_bad_and_unanswered_requests_are_refused_naming_why(
+    serve: Callable[..., native.NativeServer], request_: dict[str, Any], code: str, message: str
+) -> None:
+    server = serve()
+    with grpc.insecure_channel(address(server)) as channel:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Retrieve(retrieval_pb2.RetrieveRequest(**request_), timeout=10)
+        assert (raised.value.code().name, raised.value.details()) == (code, message)
+        good = retrieval_pb2.RetrieveRequest(history=["item1"], k=2)
+        bad = retrieval_pb2.RetrieveRequest(**request_)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.BatchRetrieve(retrieval_pb2.BatchRetrieveRequest(requests=[good, bad]), timeout=10)
+        assert (raised.value.code().name, raised.value.details()) == (code, f"requests[1]: {message}")
+    assert server.counters()["rows"] == 0  # nothing reached the kernel
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (ValueError("boom"), "the kernel raised ValueError: boom"),
+        ((np.ones((1, 2, 3), np.int64), np.ones((1, 2, 4), np.float32)), "must both be [1, K, n]"),
+        (
+            (np.full((1, 1, 1), NUM_ITEMS + 1, np.int64), np.ones((1, 1, 1), np.float32)),
+            "outside the vocabulary",
+        ),
+        ("not arrays", "the kernel must return (ids int64 [B, K, n], scores float32 [B, K, n])"),
+    ],
+)
+def test_a_failing_kernel_fails_its_batch_internal_and_the_next_batch_is_served(
+    serve: Callable[..., native.NativeServer], answer: Any, message: str
+) -> None:
+    calls = []
+
+    def kernel(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(len(histories))
+        if len(calls) == 1:
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return brute_force(histories, fetch)
+
+    server = serve(kernel)
+    with connected(address(server), retries=0) as client:
+        with pytest.raises(grpc.RpcError) as raised:
+            client.retrieve(["item1"], 3)
+        assert raised.value.code() == grpc.StatusCode.INTERNAL and message in str(raised.value.details())
+        assert_answers(client.retrieve(["item1"], 3).items, reference(["item1"], 3))
+    assert server.counters()["kernel_errors"] == (0 if "vocabulary" in message else 1)
+
+
+def test_the_vocabulary_handover_refuses_a_repeated_id() -> None:
+    built()
+    with pytest.raises(ValueError, match="the vocabulary repeats the id 'item3'"):
+        native.NativeServer(brute_force, [*VOCAB, "item3"], max_len=MAX_LEN)
+
+
+# --- serving ---------------------------------------------------------------------------------------------
+
+
+def test_port_zero_health_and_reflection(serve: Callable[..., native.NativeServer]) -> None:
+    server = serve()
+    assert server.port > 0
+    with pytest.raises(RuntimeError, match="already started"):
+        server.start()
+    with socket.socket() as taken:  # bound without SO_REUSEPORT: gRPC cannot share the port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(RuntimeError, match=f"cannot serve on {re.escape(busy)}"):
+            native.NativeServer(brute_force, VOCAB, max_len=MAX_LEN).start(busy)
+    with connected(address(server), retries=0) as client:
+        assert client.health() == "SERVING"
+    with grpc.insecure_channel(address(server)) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        (answer,) = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+    services = {s.name for s in answer.list_services_response.service}
+    assert {"retrieval.v1.RetrievalService", "grpc.health.v1.Health"} <= services
+
+
+@pytest.mark.parametrize("round_", range(20))
+def test_concurrent_calls_are_answered_in_batches(
+    serve: Callable[..., native.NativeServer], round_: int
+) -> None:
+    sizes: list[int] = []
+
+    def slow(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        sizes.append(len(histories))
+        time.sleep(0.005)  # calls pile up meanwhile: the next batch is bigger
+        return brute_force(histories, fetch)
+
+    server = serve(slow, max_batch=8)
+    asked = queries(64, seed=round_)
+    with connected(address(server), retries=0) as client, ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda query: client.retrieve(**query), asked))
+    for got, query in zip(answers, asked, strict=True):
+        assert_answers(got.items, reference(**query))
+    counters = server.counters()
+    assert sum(sizes) == counters["rows"] == 64 and counters["batches"] == len(sizes)
+    assert max(sizes) <= 8 and counters["max_batch_rows"] == max(sizes)
+    assert len(sizes) < 64  # 16 callers, a kernel call of 5 ms: some calls shared a batch
+
+
+@pytest.mark.parametrize("round_", range(20))
+def test_stop_lets_the_calls_in_flight_finish_then_refuses_new_ones(
+    serve: Callable[..., native.NativeServer], round_: int
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+    held_rows = []
+
+    def held(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        held_rows.append(len(histories))
+        entered.set()
+        assert release.wait(10)
+        return brute_force(histories, fetch)
+
+    server = serve(held)
+    with connected(address(server), retries=0) as client, ThreadPoolExecutor(4) as pool:
+        calls = [pool.submit(client.retrieve, [f"item{i}"], 3) for i in range(4)]
+        assert entered.wait(10)
+        wait_for_queued(server, 4 - held_rows[0])  # every call is in: gRPC cancels those not yet started
+        stopping = pool.submit(server.stop, 10.0)
+        time.sleep(0.01 * (round_ % 5))  # the stop begins while the kernel holds the batch
+        release.set()
+        stopping.result(timeout=20)
+        for i, call in enumerate(calls):
+            assert_answers(call.result(timeout=10).items, reference([f"item{i}"], 3))
+    with (
+        RetrievalClient(address(server), retries=0, timeout=2) as client,
+        pytest.raises(grpc.RpcError) as raised,
+    ):
+        client.retrieve(["item1"], 3)
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    server.stop(0)  # idempotent
+
+
+def test_stop_without_grace_returns_and_ends_every_call(serve: Callable[..., native.NativeServer]) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def held(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        entered.set()
+        release.wait(10)
+        return brute_force(histories, fetch)
+
+    server = serve(held, max_batch=1)
+    with RetrievalClient(address(server), retries=0, timeout=20) as client, ThreadPoolExecutor(6) as pool:
+        calls = [pool.submit(client.retrieve, ["item1"], 3) for _ in range(6)]
+        assert entered.wait(10)
+        wait_for_queued(server, 5)  # one batch held by the kernel, five behind it
+        stopping = pool.submit(server.stop, 0.0)
+        time.sleep(0.2)  # the grace is over: gRPC cancels the calls; the kernel still holds a batch
+        release.set()
+        stopping.result(timeout=20)
+        ended = []
+        for call in calls:
+            try:
+                assert_answers(call.result(timeout=20).items, reference(["item1"], 3))
+                ended.append("OK")
+            except grpc.RpcError as e:
+                ended.append(e.code().name)
+    # A call gRPC had not cancelled yet when its batch came is answered; none is left hanging.
+    assert set(ended) <= {"OK", "CANCELLED", "UNAVAILABLE"}
+    counters = server.counters()
+    assert counters["calls"] == 6 and counters["rows"] + counters["cancelled"] == 6
+
+
+def test_a_call_whose_deadline_passed_while_queued_costs_the_kernel_nothing(
+    serve: Callable[..., native.NativeServer],
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def held(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        entered.set()
+        release.wait(10)
+        return brute_force(histories, fetch)
+
+    server = serve(held, max_batch=1)
+    hasty = RetrievalClient(address(server), retries=0, timeout=0.3)
+    with (
+        ThreadPoolExecutor(1) as pool,
+        hasty,
+        RetrievalClient(address(server), retries=0, timeout=20) as client,
+    ):
+        first = pool.submit(client.retrieve, ["item1"], 3)
+        assert entered.wait(10)
+        with pytest.raises(grpc.RpcError) as raised:
+            hasty.retrieve(["item2"], 3)
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        time.sleep(1.0)  # the server's own deadline timer (the same deadline) has fired too
+        release.set()
+        assert_answers(first.result(timeout=10).items, reference(["item1"], 3))
+    counters = server.counters()
+    assert (counters["calls"], counters["rows"], counters["batches"], counters["cancelled"]) == (2, 1, 1, 1)
+
+
+def wait_for_queued(server: native.NativeServer, rows: int) -> None:
+    """Waits (10 s at most) until ``rows`` queries wait for a batch."""
+    deadline = time.monotonic() + 10
+    while server.counters()["queued"] < rows and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert server.counters()["queued"] == rows

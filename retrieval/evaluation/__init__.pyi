@@ -32,7 +32,7 @@ from .paired import (
     paired_comparison,
 )
 from .prepared import evaluate_prepared, evaluate_prepared_users, popularity_prepared
-from .protocols import ProtocolResult, evaluate_model_on_data, evaluate_protocol
+from .protocols import ProtocolResult, evaluate_protocol
 from .runs import METRICS_FILE, comparison_markdown, load_run_rows, markdown_table
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "comparison_markdown",
     "diversity_at_k",
     "evaluate_comirec",
-    "evaluate_model_on_data",
     "evaluate_prepared",
     "evaluate_prepared_users",
     "evaluate_protocol",

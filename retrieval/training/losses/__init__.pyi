@@ -2,10 +2,10 @@
 
 from .contrastive import nt_xent, sequence_views
 from .interests import interest_scores, label_aware_attention, select_interest
-from .logits import GeneralisedBCE, LogitLoss, SoftmaxCrossEntropy, candidate_logits, sampled_softmax_loss
+from .logits import GeneralisedBCE, LogitLoss, SoftmaxCrossEntropy, candidate_logits
 from .negatives import AllItems, InBatchNegatives, Negatives, SampledNegatives
 from .samplers import CandidateSampler, SeedStream
-from .task import RetrievalTask, SampledSoftmaxTask, build_task
+from .task import RetrievalTask, build_task
 
 __all__ = [
     "AllItems",
@@ -16,7 +16,6 @@ __all__ = [
     "Negatives",
     "RetrievalTask",
     "SampledNegatives",
-    "SampledSoftmaxTask",
     "SeedStream",
     "SoftmaxCrossEntropy",
     "build_task",
@@ -24,7 +23,6 @@ __all__ = [
     "interest_scores",
     "label_aware_attention",
     "nt_xent",
-    "sampled_softmax_loss",
     "select_interest",
     "sequence_views",
 ]

@@ -27,18 +27,32 @@ from retrieval.api import (
     Retrieved,
     check_sizes,
     largest_request_bytes,
+    query_from_request,
     request_from_query,
 )
 from retrieval.api.errors import DeadlineExceeded, ResourceExhausted
+from retrieval.api.types import MergeStrategy
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.api.v1.retrieval_pb2_grpc import RetrievalServiceStub
 from retrieval.artifacts.index import build_index_from_model
-from retrieval.serving import Admission, AdmissionLimits, Metrics, Retriever, call_cost, query_cost
+from retrieval.serving import Admission, AdmissionLimits, Metrics, ModelSize, Retriever, call_cost, query_cost
 from retrieval.serving.server import create_server, serve_forever
-from tests.helpers import ITEMS, REPO_ROOT, connected, make_model, scrape, serving
+from tests.helpers import (
+    ITEMS,
+    NUM_ITEMS,
+    REPO_ROOT,
+    GatedRetriever,
+    K,
+    connected,
+    make_model,
+    scrape,
+    serving,
+)
 
+SIZE = ModelSize(K, NUM_ITEMS)
+"""The size of the tests' model (:func:`make_model`)."""
 CHEAP = Query(["item01", "item02"], 5)
-HEAVY = Query(["item01"] * 5000, 5)  # cost 6: heavy under the limits below
+HEAVY = Query(["item01"] * 5000, 5)  # cost 6.1: heavy under the limits below
 
 
 def limits(**changes: float | None) -> AdmissionLimits:
@@ -49,14 +63,55 @@ def limits(**changes: float | None) -> AdmissionLimits:
 # --- the admission on its own ----------------------------------------------------------------------
 
 
-def test_cost_grows_with_ids_and_depth() -> None:
-    assert query_cost(Query(["a"], 10)) == pytest.approx((1 + 1 / 1000) * (1 + 10 / 1000))
-    rerank = Query(["a"] * 999, 10, exclude=["b"] * 500, allow=["c"] * 500, rerank=Rerank("", 1000, ["d"]))
-    assert query_cost(rerank) == pytest.approx((1 + 2000 / 1000) * (1 + 1000 / 1000))
-    assert call_cost([CHEAP, HEAVY]) == pytest.approx(query_cost(CHEAP) + query_cost(HEAVY))
-    explained = Query(["a"], 10, explain=True)
-    assert query_cost(explained) == pytest.approx(2 * query_cost(Query(["a"], 10)))
-    assert call_cost([request_from_query(explained)]) == pytest.approx(query_cost(explained))
+WIDE = ModelSize(num_interests=4, num_items=100_000)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        # 1 + 20 ids / 1000 + 4 interests × (depth 10 + 20 excluded) / 1000
+        (Query(["a"] * 20, 10), 1 + 0.02 + 0.12),
+        # DIVERSITY, k 1000, 2000 per interest: 4 × 2020 = 8080 candidates, and 1000 greedy
+        # picks over them at (1 + 8080 / 10,000) / 16 each
+        (
+            Query(["a"] * 20, 1000, merge=MergeStrategy.DIVERSITY, per_interest_k=2000),
+            1 + 0.02 + 8.08 + 1000 * 1.808 / 16,
+        ),
+        # ROUND_ROBIN: k / 250 more than max-score
+        (Query(["a"] * 20, 1000, merge=MergeStrategy.ROUND_ROBIN), 1 + 0.02 + 4 * 1020 / 1000 + 4),
+        # a rerank of the default 200 candidates (+ 200 / 40), the unclicked ids looked up
+        (
+            Query(["a"] * 20, 10, rerank=Rerank("", 0, ["d"] * 980)),
+            1 + 1.0 + 4 * 220 / 1000 + 5,
+        ),
+        # explain: + 3; exclude and allow ids looked up, the excluded ones over-fetched
+        (
+            Query(["a"] * 20, 10, exclude=["b"] * 480, allow=["c"] * 500, explain=True),
+            1 + 1.0 + 4 * 510 / 1000 + 3,
+        ),
+    ],
+)
+def test_the_cost_formula_by_hand(query: Query, expected: float) -> None:
+    assert query_cost(query, WIDE) == pytest.approx(expected)
+    assert call_cost([request_from_query(query)], WIDE) == pytest.approx(expected)
+
+
+def test_no_search_goes_deeper_than_the_catalogue() -> None:
+    long = Query(["a"] * 10_000, 10, exclude=["b"] * 4000)  # 14,000 ids, over-fetched by 14,000
+    assert query_cost(long, ModelSize(4, 1000)) == pytest.approx(1 + 14 + 4 * 1000 / 1000)
+    assert call_cost([CHEAP, HEAVY], SIZE) == pytest.approx(query_cost(CHEAP, SIZE) + query_cost(HEAVY, SIZE))
+
+
+def test_the_issues_costly_calls_are_heavy_and_an_ordinary_one_costs_about_one() -> None:
+    """Issue 43, item 8, on the demo's shape (K = 4, 1,682 items): DIVERSITY k = 1,000 with
+    2,000 per interest cost 3.1 and 10,000-id histories with 4,000 exclusions 15.2, both
+    cheap (<= 16) and batched with ordinary calls; they measured 30 and 9 ms of CPU alone."""
+    demo, cheap = ModelSize(4, 1682), AdmissionLimits().cheap_cost
+    ordinary = Query(["a"] * 50, 10)
+    diverse = Query(["a"] * 20, 1000, merge=MergeStrategy.DIVERSITY, per_interest_k=2000)
+    excluding = Query(["a"] * 10_000, 10, exclude=["b"] * 4000)
+    assert 1 <= query_cost(ordinary, demo) < 1.5
+    assert query_cost(diverse, demo) > 4 * cheap and query_cost(excluding, demo) > cheap
 
 
 def test_a_lone_heavy_call_runs_whatever_its_cost_and_cheap_calls_never_wait() -> None:
@@ -109,10 +164,10 @@ def test_over_the_memory_ceiling_heavy_calls_are_refused_and_cheap_ones_pass() -
 def test_chunks_cover_the_queries_in_order_within_the_chunk_cost() -> None:
     admission = Admission(limits(chunk_cost=5.0))
     queries = [Query(["x"] * n, 5) for n in (10, 3000, 10, 10, 9000, 10)]
-    chunks = admission.chunks(queries)
+    chunks = admission.chunks(queries, [query_cost(q, SIZE) for q in queries])
     assert [q for chunk in chunks for q in chunk] == queries
-    assert all(len(c) == 1 or call_cost(c) <= 5.0 for c in chunks)
-    assert [len(c) for c in chunks] == [1, 1, 2, 1, 1]  # costs 1.0, 4.0, 1.0 + 1.0, 10.1, 1.0
+    assert all(len(c) == 1 or call_cost(c, SIZE) <= 5.0 for c in chunks)
+    assert [len(c) for c in chunks] == [1, 1, 2, 1, 1]  # costs 1.0, 4.1, 1.0 + 1.0, 10.1, 1.0
 
 
 def test_bad_limits_are_refused() -> None:
@@ -167,11 +222,12 @@ def test_heavy_calls_cannot_lock_out_cheap_ones(held: HeldRetriever) -> None:
 
 def test_a_heavy_batch_is_answered_in_chunks_like_one_call(held: HeldRetriever) -> None:
     held.gate.set()
-    queries = [Query([ITEMS[i % 40], ITEMS[(i * 7) % 40]] * 300, 5) for i in range(40)]  # cost ~1.6 each
-    with serving(held, admission=limits(chunk_cost=5.0)) as address, connected(address) as client:
+    queries = [Query([ITEMS[i % 40], ITEMS[(i * 7) % 40]] * 300, 5) for i in range(40)]  # cost ~1.7 each
+    each = query_cost(queries[0], SIZE)
+    with serving(held, admission=limits(chunk_cost=3.5 * each)) as address, connected(address) as client:
         got = client.batch_retrieve(queries)
     chunks = list(held.sizes)
-    assert sum(chunks) == 40 and len(chunks) == 40 // 3 + 1  # three queries (cost ~4.8) a chunk
+    assert sum(chunks) == 40 and len(chunks) == 40 // 3 + 1  # three queries a chunk
     assert got == held.retrieve_many(queries)
 
 
@@ -209,7 +265,7 @@ def test_a_call_past_its_deadline_stops_between_stages_and_counts_as_deadline_ex
     slow, tower_calls = slow_retriever()
     metrics = Metrics()
     port = metrics.serve(0)
-    queries = [Query(["item01"] * 600, 5)] * 40  # 40 chunks of one query at chunk_cost 1.6
+    queries = [Query(["item01"] * 600, 5)] * 40  # cost 1.72 each: 40 chunks of one at chunk_cost 1.7
     try:
         with serving(slow, metrics=metrics, admission=limits(chunk_cost=1.7)) as address:
             with connected(address, timeout=1.0, retries=0) as client:
@@ -403,3 +459,55 @@ def test_serve_with_a_busy_metrics_port_exits_2_with_one_line(
     )
     with socket.socket() as probe:  # it never served gRPC
         assert probe.connect_ex(("127.0.0.1", grpc_port)) != 0
+
+
+class MergeRecorder(GatedRetriever):
+    """Records the merges of each retriever call's queries."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.merges: list[set[MergeStrategy]] = []
+
+    def retrieve_many(self, queries: Sequence[Query], deadline: float | None = None) -> list[Retrieved]:
+        self.merges.append({q.merge for q in queries})
+        return super().retrieve_many(queries, deadline)
+
+
+def test_heavy_merges_never_share_a_micro_batch_with_ordinary_calls() -> None:
+    """Issue 43, item 8: DIVERSITY with k = 1,000 and 2,000 per interest cost 3.1, "cheap",
+    and computed in the micro-batches of ordinary calls. Rounds of six ordinary calls and two
+    such calls at once, while a batch is held: no retriever call mixes them, and every answer
+    is the one it gets alone."""
+    model = make_model()
+    recorder = MergeRecorder(model, build_index_from_model(model, "Flat"))
+    diverse = retrieval_pb2.RetrieveRequest(
+        history=["item01", "item02"],
+        k=1000,
+        per_interest_k=2000,
+        merge=retrieval_pb2.DIVERSITY,
+        diversity_lambda=0.5,
+    )
+    ordinary = [retrieval_pb2.RetrieveRequest(history=[ITEMS[i], ITEMS[i + 2]], k=3) for i in range(6)]
+    alone = [recorder.retrieve_many([query_from_request(r)])[0] for r in [*ordinary, diverse]]
+    server, port = create_server(recorder, port=0)
+    try:
+        with connected(f"127.0.0.1:{port}", retries=0) as client:
+            for _ in range(10):
+                recorder.merges.clear()
+                recorder.gate.clear()
+                recorder.entered.clear()
+                held = client._stub.Retrieve.future(ordinary[0], timeout=30)
+                assert recorder.entered.wait(10)
+                calls = [client._stub.Retrieve.future(r, timeout=30) for r in [*ordinary, diverse, diverse]]
+                while server._batcher is not None and server._batcher.queued < len(ordinary):
+                    time.sleep(0.002)
+                time.sleep(0.05)  # the heavy calls reach the server too
+                recorder.gate.set()
+                answers = [call.result() for call in calls]
+                held.result()
+                assert all(len(merges) == 1 for merges in recorder.merges), recorder.merges
+                for got, want in zip(answers, [*alone, alone[-1]], strict=True):
+                    assert [i.item_id for i in got.items] == [item for item, _, _ in want.items]
+    finally:
+        recorder.gate.set()
+        server.stop(None)

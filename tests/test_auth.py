@@ -167,12 +167,23 @@ def test_tokens_are_checked_and_each_method_needs_its_permission(
         ("[identities.a]\ntokens = ['t']\nburst = 0.5", "burst must be a number >= 1"),
         ("[rate]\nx = 1", "expected only [identities.NAME] tables"),
         ("[identities.a\n", "access file"),
+        # A caller's token is read without the spaces around it: such an entry could never match.
+        (
+            "[identities.a]\ntokens = ['ok', ' padded ']",
+            "identity 'a': tokens[1] starts or ends with whitespace",
+        ),
+        ('[identities.a]\ntokens = ["in\\tside"]', "identity 'a': tokens[0] starts or ends with whitespace"),
+        ("[identities.a]\ntoken_env = 'PADDED_TOKEN_FOR_TESTS'", "the token of environment variable"),
     ],
 )
-def test_invalid_access_files_are_refused_with_the_reason(text: str, message: str) -> None:
+def test_invalid_access_files_are_refused_with_the_reason(
+    text: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PADDED_TOKEN_FOR_TESTS", "secret\t")
     with pytest.raises(ValueError, match="access file") as error:
         parse_identities(text)
     assert message in str(error.value)
+    assert "padded" not in str(error.value) and "secret" not in str(error.value)  # never the token
 
 
 def test_access_file_changes_apply_without_restart(

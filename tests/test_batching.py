@@ -80,18 +80,49 @@ def test_batches_are_bounded(retriever: GatedRetriever) -> None:
     assert retriever.sizes == [1, 4, 4, 2]
 
 
-def test_a_bad_query_fails_alone(retriever: GatedRetriever) -> None:
-    batch = queries(6)
+def test_a_bad_query_fails_alone_and_the_others_are_answered_together(retriever: GatedRetriever) -> None:
+    batch = queries(7)
     batch[3] = Query(["item01"], k=0)  # k out of range
+    batch[5] = Query(["item01"], k=3, category="no such category")
     batcher = MicroBatcher(lambda: retriever)
     try:
         answers = submit_held(batcher, retriever, batch)
     finally:
         batcher.close()
     assert isinstance(answers[3], InvalidArgument) and str(answers[3]).startswith("k must be")
+    assert isinstance(answers[5], InvalidArgument) and str(answers[5]).startswith("unknown category")
     for i, answer in enumerate(answers):
-        if i != 3:
+        if i not in (3, 5):
             assert answer == retriever.retrieve_many([batch[i]])[0]
+    # The held query, then the batch of six, refused for its first bad query (checked before any
+    # tower call), then without it, then without the second: never each query alone.
+    assert retriever.sizes[:4] == [1, 6, 5, 4]
+
+
+def test_a_batch_holds_as_many_queries_as_fit_its_cost(retriever: GatedRetriever) -> None:
+    """``max_cost`` 8, counted as queries times the costliest: after the held query, four of
+    cost 1 (4 units; a fifth of cost 4 would make 20), the one of cost 4 with one of cost 1
+    (8), then the last three (3)."""
+    costs = [1.0] * 5 + [4.0] + [1.0] * 4
+    batch = queries(len(costs))
+    batcher = MicroBatcher(lambda: retriever, max_cost=8.0)
+    retriever.gate.clear()
+    retriever.entered.clear()
+    try:
+        with ThreadPoolExecutor(len(batch)) as pool:
+            first = pool.submit(batcher.submit, batch[0], None, costs[0])
+            assert retriever.entered.wait(5)
+            rest = []
+            for query, cost in zip(batch[1:], costs[1:], strict=True):  # queued in this order
+                rest.append(pool.submit(batcher.submit, query, None, cost))
+                while batcher.queued < len(rest):
+                    time.sleep(0.002)
+            retriever.gate.set()
+            answers = [f.result() for f in [first, *rest]]
+    finally:
+        batcher.close()
+    assert retriever.sizes == [1, 4, 2, 3]
+    assert answers == [retriever.retrieve_many([q])[0] for q in batch]
 
 
 def test_a_query_whose_deadline_passes_in_the_queue_is_not_computed(retriever: GatedRetriever) -> None:
@@ -162,12 +193,52 @@ def test_server_batches_concurrent_calls_and_reports_not_serving_on_stop(
             # Load balancers see NOT_SERVING at once; the call in flight still finishes.
             status = server._health.Check(health_pb2.HealthCheckRequest(service=""), None)
             assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
-            with pytest.raises(grpc.RpcError) as error:
-                client.retrieve(["item02"], 3)
+            with pytest.raises(grpc.RpcError) as error:  # the stub: RetrievalClient would retry
+                client._stub.Retrieve(retrieval_pb2.RetrieveRequest(history=["item02"], k=3), timeout=10)
             assert error.value.code() == grpc.StatusCode.UNAVAILABLE
             retriever.gate.set()
             assert len(held.result().items) == 3
             assert stopped.wait(10)
+    finally:
+        retriever.gate.set()
+        server.stop(None)
+
+
+def test_invalid_calls_are_refused_alone_and_never_join_a_micro_batch(retriever: GatedRetriever) -> None:
+    """Issue 43, item 9: one invalid call made its micro-batch re-run query by query. Rounds of
+    six valid and four invalid calls at once while a batch is held: the invalid ones are
+    refused before the held batch ends (on their own threads), the valid ones form one batch."""
+    server, port = create_server(retriever, port=0, max_batch=32)
+    valid = [retrieval_pb2.RetrieveRequest(history=[ITEMS[i], ITEMS[i + 1]], k=3) for i in range(6)]
+    invalid = [
+        retrieval_pb2.RetrieveRequest(history=["item01"], k=3, category="no such category"),
+        retrieval_pb2.RetrieveRequest(history=["item01"], k=0),
+        retrieval_pb2.RetrieveRequest(history=["never-seen"], k=3),
+        retrieval_pb2.RetrieveRequest(history=["item01"], k=3, rerank=retrieval_pb2.Rerank(ranker="none")),
+    ]
+    expected = [retriever.retrieve_many([Query(list(r.history), 3)])[0] for r in valid]
+    try:
+        with RetrievalClient(f"127.0.0.1:{port}", retries=0) as client:
+            client.wait_until_serving(timeout=10)
+            for _ in range(10):
+                retriever.sizes.clear()
+                retriever.gate.clear()
+                retriever.entered.clear()
+                held = client._stub.Retrieve.future(valid[0], timeout=30)
+                assert retriever.entered.wait(10)
+                calls = [client._stub.Retrieve.future(r, timeout=30) for r in valid + invalid]
+                for call in calls[len(valid) :]:  # refused while the batch is still held
+                    error = call.exception(timeout=10)
+                    assert (
+                        isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    )
+                while server._batcher is not None and server._batcher.queued < len(valid):
+                    time.sleep(0.002)
+                retriever.gate.set()
+                answers = [held.result(), *(call.result() for call in calls[: len(valid)])]
+                assert retriever.sizes == [1, len(valid)]  # the held call, then one batch
+                for got, want in zip(answers, [expected[0], *expected], strict=True):
+                    assert [i.item_id for i in got.items] == [item for item, _, _ in want.items]
     finally:
         retriever.gate.set()
         server.stop(None)

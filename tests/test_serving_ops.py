@@ -88,8 +88,9 @@ def test_metrics_count_requests_batches_and_searches(serving: tuple[RetrievalCli
     assert requests("BatchRetrieve", "OK") == 1 and requests("GetModelInfo", "OK") == 1
     latency = values[("retrieval_request_seconds_count", (("code", "OK"), ("method", "Retrieve")))]
     assert latency == 2
-    assert values[("retrieval_batch_size_count", ())] == 4  # three Retrieve, one batch of 3
-    assert values[("retrieval_batch_size_sum", ())] == 6
+    # Two Retrieve (the invalid one was refused before joining a micro-batch), one batch of 3.
+    assert values[("retrieval_batch_size_count", ())] == 3
+    assert values[("retrieval_batch_size_sum", ())] == 5
     assert values[("retrieval_index_search_seconds_count", ())] == 3  # two requests, one batch
     assert values[("retrieval_model_info", (("model_version", "model-v1"),))] == 1
 
@@ -119,7 +120,8 @@ def test_tls_and_mutual_tls(retriever: GatedRetriever, certificates: dict[str, P
             (f"127.0.0.1:{tls_port}", {}),
             (f"127.0.0.1:{tls_port}", {"tls_ca": other_ca}),
         ):
-            with RetrievalClient(address, timeout=2, **options) as client:  # type: ignore[arg-type]
+            # retries=0: a client that retries would wait for a connection until its deadline.
+            with RetrievalClient(address, timeout=2, retries=0, **options) as client:  # type: ignore[arg-type]
                 with pytest.raises(grpc.RpcError) as error:
                     client.retrieve(["item05"], 4)
                 assert error.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -1,8 +1,18 @@
 """The public API of :mod:`retrieval.serving` (loaded on first use by ``__init__.py``)."""
 
-from .access import AccessControl, AccessInterceptor
+from .access import AccessControl, CallGate
 from .access_log import AccessLog
-from .admission import Admission, AdmissionLimits, call_cost, cost, query_cost, request_cost
+from .admission import (
+    Admission,
+    AdmissionLimits,
+    CallLimit,
+    ModelSize,
+    Overloaded,
+    call_cost,
+    cost,
+    query_cost,
+    request_cost,
+)
 from .auth import PERMISSIONS, AccessFile, Identity
 from .batching import MicroBatcher
 from .group import GroupError, GroupOptions, ServingGroup, default_processes, hold_ports, serve_group
@@ -29,11 +39,12 @@ __all__ = [
     "PERMISSIONS",
     "AccessControl",
     "AccessFile",
-    "AccessInterceptor",
     "AccessLog",
     "Admission",
     "AdmissionLimits",
     "BasicAuth",
+    "CallGate",
+    "CallLimit",
     "CertificateFiles",
     "DeploymentWatcher",
     "GroupError",
@@ -43,6 +54,8 @@ __all__ = [
     "MemoryTrimmer",
     "Metrics",
     "MicroBatcher",
+    "ModelSize",
+    "Overloaded",
     "RateLimiter",
     "RetrievalServer",
     "RetrievalServicer",

@@ -4,7 +4,9 @@
 Fields: ``request_id``, ``identity``, ``method``, ``history_len`` and ``k`` (``BatchRetrieve``:
 sums over its requests, and ``batch``, their number), ``user_id`` (only when enabled;
 ``BatchRetrieve``: a list), ``code`` (the gRPC status name), ``latency_ms``, ``model_version``
-(of the answer; null for a refused call).
+(of the answer; null for a refused call). The request's fields are those of a request the
+server parsed, which it does only once the caller is admitted: a refused caller's line has
+its identity (null if unauthenticated) and code, never what it sent.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from retrieval.api.client import REQUEST_ID
 from retrieval.api.v1 import retrieval_pb2
@@ -59,23 +61,13 @@ class AccessLog:
         """Whether to log this request (never when the logger would drop the line)."""
         return (self.sample >= 1 or random.random() < self.sample) and logger.isEnabledFor(logging.INFO)
 
-    def request_fields(self, method: str, request: Message | bytes) -> dict[str, Any]:
-        """``history_len``, ``k`` (and ``batch``, ``user_id``) of a Retrieve or BatchRetrieve
-        request, received parsed or as bytes; nothing for other methods or undecodable bytes."""
-        kinds: dict[str, type[Message]] = {
-            "Retrieve": retrieval_pb2.RetrieveRequest,
-            "BatchRetrieve": retrieval_pb2.BatchRetrieveRequest,
-        }
-        if method not in kinds:
-            return {}
-        try:
-            parsed = kinds[method].FromString(request) if isinstance(request, bytes) else request
-        except DecodeError:
-            return {}
-        if isinstance(parsed, retrieval_pb2.BatchRetrieveRequest):
-            requests, batch = list(parsed.requests), {"batch": len(parsed.requests)}
-        elif isinstance(parsed, retrieval_pb2.RetrieveRequest):
-            requests, batch = [parsed], {}
+    def request_fields(self, request: Message) -> dict[str, Any]:
+        """``history_len``, ``k`` (and ``batch``, ``user_id``) of a parsed Retrieve or
+        BatchRetrieve request; nothing for other requests."""
+        if isinstance(request, retrieval_pb2.BatchRetrieveRequest):
+            requests, batch = list(request.requests), {"batch": len(request.requests)}
+        elif isinstance(request, retrieval_pb2.RetrieveRequest):
+            requests, batch = [request], {}
         else:
             return {}
         fields: dict[str, Any] = {

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,13 +58,22 @@ CERTIFICATE_NAMES = ("x509_common_name", "x509_subject_alternative_name")
 
 
 class AccessDenied(Exception):
-    """A call refused by access control; ``code`` is its gRPC status."""
+    """A call refused by access control; ``code`` is its gRPC status.
+
+    Attributes:
+        refusal: why, the ``reason`` label of ``retrieval_refusals_total``.
+    """
 
     code = grpc.StatusCode.PERMISSION_DENIED
 
+    def __init__(self, message: str, refusal: str = "permission") -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
 
 class Unauthenticated(AccessDenied):
-    """No credentials, or credentials of no known identity."""
+    """No credentials (``refusal`` ``missing_credentials``), or credentials of no known
+    identity (``invalid_token``)."""
 
     code = grpc.StatusCode.UNAUTHENTICATED
 
@@ -78,12 +87,16 @@ class Identity:
         permissions: names from :data:`PERMISSIONS`.
         rate: its own rate limit in requests a second (0 = unlimited); ``None`` for the server's.
         burst: its own burst; ``None`` for the server's (or one second's worth of its own rate).
+        anonymous: not an identity of an access file but a client address (``name``): a
+            server without an access file lets it call anything, one with an access file only
+            rate-limits it before refusing it.
     """
 
     name: str
     permissions: frozenset[str] = frozenset(PERMISSIONS)
     rate: float | None = None
     burst: float | None = None
+    anonymous: bool = False
 
     def authorize(self, method: str) -> None:
         """Checks that it may call ``method`` (a full name, ``/package.Service/Method``).
@@ -152,7 +165,10 @@ def parse_identity(name: str, entry: Any, where: str) -> tuple[Identity, list[by
         raise ValueError(f"{where}: rate must be a number >= 0 (0 = unlimited)")
     if burst is not None and not (isinstance(burst, int | float) and math.isfinite(burst) and burst >= 1):
         raise ValueError(f"{where}: burst must be a number >= 1")
-    digests = [token_digest(token) for token in strings(entry, "tokens", where)]
+    tokens = strings(entry, "tokens", where)
+    for i, token in enumerate(tokens):
+        _check_token(token, f"{where}: tokens[{i}]")
+    digests = [token_digest(token) for token in tokens]
     for hexdigest in strings(entry, "token_sha256", where):
         try:
             digests.append(bytes.fromhex(hexdigest))
@@ -162,11 +178,27 @@ def parse_identity(name: str, entry: Any, where: str) -> tuple[Identity, list[by
         token = os.environ.get(str(entry["token_env"]), "")
         if not token:
             raise ValueError(f"{where}: environment variable {entry['token_env']!r} is not set")
+        _check_token(token, f"{where}: the token of environment variable {entry['token_env']!r}")
         digests.append(token_digest(token))
     if any(len(d) != hashlib.sha256().digest_size for d in digests):
         raise ValueError(f"{where}: a token_sha256 is not 64 hexadecimal digits")
     identity = Identity(name, frozenset(permissions), rate, burst)
     return identity, digests, strings(entry, "certificates", where)
+
+
+def _check_token(token: str, where: str) -> None:
+    """Refuses a token no call could match: one with whitespace around it (the server reads a
+    caller's token without it, :func:`bearer_token`) or a control character (which gRPC metadata
+    cannot carry).
+
+    Raises:
+        ValueError: naming the entry, never the token.
+    """
+    if token != token.strip() or not token.isprintable():
+        raise ValueError(
+            f"{where} starts or ends with whitespace or holds a control character: "
+            "no call could ever match it"
+        )
 
 
 def strings(entry: dict[str, Any], key: str, where: str) -> list[str]:
@@ -179,8 +211,13 @@ def strings(entry: dict[str, Any], key: str, where: str) -> list[str]:
 
 class AccessFile:
     """The identities of an access file, re-read when the file changes (checked at most every
-    ``check_interval`` seconds, on the calls themselves: no thread). A change that does not
-    parse is logged and the identities read before stay in force.
+    ``check_interval`` seconds, on the calls themselves: no thread).
+
+    A change that does not parse, or a file deleted or unreadable, leaves the identities read
+    before in force (the last good file: a typo must not lock every caller out, nor let every
+    caller in), and is made visible: an ERROR line once per change, :attr:`failures` counted,
+    :attr:`stale` saying why until a good file is read, and the hooks of :meth:`on_reload`
+    (the server's metrics) told.
 
     Example:
         >>> access = AccessFile(Path("/etc/mitt/access.toml"))
@@ -198,9 +235,19 @@ class AccessFile:
         self.path = Path(path)
         self.check_interval = check_interval
         self._lock = threading.Lock()
-        self._stamp = self._file_stamp()
+        self._stamp: tuple[int, int, int] | None = self._file_stamp()
         self._identities = parse_identities(self.path.read_text(), str(self.path))
         self._checked = time.monotonic()
+        self._hooks: list[Callable[[bool], None]] = []
+        self.failures = 0
+        """Changes of the file that were not applied (unparsable, deleted, unreadable)."""
+        self.stale: str | None = None
+        """Why the identities in force are not the file's, ``None`` while they are."""
+
+    def on_reload(self, hook: Callable[[bool], None]) -> None:
+        """Registers ``hook(applied)``, called after every change of the file is read: ``True``
+        when it is in force, ``False`` when it was not applied."""
+        self._hooks.append(hook)
 
     def identify(
         self, metadata: Sequence[tuple[str, str | bytes]] | None, auth_context: Mapping[str, Sequence[bytes]]
@@ -220,14 +267,16 @@ class AccessFile:
         if token is not None:
             identity = identities.by_token.get(token_digest(token))
             if identity is None:
-                raise Unauthenticated("invalid bearer token")
+                raise Unauthenticated("invalid bearer token", "invalid_token")
             return identity
         for key in CERTIFICATE_NAMES:
             for name in auth_context.get(key, ()):
                 identity = identities.by_certificate.get(name.decode(errors="replace"))
                 if identity is not None:
                     return identity
-        raise Unauthenticated("missing credentials: send 'authorization: Bearer <token>' metadata")
+        raise Unauthenticated(
+            "missing credentials: send 'authorization: Bearer <token>' metadata", "missing_credentials"
+        )
 
     def _file_stamp(self) -> tuple[int, int, int]:
         stat = self.path.stat()
@@ -239,15 +288,35 @@ class AccessFile:
             return  # checked recently, or another call is checking
         try:
             self._checked = now
-            stamp = self._file_stamp()
-            if stamp != self._stamp:
-                self._stamp = stamp
+            try:
+                stamp: tuple[int, int, int] | None = self._file_stamp()
+            except OSError:
+                stamp = None  # deleted or unreadable: reported once, until it changes again
+            if stamp == self._stamp:
+                return
+            self._stamp = stamp
+            try:
                 self._identities = parse_identities(self.path.read_text(), str(self.path))
+            except (OSError, ValueError) as e:
+                self._failed(e)
+            else:
+                self.stale = None
                 logger.info("access file %s reloaded", self.path)
-        except (OSError, ValueError) as e:
-            logger.error("access file not reloaded, the previous identities stay in force: %s", e)
+                self._tell(True)
         finally:
             self._lock.release()
+
+    def _failed(self, error: OSError | ValueError) -> None:
+        """Records a change that was not applied."""
+        reason = f"{self.path}: {error.strerror}" if isinstance(error, OSError) else str(error)
+        self.failures += 1
+        self.stale = reason
+        logger.error("access file not reloaded, the previous identities stay in force: %s", reason)
+        self._tell(False)
+
+    def _tell(self, applied: bool) -> None:
+        for hook in self._hooks:
+            hook(applied)
 
 
 def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:

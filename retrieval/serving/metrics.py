@@ -19,6 +19,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.multiprocess import MultiProcessCollector
 
 if TYPE_CHECKING:  # a group's supervisor imports this module without the serving stack
+    from retrieval.serving.auth import AccessFile
     from retrieval.serving.reload import RetrieverSlot
     from retrieval.serving.retriever import Retriever
 
@@ -137,10 +138,16 @@ class Metrics(_HttpEndpoint):
     """Prometheus metrics of one server, in their own registry, served over HTTP by :meth:`serve`.
 
     ``retrieval_requests_total`` and ``retrieval_request_seconds`` by ``method`` and ``code``
-    (the gRPC status name), ``retrieval_batch_size`` (queries per user-tower call: a
-    micro-batch of ``Retrieve`` calls, or one ``BatchRetrieve``),
-    ``retrieval_index_search_seconds``, ``retrieval_model_info{model_version}`` = 1 for the
-    version in service, and ``retrieval_reload_refusals_total`` (deployment versions refused).
+    (the gRPC status name), ``retrieval_refusals_total`` (every call that did not end OK) by
+    ``method``, ``code``, ``reason`` and ``identity`` (of the access file; ``""`` when there is
+    none), ``retrieval_queue_depth`` by ``queue`` (``calls`` held, of ``--max-queued``;
+    queries waiting for a micro-``batch``; ``heavy`` calls waiting for cost units),
+    ``retrieval_batch_size`` (queries per user-tower call: a micro-batch of ``Retrieve``
+    calls, or one ``BatchRetrieve``), ``retrieval_index_search_seconds``,
+    ``retrieval_access_file_errors_total`` (changes of the access file not applied) and
+    ``retrieval_access_file_stale`` (1 while the identities in force are not the file's),
+    ``retrieval_model_info{model_version}`` = 1 for the version in service, and
+    ``retrieval_reload_refusals_total`` (deployment versions refused).
 
     A ``worker`` of a serving group (:mod:`retrieval.serving.group`, in a process started with
     ``PROMETHEUS_MULTIPROC_DIR`` set) keeps only the per-request metrics, which the group's
@@ -161,6 +168,32 @@ class Metrics(_HttpEndpoint):
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
             registry=self.registry,
         )
+        self.refusals = Counter(
+            "retrieval_refusals",
+            "Calls that did not end OK, by why and who",
+            ["method", "code", "reason", "identity"],
+            registry=self.registry,
+        )
+        # Gauges of a group's workers are summed over the live ones (prometheus_client's
+        # multiprocess mode; ignored in a single process).
+        self.queue = Gauge(
+            "retrieval_queue_depth",
+            "Calls held (calls), queries waiting for a micro-batch (batch), heavy calls waiting (heavy)",
+            ["queue"],
+            multiprocess_mode="livesum",
+            registry=self.registry,
+        )
+        self.access_file_errors = Counter(
+            "retrieval_access_file_errors",
+            "Changes of the access file not applied (unparsable, deleted, unreadable)",
+            registry=self.registry,
+        )
+        self.access_file_stale = Gauge(
+            "retrieval_access_file_stale",
+            "1 while the identities in force are not the access file's (the last good file is kept)",
+            multiprocess_mode="livemax",
+            registry=self.registry,
+        )
         self.batch_size = Histogram(
             "retrieval_batch_size",
             "Queries per user-tower call",
@@ -174,6 +207,28 @@ class Metrics(_HttpEndpoint):
             registry=self.registry,
         )
         self.version = None if worker else _VersionMetrics(self.registry)
+
+    def answered(
+        self, method: str, code: str, seconds: float, reason: str | None = None, identity: str = ""
+    ) -> None:
+        """Counts a call of ``method`` that ended with status ``code`` after ``seconds``; one that
+        did not end OK also by ``reason`` (why; the code in lower case by default) and
+        ``identity`` (the caller's, ``""`` when unknown)."""
+        self.requests.labels(method, code).inc()
+        self.latency.labels(method, code).observe(seconds)
+        if code != "OK":
+            self.refusals.labels(method, code, reason or code.lower(), identity).inc()
+
+    def follow_access(self, access_file: AccessFile) -> None:
+        """Counts the changes of ``access_file`` not applied, and shows whether the identities in
+        force are stale."""
+        self.access_file_stale.set(access_file.stale is not None)
+        access_file.on_reload(self._access_file_read)
+
+    def _access_file_read(self, applied: bool) -> None:
+        if not applied:
+            self.access_file_errors.inc()
+        self.access_file_stale.set(not applied)
 
     def follow(self, slot: RetrieverSlot) -> None:
         """Times the searches of every retriever ``slot`` serves, and (not in a worker) follows its

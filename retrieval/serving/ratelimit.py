@@ -1,4 +1,4 @@
-"""Per-client rate limits: a token bucket per identity.
+"""Per-client rate limits: a token bucket per identity (or per client address).
 
 A bucket holds up to ``burst`` tokens and gains ``rate`` tokens a second; each call takes one,
 and a call that finds the bucket empty is refused, told how long until a token is back.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 MAX_BUCKETS = 10_000
@@ -70,7 +70,7 @@ class RateLimiter:
         """
         self.rate, self.burst = check_limit(rate, max(1.0, rate) if burst is None else burst)
         self._clock = clock
-        self._buckets: dict[str, TokenBucket] = {}
+        self._buckets: dict[Hashable, TokenBucket] = {}
         self._lock = threading.Lock()
 
     def limit(self, rate: float | None = None, burst: float | None = None) -> tuple[float, float]:
@@ -79,11 +79,12 @@ class RateLimiter:
             return self.rate, self.burst if burst is None else burst
         return rate, max(1.0, rate) if burst is None else burst
 
-    def wait(self, identity: str, rate: float | None = None, burst: float | None = None) -> float:
+    def wait(self, identity: Hashable, rate: float | None = None, burst: float | None = None) -> float:
         """Takes a token from ``identity``'s bucket.
 
         Args:
-            identity: whose bucket.
+            identity: whose bucket: a name, or any key (an anonymous client's address is kept
+                apart from an identity of the same name).
             rate: the identity's own rate (requests a second; 0 = unlimited); ``None`` for the default.
             burst: the identity's own burst; ``None`` for the default (one second's worth
                 with its own rate).

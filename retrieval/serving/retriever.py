@@ -318,6 +318,19 @@ class Retriever:
             for i, (query, p) in enumerate(zip(queries, prepared, strict=True))
         ]
 
+    def validate(self, query: Query) -> None:
+        """Refuses ``query`` as :meth:`retrieve_many` would, without answering it: what a query
+        passes before it joins a micro-batch, so that a bad one is refused on its own.
+
+        Raises:
+            InvalidArgument: an argument out of range, an unknown ranker or category, or no
+                known history id (the message says which and why).
+        """
+        _check(query)
+        self._ranker(query.rerank, query.k)
+        self._category(query.category)
+        self._known(query.history, self.model.vocab.lookup(list(query.history)))
+
     def _explain(self, queries: Sequence[Query], prepared: Sequence[_Prepared]) -> dict[int, Explanations]:
         """The explanations of the queries asking for them (one tower call for all), by query."""
         asking = [i for i, query in enumerate(queries) if query.explain]
@@ -483,15 +496,8 @@ class Retriever:
         """
         ranker, depth = self._ranker(query.rerank, query.k)
         history = query.history
-        # Items added after training are in the vocabulary, not in the user tower's table.
-        is_known = (dense != PAD) & (dense <= self.model.tower_items)
+        is_known = self._known(history, dense)
         known = dense[is_known]
-        if not len(known):
-            added = int((dense != PAD).sum())
-            raise InvalidArgument(
-                f"none of the {len(history)} history ids is in the model's vocabulary"
-                + (f" ({added} added after training, which it does not read as history)" if added else "")
-            )
         # Side features come from the whole timeline (a gap is to the previous event, known or
         # not), then follow their items, exactly as in training and evaluation. A feature the
         # request does not carry is unknown (0) at every event.
@@ -534,6 +540,22 @@ class Retriever:
             positions=np.flatnonzero(is_known) if query.explain else None,
         )
 
+    def _known(self, history: Sequence[str], dense: np.ndarray) -> np.ndarray:
+        """bool ``[n]``: which of ``history``'s ids (``dense``, looked up) the user tower reads.
+
+        Raises:
+            InvalidArgument: it reads none of them.
+        """
+        # Items added after training are in the vocabulary, not in the user tower's table.
+        is_known = (dense != PAD) & (dense <= self.model.tower_items)
+        if not is_known.any():
+            added = int((dense != PAD).sum())
+            raise InvalidArgument(
+                f"none of the {len(history)} history ids is in the model's vocabulary"
+                + (f" ({added} added after training, which it does not read as history)" if added else "")
+            )
+        return is_known
+
     def _allowed(self, query: Query) -> np.ndarray | None:
         """The dense ids ``query`` may return (sorted unique int64), None = every item.
 
@@ -544,13 +566,22 @@ class Retriever:
         if query.allow:
             allowed = self.model.vocab.lookup(list(query.allow))
             allow = np.unique(allowed[allowed != PAD]).astype(np.int64)
-        if query.category:
-            if query.category not in self.categories.members:
-                shown = shorten(query.category)
-                raise InvalidArgument(f"unknown category {shown}: no item of the model has it")
-            members = self.categories.members.ids(query.category)
+        members = self._category(query.category)
+        if members is not None:
             allow = members if allow is None else np.intersect1d(allow, members)
         return allow
+
+    def _category(self, category: str) -> np.ndarray | None:
+        """The dense ids of the items of ``category`` (sorted int64); None for no category.
+
+        Raises:
+            InvalidArgument: an unknown category.
+        """
+        if not category:
+            return None
+        if category not in self.categories.members:
+            raise InvalidArgument(f"unknown category {shorten(category)}: no item of the model has it")
+        return self.categories.members.ids(category)
 
     def _ranker(self, rerank: Rerank | None, k: int) -> tuple[LoadedRanker | None, int]:
         """The ranker a query asks for and how many items to retrieve for it.

@@ -10,18 +10,20 @@ limits, TLS or mutual TLS, and Prometheus metrics on a separate HTTP port.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import faiss
 import grpc
@@ -29,6 +31,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from retrieval.api.client import REQUEST_ID
 from retrieval.api.convert import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -49,8 +52,23 @@ from retrieval.api.errors import (
 )
 from retrieval.api.types import MAX_BATCH, Query, Retrieved
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
-from retrieval.serving.access import AccessControl, start_health_server
-from retrieval.serving.admission import Admission, AdmissionLimits, call_cost, request_cost
+from retrieval.serving.access import (
+    AccessControl,
+    CallGate,
+    abort,
+    identity_label,
+    start_health_server,
+)
+from retrieval.serving.access_log import model_version, request_id
+from retrieval.serving.admission import (
+    Admission,
+    AdmissionLimits,
+    CallLimit,
+    ModelSize,
+    Overloaded,
+    request_cost,
+)
+from retrieval.serving.auth import AccessDenied, Identity
 from retrieval.serving.batching import MicroBatcher
 from retrieval.serving.health import HealthServicer
 from retrieval.serving.memory import trimmer
@@ -60,15 +78,18 @@ from retrieval.serving.retriever import Retriever, check_deadline
 from retrieval.serving.tls import CertificateFiles
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+R = TypeVar("R", bound=Message)
 
 
 def add_servicer(servicer: RetrievalServicer, server: grpc.Server) -> None:
     """Registers ``servicer``'s methods as the generated ``add_RetrievalServiceServicer_to_server``
-    does, but with requests handed over as bytes (parsed by :func:`parse` inside the call)."""
+    does, but each with its request handed over as a stream of bytes, which the servicer reads
+    once it has admitted the caller and parses itself (:func:`parse`). On the wire a call is
+    the same unary call: only the server's handler reads it later."""
     service = retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"]
     handlers = {
-        method.name: grpc.unary_unary_rpc_method_handler(
+        method.name: grpc.stream_unary_rpc_method_handler(
             getattr(servicer, method.name), response_serializer=lambda response: response.SerializeToString()
         )
         for method in service.methods
@@ -99,13 +120,17 @@ class TlsFiles:
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     """Converts messages and errors; all logic lives in the :class:`Retriever`.
 
-    Around every call: a request whose deadline has already passed is not computed, and one
-    whose deadline passes while it computes stops at the next stage (DEADLINE_EXCEEDED);
-    retrieval calls go through cost-based ``admission`` (:mod:`retrieval.serving.admission`:
-    cheap ones always, heavy ones while they fit, computed in chunks that let cheap calls
-    through); the call is counted and timed in ``metrics``. With a ``batcher``, cheap
-    ``Retrieve`` calls are answered in micro-batches; the retriever is read from ``slot`` on
-    every call, so a hot swap takes effect at once.
+    Every call, in this order (docs/serving.md, "Admission"): a call whose deadline has already
+    passed is not computed; its caller is identified, authorized and rate-limited from the
+    call's metadata (``access``, :class:`AccessControl`); only then is its request read (the
+    handlers hand over a request stream, :func:`add_servicer`), refused unread if it is large
+    while heavy calls leave no room, and parsed; retrieval calls are costed and go through
+    ``admission`` (:mod:`retrieval.serving.admission`: cheap ones always, heavy ones while they
+    fit, computed in chunks that let cheap calls through); a cheap ``Retrieve`` is validated
+    on its own, then answered in a micro-batch of ``batcher``. A call whose deadline passes
+    while it computes stops at the next stage (DEADLINE_EXCEEDED). Each call is counted and
+    timed in ``metrics`` (a refusal by why and who) and written to the access log. The
+    retriever is read from ``slot`` on every call, so a hot swap takes effect at once.
     """
 
     def __init__(
@@ -114,69 +139,82 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         metrics: Metrics | None = None,
         batcher: MicroBatcher | None = None,
         admission: Admission | None = None,
+        access: AccessControl | None = None,
     ) -> None:
         self._slot = slot if isinstance(slot, RetrieverSlot) else RetrieverSlot(slot)
         self._metrics = metrics
         self._batcher = batcher
         self._admission = admission or Admission(AdmissionLimits())
+        self._access = access or AccessControl()
         self._trimmer = trimmer()
 
-    def Retrieve(
-        self, request: retrieval_pb2.RetrieveRequest | bytes, context: grpc.ServicerContext
-    ) -> retrieval_pb2.RetrieveResponse:
-        def work() -> retrieval_pb2.RetrieveResponse:
-            self._admission.screen(_size(request))
-            parsed = parse(request, retrieval_pb2.RetrieveRequest)
-            check_sizes(parsed)
-            cost = request_cost(parsed)
-            with self._admission.admit(cost, context.time_remaining()):
-                query = query_from_request(parsed)
-                if self._batcher is not None and self._admission.is_cheap(cost):
-                    return response_from_result(self._batcher.submit(query, context.time_remaining()))
-                (result,) = self._compute([query], _deadline(context), cost)
-            return response_from_result(result)
-
-        return self._call("Retrieve", context, work, _size(request))
+    def Retrieve(self, request: Request, context: grpc.ServicerContext) -> retrieval_pb2.RetrieveResponse:
+        return self._call("Retrieve", context, request, retrieval_pb2.RetrieveRequest, self._retrieve)
 
     def BatchRetrieve(
-        self, request: retrieval_pb2.BatchRetrieveRequest | bytes, context: grpc.ServicerContext
+        self, request: Request, context: grpc.ServicerContext
     ) -> retrieval_pb2.BatchRetrieveResponse:
-        def work() -> retrieval_pb2.BatchRetrieveResponse:
-            self._admission.screen(_size(request))
-            requests = parse(request, retrieval_pb2.BatchRetrieveRequest).requests
-            if len(requests) > MAX_BATCH:  # before converting any
-                raise InvalidArgument(f"the batch has {len(requests)} requests, at most {MAX_BATCH}")
-            for i, one in enumerate(requests):
-                try:
-                    check_sizes(one)
-                except InvalidArgument as e:
-                    raise InvalidArgument(e.reason, i) from None
-            cost = call_cost(requests)
-            with self._admission.admit(cost, context.time_remaining()):
-                queries = _queries(requests)
-                results = self._compute(queries, _deadline(context), cost)
-            return retrieval_pb2.BatchRetrieveResponse(responses=[response_from_result(r) for r in results])
+        return self._call(
+            "BatchRetrieve", context, request, retrieval_pb2.BatchRetrieveRequest, self._batch_retrieve
+        )
 
-        return self._call("BatchRetrieve", context, work, _size(request))
+    def GetModelInfo(self, request: Request, context: grpc.ServicerContext) -> retrieval_pb2.ModelInfo:
+        return self._call(
+            "GetModelInfo", context, request, retrieval_pb2.GetModelInfoRequest, self._model_info
+        )
 
-    def GetModelInfo(
-        self, request: retrieval_pb2.GetModelInfoRequest | bytes, context: grpc.ServicerContext
-    ) -> retrieval_pb2.ModelInfo:
-        def work() -> retrieval_pb2.ModelInfo:
-            parse(request, retrieval_pb2.GetModelInfoRequest)
-            return model_info_message(self._slot.model_info())
-
-        return self._call("GetModelInfo", context, work)
-
-    def _compute(self, queries: Sequence[Query], deadline: float | None, cost: float) -> list[Retrieved]:
-        """Answers ``queries`` with one retriever call, or a heavy call in chunks with the cheap
-        calls in flight let through between two (the answers are the same either way)."""
+    def _retrieve(
+        self, request: retrieval_pb2.RetrieveRequest, context: grpc.ServicerContext, caller: Identity
+    ) -> retrieval_pb2.RetrieveResponse:
+        check_sizes(request)
         retriever = self._slot.current  # one version for the whole call
-        if self._admission.is_cheap(cost):
+        cost = request_cost(request, ModelSize.of(retriever))
+        with self._admission.admit(cost, context.time_remaining()):
+            query = query_from_request(request)
+            if self._batcher is not None and self._admission.is_cheap(cost):
+                retriever.validate(query)  # a bad query is refused alone, never inside a batch
+                return response_from_result(self._batcher.submit(query, context.time_remaining(), cost))
+            (result,) = self._compute(retriever, [query], [cost], _deadline(context))
+        return response_from_result(result)
+
+    def _batch_retrieve(
+        self, request: retrieval_pb2.BatchRetrieveRequest, context: grpc.ServicerContext, caller: Identity
+    ) -> retrieval_pb2.BatchRetrieveResponse:
+        requests = request.requests
+        if len(requests) > MAX_BATCH:  # before converting any
+            raise InvalidArgument(f"the batch has {len(requests)} requests, at most {MAX_BATCH}")
+        for i, one in enumerate(requests):
+            try:
+                check_sizes(one)
+            except InvalidArgument as e:
+                raise InvalidArgument(e.reason, i) from None
+        retriever = self._slot.current
+        size = ModelSize.of(retriever)
+        costs = [request_cost(one, size) for one in requests]
+        with self._admission.admit(sum(costs), context.time_remaining()):
+            queries = _queries(requests)
+            results = self._compute(retriever, queries, costs, _deadline(context))
+        return retrieval_pb2.BatchRetrieveResponse(responses=[response_from_result(r) for r in results])
+
+    def _model_info(
+        self, request: retrieval_pb2.GetModelInfoRequest, context: grpc.ServicerContext, caller: Identity
+    ) -> retrieval_pb2.ModelInfo:
+        info = self._slot.model_info()
+        if "admin" not in caller.permissions:
+            info = dataclasses.replace(info, last_refusal=public_refusal(info.last_refusal))
+        return model_info_message(info)
+
+    def _compute(
+        self, retriever: Retriever, queries: Sequence[Query], costs: Sequence[float], deadline: float | None
+    ) -> list[Retrieved]:
+        """Answers ``queries`` (of ``costs``) with one retriever call, or a heavy call in chunks
+        with the cheap calls in flight let through between two (the answers are the same either
+        way)."""
+        if self._admission.is_cheap(sum(costs)):
             self._observe_batch(len(queries))
             return retriever.retrieve_many(queries, deadline)
         results: list[Retrieved] = []
-        for chunk in self._admission.chunks(queries):
+        for chunk in self._admission.chunks(queries, costs):
             self._admission.yield_to_cheap()
             self._observe_batch(len(chunk))
             try:
@@ -190,31 +228,83 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         if self._metrics is not None and size:
             self._metrics.batch_size.observe(size)
 
-    def _call(self, method: str, context: grpc.ServicerContext, work: Callable[[], T], size: int = 0) -> T:
-        """Runs ``work`` under the deadline; every error becomes a status, and an answer ready
-        after the deadline counts as DEADLINE_EXCEEDED (its client has stopped waiting). A
-        large request (``size`` bytes) has its memory given back once answered."""
+    def _call(
+        self,
+        method: str,
+        context: grpc.ServicerContext,
+        request: Request,
+        message: type[M],
+        work: Callable[[M, grpc.ServicerContext, Identity], R],
+    ) -> R:
+        """Runs ``work`` on the parsed request under the deadline, once the caller is admitted
+        (the class docstring); every error becomes a status, and an answer ready after the
+        deadline counts as DEADLINE_EXCEEDED (its client has stopped waiting). A large request
+        has its memory given back once answered."""
         started = time.perf_counter()
-        code = grpc.StatusCode.OK
+        code, refusal, caller, size, answer = grpc.StatusCode.OK, None, None, 0, None
+        log = self._access.access_log
+        rid = None if log is None else request_id(context.invocation_metadata())
+        fields: dict[str, Any] | None = None
+        if log is not None and log.sampled():
+            fields = {"request_id": rid, "identity": None, "method": method}
         try:
             remaining = context.time_remaining()
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceeded(f"the deadline passed {-remaining:.3f} s before the server started")
-            answer = work()
+            caller = self._access.identify(context)
+            if fields is not None:
+                fields["identity"] = caller.name
+            self._access.allow(f"/{SERVICE_NAME}/{method}", caller)
+            body = cast("M | bytes", _receive(request))  # only now: the caller may call, and may now
+            size = _size(body)
+            self._admission.screen(size)
+            parsed = parse(body, message)
+            if fields is not None and log is not None:
+                fields.update(log.request_fields(parsed))
+            answer = work(parsed, context, caller)
             check_deadline(_deadline(context), "the answer was ready")
             return answer
         except Exception as error:  # every error must become a status, none a crash
             code, details = status_for(error)
-            retry_after = getattr(error, "retry_after", None)
-            if retry_after is not None:
-                context.set_trailing_metadata((("grpc-retry-pushback-ms", str(round(retry_after * 1000))),))
-            context.abort(code, details)
-            raise  # unreachable: abort raises
+            refusal = refusal_reason(error, code)
+            abort(context, code, details, getattr(error, "retry_after", None))
         finally:
             self._trimmer.note(size)
+            seconds = time.perf_counter() - started
             if self._metrics is not None:
-                self._metrics.requests.labels(method, code.name).inc()
-                self._metrics.latency.labels(method, code.name).observe(time.perf_counter() - started)
+                self._metrics.answered(method, code.name, seconds, refusal, identity_label(caller))
+            if rid is not None:  # added last: a refusal may have set trailing metadata of its own
+                context.set_trailing_metadata((*(context.trailing_metadata() or ()), (REQUEST_ID, rid)))
+            if fields is not None and log is not None:
+                fields["code"] = code.name
+                fields["latency_ms"] = round(seconds * 1000, 3)
+                fields["model_version"] = model_version(answer) if code is grpc.StatusCode.OK else None
+                log.write(fields)
+
+
+Request = Message | bytes | Iterator[bytes]
+"""A request as the servicer gets it: the call's request stream from gRPC (:func:`add_servicer`),
+or from a Python caller its bytes or the message itself."""
+
+
+def _receive(request: Request) -> Message | bytes:
+    """The request: as given, or the one message of the call's request stream, read now.
+
+    Raises:
+        Overloaded: gRPC delivered no message: it refused one over the size limit (or the
+            client cancelled while sending).
+    """
+    if isinstance(request, Message | bytes):
+        return request
+    try:
+        body = next(request, None)
+    except grpc.RpcError:  # the call ended while its request was read
+        body = None
+    if body is None:
+        raise Overloaded(
+            "message_size", "the request was not received: larger than the server's limit, or cancelled", None
+        )
+    return body
 
 
 def _queries(requests: Sequence[retrieval_pb2.RetrieveRequest]) -> list[Query]:
@@ -360,8 +450,8 @@ def create_server(
         max_wait: seconds a micro-batch waits for more calls once it has one; the default 0
             adds no latency: calls that arrive while a batch computes form the next one.
         max_queued: calls the server holds at once, computing or queued for a thread; more
-            are refused RESOURCE_EXHAUSTED by gRPC before they are read. ``None`` =
-            ``2 * max_workers``.
+            are refused RESOURCE_EXHAUSTED as they arrive, before they are read, with a retry
+            hint (:class:`~retrieval.serving.access.CallGate`). ``None`` = ``2 * max_workers``.
         admission: the cost-based admission's bounds (:class:`AdmissionLimits`); ``None`` for
             its defaults.
         max_request_bytes: largest request (bigger ones are refused before they are parsed);
@@ -397,6 +487,8 @@ def create_server(
     if not 1 <= max_batch <= MAX_BATCH:
         raise ValueError(f"max_batch must be between 1 and {MAX_BATCH}, got {max_batch}")
     slot = retriever if isinstance(retriever, RetrieverSlot) else RetrieverSlot(retriever)
+    access = AccessControl() if access is None else access
+    limits = admission or AdmissionLimits()
     threads_setter = None if search_threads is None else partial(faiss.omp_set_num_threads, search_threads)
     server = grpc.server(
         futures.ThreadPoolExecutor(
@@ -411,20 +503,28 @@ def create_server(
             # another model version, would silently take half the traffic. Refuse it instead.
             ("grpc.so_reuseport", int(reuse_port)),
         ],
-        maximum_concurrent_rpcs=max_queued,
-        interceptors=None if access is None else access.interceptors(),
+        interceptors=[CallGate(CallLimit(max_queued, _depth(metrics, "calls")), access, metrics)],
     )
     if metrics is not None:
         metrics.follow(slot)
+        if access.identities is not None:
+            metrics.follow_access(access.identities)
     batcher = None
     if max_batch > 1:
-        observe = None if metrics is None else metrics.batch_size.observe
-        batcher = MicroBatcher(lambda: slot.current, max_batch, max_wait, observe_batch=observe)
-    servicer = RetrievalServicer(slot, metrics, batcher, Admission(admission or AdmissionLimits()))
+        batcher = MicroBatcher(
+            lambda: slot.current,
+            max_batch,
+            max_wait,
+            observe_batch=None if metrics is None else metrics.batch_size.observe,
+            max_cost=limits.batch_cost,
+            observe_queue=_depth(metrics, "batch"),
+        )
+    admitted = Admission(limits, observe_waiting=_depth(metrics, "heavy"))
+    servicer = RetrievalServicer(slot, metrics, batcher, admitted, access)
     health_servicer = HealthServicer()
     add_servicer(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if access is None or access.reflection:
+    if access.reflection:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
@@ -441,13 +541,18 @@ def create_server(
         cause = ""
     if not bound:  # older grpcio answers 0 instead of raising
         raise OSError(f"cannot serve gRPC on {address}: the address is in use or not available{cause}")
-    health_port = None if access is None else access.health_port
+    health_port = access.health_port
     health_server = None if health_port is None else start_health_server(health_servicer, host, health_port)
     running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)
     running.set_serving(False)
     server.start()
     running.set_serving(serving)
     return running, bound
+
+
+def _depth(metrics: Metrics | None, queue: str) -> Callable[[int], None] | None:
+    """What sets ``retrieval_queue_depth{queue}``; ``None`` without metrics."""
+    return None if metrics is None else metrics.queue.labels(queue).set
 
 
 def serve_forever(
@@ -547,12 +652,43 @@ _STATUS: dict[type[RetrievalError], grpc.StatusCode] = {
 def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
     """The gRPC status code and details to answer ``error`` with.
 
-    Domain errors keep their message; anything else is a bug: it becomes INTERNAL with a
-    generic message (internals stay out of responses) and its traceback goes to the log.
+    Domain errors and access refusals keep their message; anything else is a bug: it becomes
+    INTERNAL with a generic message (internals stay out of responses) and its traceback goes
+    to the log.
     """
+    if isinstance(error, AccessDenied):
+        return error.code, str(error)
     for error_type, code in _STATUS.items():
         if isinstance(error, error_type):
             details = str(error)
             return code, details if len(details) <= MAX_DETAILS else details[: MAX_DETAILS - 3] + "..."
     logger.error("internal error while serving a request", exc_info=error)
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}), see the server log"
+
+
+def refusal_reason(error: Exception, code: grpc.StatusCode) -> str:
+    """Why a call ended with ``code`` (not OK), the ``reason`` label of ``retrieval_refusals_total``:
+    an access or capacity refusal's own (:class:`AccessDenied`, :class:`Overloaded`), else the
+    code's name in lower case."""
+    if isinstance(error, AccessDenied | Overloaded):
+        return error.refusal
+    return code.name.lower()
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/[^\s'\",;()]+")
+_EXCEPTION = re.compile(r"\w+(Error|Exception)")
+
+
+def public_refusal(reason: str, limit: int = 160) -> str:
+    """A refused version's reason as a caller without the ``admin`` permission sees it in
+    ``GetModelInfo.last_refusal``: absolute paths cut to their last part, and what a library
+    said left out (the reason's ``part: part`` chain is cut after an exception's type, or after
+    the first phrase of three words or more, where our messages quote a library's)."""
+    text = _ABSOLUTE_PATH.sub(lambda path: Path(path.group()).name or "/", reason)
+    kept: list[str] = []
+    for part in text.split(": "):
+        kept.append(part)
+        if _EXCEPTION.fullmatch(part) or len(part.split()) >= 3:
+            break
+    shown = ": ".join(kept)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."

@@ -27,12 +27,21 @@ BLANK_LINE = re.compile(r"^[^\S\n]*$", re.MULTILINE)
 
 def read_text(path: Path, encoding: str) -> str:
     """The whole file as text; undecodable bytes are reported with their line."""
+    return decode_text(path, read_bytes(path), encoding)
+
+
+def read_bytes(path: Path) -> bytes:
+    """The whole file; a missing or unreadable one is a :class:`DataError`."""
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def decode_text(path: Path, raw: bytes, encoding: str) -> str:
+    """``raw`` (the bytes of ``path``) as text; undecodable bytes are reported with their line."""
     try:
         return raw.decode(encoding)
     except UnicodeDecodeError as e:

@@ -9,9 +9,7 @@ and converts the timestamps to Unix seconds by the table's unit.
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
-import io
 import json
 import logging
 import math
@@ -21,11 +19,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from retrieval.data.columns import REQUIRED_COLUMNS, TIMESTAMP_UNITS, check_columns
+from retrieval.data.delimited import read_delimited
 from retrieval.data.errors import DataError
 from retrieval.data.interactions import Interactions
-from retrieval.data.parsing import INT64_MAX, INT64_MIN, INTEGER, field_count_error, read_text
+from retrieval.data.parsing import INT64_MAX, INT64_MIN, INTEGER
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,12 @@ def load_table(
         return table_interactions(
             frame, str(path), str(path), lambda row: f"{path}, row {row + 1}", False, columns, timestamp_unit
         )
-    frame, lines, header_line = _read_csv(path, "\t" if path.suffix.lower() == ".tsv" else None)
+    frame, line_of, header_line = read_delimited(path, "\t" if path.suffix.lower() == ".tsv" else None)
     return table_interactions(
         frame,
         str(path),
         f"{path}, line {header_line}",
-        lambda row: f"{path}, line {lines[row]}",
+        lambda row: f"{path}, line {line_of(row)}",
         True,
         columns,
         timestamp_unit,
@@ -192,10 +193,13 @@ def table_interactions(
             frame = _exact_order_within_users(frame, exact)
     else:  # the order of the events as they come, per user
         frame.insert(2, "timestamp", frame.groupby("user", sort=False).cumcount().astype(np.int64))
-    if from_text:
-        for column in frame.columns.difference([*REQUIRED_COLUMNS, "title"]):
-            with contextlib.suppress(ValueError, TypeError):  # not all numbers: keep the text
-                frame[column] = pd.to_numeric(frame[column])
+    if from_text:  # side columns and titles as Python strings, whichever reader gave the text
+        for column in frame.columns.difference(REQUIRED_COLUMNS):
+            text = frame[column].astype(object)
+            if column != "title":
+                with contextlib.suppress(ValueError, TypeError):  # not all numbers: keep the text
+                    text = pd.to_numeric(text)
+            frame[column] = text
     if "title" in frame.columns:
         titles = frame["title"].where(frame["title"].astype(str).str.strip() != "")
         items = titles.groupby(frame["item"], sort=False).first().rename_axis("item").reset_index()
@@ -336,7 +340,12 @@ def _integer_timestamps(values: pd.Series, from_text: bool) -> tuple[np.ndarray,
             DataFrame), where booleans are refused (datetimes are read before, whatever the unit).
     """
     n = len(values)
-    if not from_text and pd.api.types.is_bool_dtype(values):
+    if from_text:
+        digits = _decimal_int64(values)
+        if digits is not None:
+            return digits, np.zeros(n, bool)
+        values = values.astype(object)  # the rules below are pandas' for object text
+    elif pd.api.types.is_bool_dtype(values):
         return np.zeros(n, np.int64), np.ones(n, bool)
     numeric = pd.to_numeric(values, errors="coerce")
     if pd.api.types.is_integer_dtype(numeric):
@@ -352,6 +361,20 @@ def _integer_timestamps(values: pd.Series, from_text: bool) -> tuple[np.ndarray,
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(real) | (real % 1 != 0) | (real < INT64_MIN) | (real >= 2.0**63)
     return np.where(bad, 0, real).astype(np.int64), bad
+
+
+def _decimal_int64(text: pd.Series) -> np.ndarray | None:
+    """Text that is all ASCII digits (the usual timestamps) -> int64 ``[n]``, read by Arrow; None
+    when a value is anything else (a sign, a space, a decimal point, empty) or beyond int64."""
+    values = pa.array(text)
+    if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+        return None
+    if not pc.all(pc.ascii_is_decimal(values), skip_nulls=False).as_py():
+        return None
+    try:
+        return np.asarray(pc.cast(values, pa.int64()).to_numpy(), np.int64)
+    except pa.ArrowInvalid:  # beyond int64
+        return None
 
 
 def _scalar_ids(values: pd.Series, column: str, where: Any) -> pd.Series:
@@ -374,62 +397,6 @@ def _scalar_ids(values: pd.Series, column: str, where: Any) -> pd.Series:
                 "not text or a number"
             )
     return values
-
-
-def _read_csv(path: Path, delimiter: str | None) -> tuple[pd.DataFrame, list[int], int]:
-    """A CSV with a header -> string columns, the 1-based line where each row starts, and the
-    header's line (blank lines before it are skipped).
-
-    ``delimiter`` None: a comma, unless the header line holds none and a tab or a semicolon.
-    """
-    text = read_text(path, "utf-8-sig")
-    if delimiter is None:
-        delimiter = _sniff_delimiter(text)
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    rows: list[list[str]] = []
-    lines: list[int] = []
-    blank, pending = -1, 0  # blank lines before the last row (the loop below counts the header)
-    try:
-        header: list[str] | None = []
-        while header == []:  # blank lines before the header
-            header = next(reader, None)
-            blank += 1
-        if header is None:
-            raise DataError(f"{path}: empty file")
-        header_line = reader.line_num
-        header = [h.strip() for h in header]
-        repeated = sorted({h for h in header if header.count(h) > 1})
-        if repeated:
-            raise DataError(
-                f"{path}, line {header_line}: column(s) {', '.join(map(repr, repeated))} repeated"
-            )
-        while True:
-            start = reader.line_num + 1
-            row = next(reader, None)
-            if row is None:
-                break
-            if not row:
-                pending += 1
-                continue
-            if len(row) != len(header):
-                raise field_count_error(path, start, header, len(row))
-            rows.append(row)
-            lines.append(start)
-            blank, pending = blank + pending, 0
-    except csv.Error as e:
-        raise DataError(f"{path}, line {reader.line_num}: {e}") from None
-    if blank:
-        log.info("%s: skipped %d blank line(s)", path, blank)
-    return pd.DataFrame(rows, columns=header, dtype=object), lines, header_line
-
-
-def _sniff_delimiter(text: str) -> str:
-    """A ``.csv`` file's separator, read from its header line: a comma, unless the line holds
-    none and a tab or a semicolon (a tab first)."""
-    header = next((line for line in text.split("\n") if line.strip()), "")
-    if "," not in header:
-        return next((d for d in ("\t", ";") if d in header), ",")
-    return ","
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:

@@ -30,6 +30,8 @@ Example:
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from types import ModuleType, TracebackType
@@ -69,6 +71,12 @@ def native_module() -> ModuleType:
         NativeEngineMissing: it is not built, or does not load (one line: run ``make native``,
             which needs :data:`PACKAGES`; and why the import failed).
     """
+    # RTLD_DEEPBIND: the module's references to the shared libraries it needs (Debian's protobuf,
+    # re2, Abseil, OpenSSL, zlib) bind to those, never to the copies TensorFlow exports into the
+    # process's global scope (it loads some of its libraries with RTLD_GLOBAL; protobuf calls
+    # bound to its copy crash). gRPC itself is linked in, hidden (native/README.md).
+    flags = sys.getdlopenflags()
+    sys.setdlopenflags(os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
     try:
         return importlib.import_module("retrieval.serving._native")
     except ImportError as e:
@@ -76,6 +84,8 @@ def native_module() -> ModuleType:
             f"the native engine is not built ({e}): run `make native` (it installs the Debian "
             f"packages {' '.join(PACKAGES)} when missing)"
         ) from None
+    finally:
+        sys.setdlopenflags(flags)
 
 
 class NativeServer:

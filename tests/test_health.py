@@ -101,3 +101,29 @@ def test_status_changes_racing_watchers_that_leave_neither_hang_nor_end_stale(
         while last != NOT_SERVING:  # the long-lived watcher ends on the current status
             last = next(watched).status
         watched.cancel()
+
+
+def test_a_watcher_that_never_takes_its_message_holds_no_status_change(
+    served: tuple[HealthServicer, str],
+) -> None:
+    """A server's stop starts by setting NOT_SERVING: a send that never completes (a watcher
+    that stopped reading) must not hold ``set``, nor hide the new status from ``Check``. 30
+    rounds: the sends run on a thread of their own."""
+    servicer, address = served
+    never = threading.Event()
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        watched = stub.Watch(request("svc"), timeout=120)
+        assert next(watched).status == SERVICE_UNKNOWN
+        servicer.set("svc", SERVING)
+        assert next(watched).status == SERVING
+        servicer._watchers["svc"].add(lambda response: never.wait())
+        for n in range(30):
+            status = NOT_SERVING if n % 2 == 0 else SERVING
+            setter = threading.Thread(target=servicer.set, args=("svc", status), daemon=True)
+            setter.start()
+            setter.join(10)
+            assert not setter.is_alive(), f"set() blocked on a stuck watcher (round {n})"
+            assert stub.Check(request("svc"), timeout=10).status == status
+        watched.cancel()
+    never.set()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
+import grpc
 import pytest
 
 from retrieval.api.client import RetrievalClient, channel_target, service_config
@@ -77,3 +79,31 @@ def test_a_replica_going_down_under_load_fails_no_request() -> None:
         stop.set()
         for server, _ in replicas:
             server.stop(None)
+
+
+def test_a_call_while_the_server_restarts_is_sent_again_on_a_new_connection() -> None:
+    """The server is down when the call is made and back 1 s later on the same port: the
+    channel's own retries (backoff of milliseconds) have all failed UNAVAILABLE by then, and the
+    client sends the call once more, waiting for a new connection, within its deadline. Without
+    retries the call fails at once."""
+    model = make_model("restarted")
+    retriever = Retriever(model, build_index_from_model(model, "Flat"))
+    first, port = create_server(retriever, port=0)
+    address = f"127.0.0.1:{port}"
+    with RetrievalClient(address, timeout=20) as client, RetrievalClient(address, retries=0) as once:
+        assert client.retrieve([ITEMS[0]], 3).model_version == "restarted"
+        first.stop(None).wait(10)
+        with pytest.raises(grpc.RpcError) as refused:
+            once.retrieve([ITEMS[0]], 3)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        restarted: list[Any] = []
+        restart = threading.Timer(1.0, lambda: restarted.append(create_server(retriever, port=port)[0]))
+        restart.start()
+        try:
+            started = time.monotonic()
+            assert client.retrieve([ITEMS[0]], 3).model_version == "restarted"
+            assert 0.9 <= time.monotonic() - started < 20  # it waited for the restart
+        finally:
+            restart.join()
+            for server in restarted:
+                server.stop(None)

@@ -35,6 +35,8 @@ from retrieval.api.types import MAX_HISTORY, MAX_K, Query, Retrieved
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model, load_index, save_index
 from retrieval.artifacts.model import ModelArtifact
+from retrieval.serving.addresses import host_addresses, join_host_port
+from retrieval.serving.group import hold_ports
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server, serve_forever, status_for
 from retrieval.storage.folders import write_artifact
@@ -321,3 +323,27 @@ def test_a_second_server_on_a_served_port_is_refused(retriever: Retriever) -> No
             assert client.retrieve([ITEMS[0]], 3).items
     finally:
         first.stop(None)
+
+
+def test_a_server_binds_every_address_of_its_host_or_fails(retriever: Retriever) -> None:
+    """gRPC binds ``localhost:P`` on every address the name resolves to and succeeds if any one
+    bound: with ``127.0.0.1:P`` taken it served ``[::1]:P`` alone, and clients of ``localhost:P``
+    reached the other server. Now the start fails naming the address, for a single server and
+    for a group's claim; on a free port every address answers."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"cannot serve gRPC on localhost:{port}: .*127\.0\.0\.1:{port}"):
+            create_server(retriever, host="localhost", port=port)
+        with pytest.raises(OSError, match=rf"cannot serve gRPC on localhost:{port}: the address is in use"):
+            hold_ports("localhost", port)
+    server, port = create_server(retriever, host="localhost", port=0)
+    try:
+        addresses = host_addresses("localhost")
+        assert ("127.0.0.1" in [a for _, a in addresses]) and len(addresses) >= 1
+        for _, address in addresses:  # each one answers, on the same port
+            with RetrievalClient(join_host_port(address, port), retries=0) as client:
+                assert client.retrieve(["item01"], 2).model_version == "model-v1"
+    finally:
+        server.stop(None)

@@ -1,71 +1,36 @@
 """A serving group (``tools/serve.py --processes 2``): answers equal one process's, both workers
-answer, health follows every worker, hot reload moves all workers together without a failed
-request, SIGTERM drains and leaves no process, metrics are summed over the workers, and a port
-is shared only inside one group. Also the memory-mapped index the workers share."""
+answer, a killed or hung worker is replaced while the other keeps SERVING, hot reload moves all
+workers together without a failed request, SIGTERM drains and leaves no process even with a
+worker stuck, metrics are summed over the workers, and a port is shared only inside one group.
+Also the memory-mapped index the workers share."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.robustness.workers import UP, Availability, alive, descendants
+from bench.robustness.workers import ServedGroup as Group
+from bench.robustness.workers import probe as health
+from bench.serving import free_port
 from index import FaissIndex
 from retrieval.api.client import RetrievalClient
-from retrieval.api.convert import SERVICE_NAME
 from retrieval.api.types import Rerank
 from retrieval.artifacts.deployment import publish_deployment
 from retrieval.artifacts.model import read_model_vocab
-from retrieval.serving.group import hold_ports
+from retrieval.serving.group import HEARTBEAT_TIMEOUT, hold_ports
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
+from retrieval.serving.stopping import STOP_MARGIN
 from tests.helpers import REPO_ROOT, connected, save_din, scrape, serving, write_certificates
-
-UP = "serving group of 2 workers on"
-"""What the supervisor logs once every worker is up."""
-START_SECONDS = 240.0
-"""How long a group may take to report SERVING (two TensorFlow loads on a busy 2-core machine)."""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def descendants(pid: int) -> list[int]:
-    """The child processes of ``pid``, their children, and so on (Linux)."""
-    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    return [*children, *(d for c in children for d in descendants(c))]
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def health(address: str) -> str:
-    """The health status a new plain connection (a load balancer's probe) to ``address`` reads."""
-    with grpc.insecure_channel(address) as channel:
-        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
-        try:
-            status = health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
-        except grpc.RpcError as e:
-            return str(e.code().name)
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(status))
 
 
 def connections(pid: int, port: int) -> int:
@@ -86,46 +51,14 @@ def connections(pid: int, port: int) -> int:
     return held
 
 
-class Group:
-    """``tools/serve.py --processes 2 --port P ARGS`` in a child process, its log in ``log``;
-    entered once it logged SERVING."""
-
-    def __init__(self, tmp_path: Path, *args: str, port: int | None = None) -> None:
-        self.port = free_port() if port is None else port
-        self.address = f"127.0.0.1:{self.port}"
-        self.log = tmp_path / f"group-{self.port}.log"
-        self.command = [sys.executable, "tools/serve.py", "--processes", "2", "--port", str(self.port), *args]
-
-    def __enter__(self) -> Group:
-        with self.log.open("w") as log:
-            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-            self.process = subprocess.Popen(self.command, cwd=REPO_ROOT, stdout=log, stderr=log, env=env)
-        self.wait_for_log(UP)
-        return self
-
-    def wait_for_log(self, text: str, count: int = 1) -> None:
-        deadline = time.monotonic() + START_SECONDS
-        while self.log.read_text().count(text) < count:
-            assert self.process.poll() is None, f"the group exited: {self.log.read_text()}"
-            assert time.monotonic() < deadline, f"no {text!r} in the log: {self.log.read_text()}"
-            time.sleep(0.1)
-
-    @property
-    def workers(self) -> list[int]:
-        """The pids of the running workers, as the supervisor logged them, by worker number."""
-        started = dict(re.findall(r"worker (\d+) started \(pid (\d+)\)", self.log.read_text()))
-        pids = [int(started[n]) for n in sorted(started)]
-        assert set(pids) <= set(descendants(self.process.pid)), "a logged worker is not the group's"
-        return pids
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(60)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+def worker_up(metrics_port: int) -> dict[str, float]:
+    """``retrieval_worker_up`` by worker number, as the group's metrics endpoint serves it."""
+    samples = scrape(metrics_port)
+    return {
+        dict(labels)["worker"]: value
+        for (name, labels), value in samples.items()
+        if name == "retrieval_worker_up"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -179,30 +112,70 @@ def test_a_group_answers_as_one_process_does_over_tls_on_both_workers_with_metri
         assert samples[("retrieval_request_seconds_count", (("code", "OK"), ("method", "Retrieve")))] == sent
         assert samples[("retrieval_model_info", (("model_version", version),))] == 1
         assert samples[("retrieval_workers", ())] == 2
-        assert group.stop() == 0
+        assert group.stop()[0] == 0
     assert not any(alive(pid) for pid in workers)
 
 
-@pytest.mark.slow  # a group, one of whose workers is killed and replaced: ~25 s
-def test_health_is_serving_only_while_every_worker_is_up(
+@pytest.mark.slow  # a group under load, one of whose workers is killed and replaced: ~30 s
+def test_a_killed_worker_leaves_the_group_serving_under_load(
     model_versions: list[tuple[Path, Path, str]], history: list[str], tmp_path: Path
 ) -> None:
+    """kill -9 of one worker: the other keeps SERVING (a probe on a new connection never reads
+    NOT_SERVING), no call of 4 health-checked clients fails, the replacement serves once
+    loaded, and ``retrieval_worker_up`` follows."""
     (model_dir, index_dir, _), _ = model_versions
-    with Group(tmp_path, "--model", str(model_dir), "--index", str(index_dir)) as group:
+    metrics_port = free_port()
+    args = ["--model", str(model_dir), "--index", str(index_dir), "--metrics-port", str(metrics_port)]
+    with Group(tmp_path, *args) as group:
         first = group.workers
-        assert health(group.address) == "SERVING"
-        os.kill(first[0], signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while health(group.address) != "NOT_SERVING":  # the other worker is told at once
-            assert time.monotonic() < deadline, "still SERVING with a worker down"
-            time.sleep(0.02)
-        group.wait_for_log(UP, count=2)  # the replacement is up
-        assert health(group.address) == "SERVING"
+        assert worker_up(metrics_port) == {"0": 1, "1": 1}
+        with Availability(group.address, history) as load:
+            load.wait_for(ok=40)
+            os.kill(first[0], signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while worker_up(metrics_port) != {"0": 0, "1": 1}:  # seen at once, while it is replaced
+                assert time.monotonic() < deadline, worker_up(metrics_port)
+                time.sleep(0.05)
+            group.wait_for_log(UP, count=2)
+            load.wait_for(load.ok + 40)
+        assert not load.failed, load.failed
+        assert load.not_serving == 0 and load.probes["SERVING"] > 20, load.probes
+        assert load.unreachable <= 2, load.probes  # a probe meeting the dead worker's closing socket
+        assert worker_up(metrics_port) == {"0": 1, "1": 1}
         replaced = group.workers
         assert len(replaced) == 2 and first[1] in replaced and first[0] not in replaced
-        with RetrievalClient(group.address, retries=0) as client:
-            assert client.retrieve(history, 3).items
-        assert group.stop() == 0
+        assert f"worker 0 (pid {first[0]}) exited with code -9" in group.log.read_text()
+        assert group.stop()[0] == 0
+
+
+@pytest.mark.slow  # a group, one of whose workers is stopped, replaced, then stuck in the stop: ~40 s
+def test_a_stopped_worker_is_replaced_and_cannot_hold_the_group_stop(
+    model_versions: list[tuple[Path, Path, str]], history: list[str], tmp_path: Path
+) -> None:
+    """SIGSTOP of a worker (hung): the supervisor notices the missing heartbeats, kills it with
+    an ERROR naming it and starts a replacement that answers every new connection. Then SIGTERM
+    with the other worker stopped: the group exits 0 within its grace and the margin."""
+    (model_dir, index_dir, _), _ = model_versions
+    grace = 1.0
+    with Group(
+        tmp_path, "--model", str(model_dir), "--index", str(index_dir), "--grace", str(grace)
+    ) as group:
+        first = group.workers
+        os.kill(first[1], signal.SIGSTOP)
+        stopped = time.monotonic()
+        group.wait_for_log(f"worker 1 (pid {first[1]}) exited with code -9: killed", timeout=120)
+        took = time.monotonic() - stopped
+        assert HEARTBEAT_TIMEOUT <= took <= HEARTBEAT_TIMEOUT + 30  # 30 s: a loaded machine's slack
+        group.wait_for_log(UP, count=2)
+        assert not alive(first[1])
+        for _ in range(10):  # new connections, spread over both workers
+            with RetrievalClient(group.address, timeout=10, retries=0) as client:
+                assert client.retrieve(history, 5).items
+        second = group.workers
+        os.kill(second[0], signal.SIGSTOP)
+        code, took = group.stop()
+        assert code == 0 and took <= grace + STOP_MARGIN + 30
+        assert not any(alive(pid) for pid in second)
 
 
 @pytest.mark.slow  # a watched deployment served by a group, a version published under load: ~25 s
@@ -244,15 +217,19 @@ def test_hot_reload_moves_every_worker_without_a_failed_request(
         for answers in seen:  # each connection: the old version, then only the new one
             assert answers[0] == v1 and answers[-1] == v2
             assert set(answers[answers.index(v2) :]) == {v2}
-        assert group.stop() == 0
+        assert group.stop()[0] == 0
 
 
 @pytest.mark.slow  # a group whose supervisor is killed: ~15 s
-def test_workers_stop_when_their_supervisor_is_killed(
+def test_workers_stop_when_their_supervisor_is_killed_and_remove_the_metrics_folder(
     model_versions: list[tuple[Path, Path, str]], tmp_path: Path
 ) -> None:
     (model_dir, index_dir, _), _ = model_versions
-    with Group(tmp_path, "--model", str(model_dir), "--index", str(index_dir)) as group:
+    temporary = tmp_path / "tmp"  # where the supervisor makes its metrics folder
+    temporary.mkdir()
+    args = ["--model", str(model_dir), "--index", str(index_dir), "--metrics-port", str(free_port())]
+    with Group(tmp_path, *args, env={"TMPDIR": str(temporary)}) as group:
+        assert len(list(temporary.glob("mitt-metrics-*"))) == 1
         started = group.log.read_text()  # TensorFlow's start-up lines stay quiet in the forking process
         assert not any(noise in started for noise in ("oneDNN", "absl::InitializeLog")), started
         workers = descendants(group.process.pid)  # the workers and the process forking them
@@ -264,6 +241,7 @@ def test_workers_stop_when_their_supervisor_is_killed(
             assert time.monotonic() < deadline, "orphaned processes"
             time.sleep(0.1)
         hold_ports("127.0.0.1", group.port)[0][0].close()  # nobody holds the port any more
+        assert not list(temporary.glob("mitt-metrics-*"))  # the last worker out removed it
 
 
 @pytest.mark.slow  # starts a group: ~15 s
@@ -285,7 +263,7 @@ def test_a_served_port_is_shared_only_inside_one_group(
             text=True,
         )
         assert single.returncode == 2 and "the address is in use" in single.stderr
-        assert group.stop() == 0
+        assert group.stop()[0] == 0
 
 
 def test_a_group_claims_its_port_against_single_servers_and_groups(retriever: Retriever) -> None:

@@ -1,5 +1,5 @@
-"""The command line of ``python -m bench.robustness``: ``--fuzz N`` (the default), ``--soak SECONDS``
-or ``--deploys``."""
+"""The command line of ``python -m bench.robustness``: ``--fuzz N`` (the default), ``--soak SECONDS``,
+``--deploys`` or ``--group``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from bench.robustness.calls import FUZZ_MAX_MESSAGE_BYTES
 from bench.robustness.deploys import deploys_main
 from bench.robustness.fuzz import fuzz_main
 from bench.robustness.soak import soak_main
+from bench.robustness.workers import group_main
 
 DEFAULT_OUT = REPO / "runs" / "bench-robustness"
 
@@ -42,6 +43,12 @@ def parser() -> argparse.ArgumentParser:
         "--deploys",
         action="store_true",
         help="instead of fuzzing: the abuse cases of deploys and hot reload, on the soak's two versions",
+    )
+    p.add_argument(
+        "--group",
+        action="store_true",
+        help="instead of fuzzing: a serving group's failures (kill -9, SIGSTOP of a worker, a stop "
+        "with a worker stopped), on the soak's first version",
     )
     p.add_argument(
         "--abuse",
@@ -106,4 +113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return abuse_main(args)
     if args.deploys:
         return deploys_main(args)
+    if args.group:
+        return group_main(args)
     return soak_main(args) if args.soak is not None else fuzz_main(args)

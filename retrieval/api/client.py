@@ -125,7 +125,8 @@ class RetrievalClient:
 
         Args:
             timeout: each call's deadline in seconds (retries included).
-            retries: retries of a call refused with UNAVAILABLE, CANCELLED or RESOURCE_EXHAUSTED, 0..4.
+            retries: retries of a call refused with UNAVAILABLE, CANCELLED or RESOURCE_EXHAUSTED, 0..4;
+                with any, a call still UNAVAILABLE is also sent once more on a new connection.
             tls_ca: PEM of the CA that signed the server's certificate: the channel uses TLS.
             tls_cert: the client's certificate, for servers that require mutual TLS (with
                 ``tls_key``, both or neither; they need ``tls_ca``).
@@ -149,6 +150,7 @@ class RetrievalClient:
             raise ValueError(f"retries must be between 0 and 4, got {retries}")
         self.address = channel_target(address)
         self.timeout = timeout
+        self.retries = retries
         self.max_request_bytes = max_request_bytes
         options = [
             ("grpc.max_receive_message_length", max_response_bytes),
@@ -205,9 +207,7 @@ class RetrievalClient:
             per_interest_k, exclude, allow, return_interests, user_id, category, request_time, rerank,
             explain,
         )  # fmt: skip
-        response = self._stub.Retrieve(
-            self._sized(request_from_query(query)), timeout=self.timeout, metadata=self._metadata
-        )
+        response = self._call(self._stub.Retrieve, self._sized(request_from_query(query)))
         return result_from_response(response)
 
     def batch_retrieve(self, queries: Sequence[Query]) -> list[Retrieved]:
@@ -217,9 +217,7 @@ class RetrievalClient:
             >>> client.batch_retrieve([Query(["B0001"], k=10), Query(["B0042"], k=5, merge="round_robin")])
         """
         request = retrieval_pb2.BatchRetrieveRequest(requests=[request_from_query(q) for q in queries])
-        response = self._stub.BatchRetrieve(
-            self._sized(request), timeout=self.timeout, metadata=self._metadata
-        )
+        response = self._call(self._stub.BatchRetrieve, self._sized(request))
         return [result_from_response(r) for r in response.responses]
 
     def _sized(self, request: M) -> M:
@@ -239,11 +237,25 @@ class RetrievalClient:
 
     def model_info(self) -> retrieval_pb2.ModelInfo:
         """The server's ``ModelInfo``: model version and shape, index description, start time."""
-        request = retrieval_pb2.GetModelInfoRequest()
-        info: retrieval_pb2.ModelInfo = self._stub.GetModelInfo(
-            request, timeout=self.timeout, metadata=self._metadata
+        info: retrieval_pb2.ModelInfo = self._call(
+            self._stub.GetModelInfo, retrieval_pb2.GetModelInfoRequest()
         )
         return info
+
+    def _call(self, method: grpc.UnaryUnaryMultiCallable[Any, Any], request: Message) -> Any:
+        """``method(request)`` within :attr:`timeout`. A call still refused UNAVAILABLE after the
+        channel's own retries (a server or worker that died with the call, a connection that
+        failed) is sent once more, waiting for the channel to reconnect, within what is left of
+        the same deadline: the new connection reaches another worker of a group, another
+        replica, or the restarted server."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            return method(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            left = deadline - time.monotonic()
+            if not self.retries or e.code() != grpc.StatusCode.UNAVAILABLE or left <= 0:
+                raise
+        return method(request, timeout=left, metadata=self._metadata, wait_for_ready=True)
 
     def health(self) -> str:
         """The service's health status name, e.g. ``"SERVING"`` or ``"NOT_SERVING"``."""

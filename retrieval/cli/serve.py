@@ -349,6 +349,7 @@ def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
         serve_forever,
         warm_up,
     )
+    from retrieval.serving.stopping import STOP_MARGIN, exit_within
 
     def fail(message: str) -> int:
         print(f"error: {message}", file=sys.stderr)
@@ -376,7 +377,7 @@ def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
     # A group's supervisor watches the deployment for its workers.
     watcher = DeploymentWatcher(args.watch, slot, args.watch_interval) if args.watch and not link else None
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
-    group: dict[str, Any] = {} if link is None else link.server_options()
+    group: dict[str, Any] = {} if link is None else link.server_options(slot)
     on_start = link.start if link is not None else None if watcher is None else lambda server: watcher.start()
     try:
         serve_forever(
@@ -408,5 +409,7 @@ def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
         return fail(str(e))
     finally:
         if watcher is not None:
-            watcher.stop()
+            watcher.stop(STOP_MARGIN)  # a load in progress need not finish
+        # A request thread stuck in a call would hold the interpreter's exit (it joins them).
+        exit_within(STOP_MARGIN, 0)
     return 0

@@ -6,22 +6,28 @@ threads) built from the same options, listening on the same port with ``SO_REUSE
 kernel spreads connections over them. The supervisor, the process that started them, loads no
 model; it
 
-* claims the port before any worker starts (:func:`hold_ports`): a port already served, by a
-  single server or another group, fails the start instead of being shared; port 0 picks a free
-  one, the same for every worker;
-* reports the group healthy only when every worker is up and loaded: each worker's health
-  service says SERVING only once the supervisor tells it so, and NOT_SERVING again while a
-  worker is down;
-* restarts a worker that exits (its replacement loads the version the group serves; the
-  others keep answering meanwhile, NOT_SERVING), and stops the group when a replacement cannot
-  start;
+* claims the port before any worker starts (:func:`hold_ports`), on every address the host
+  resolves to: a port already served, by a single server or another group, fails the start
+  instead of being shared; port 0 picks a free one, the same for every worker;
+* reports the group healthy once every worker is up and loaded: each worker's health service
+  says SERVING only once the supervisor tells it so;
+* restarts a worker that exits (its replacement loads the version the group serves, and
+  reports SERVING once loaded; the others keep answering, SERVING, meanwhile), and stops the
+  group when a replacement cannot start;
+* pings every loaded worker each :data:`HEARTBEAT_INTERVAL` seconds; a worker that has not
+  answered for :data:`HEARTBEAT_TIMEOUT` seconds (stopped, hung) is killed, logged and
+  replaced, as one that exited;
 * with ``watch``, polls the deployment root itself and swaps versions in two phases, so that
   one version at a time serves: every worker loads and checks the new version, then all swap;
   if any worker refuses it, none swaps (:meth:`ServingGroup.reload`);
-* serves the metrics of every worker summed (:class:`~retrieval.serving.metrics.GroupMetrics`);
+* serves the metrics of every worker summed, and whether each is up
+  (:class:`~retrieval.serving.metrics.GroupMetrics`);
 * on SIGTERM or SIGINT, stops every worker with the same drain and grace as a single server,
-  waits for them and returns 0. A worker whose supervisor dies (its control socket closes)
-  stops on its own: no orphan keeps the port.
+  waits for them (killing those still there :data:`STOP_MARGIN` seconds after the grace) and
+  returns 0; a second signal, or a stop still running ``2 * STOP_MARGIN`` seconds after the
+  grace, kills every worker and exits 1 (:class:`~retrieval.serving.stopping.StopGuard`). A
+  worker whose supervisor dies (its control socket closes) stops on its own: no orphan keeps
+  the port, and the last one removes the metrics folder.
 
 Workers are forked by multiprocessing's fork server (:func:`worker_context`), a fresh
 interpreter that has imported :mod:`retrieval.serving.preload` (TensorFlow, Keras, FAISS,
@@ -37,6 +43,7 @@ supervisor -> worker        worker -> supervisor
 (the worker starts)         ``("ready", folder, model_version, refusals, reason)``, or
                             ``("failed", reason)``: could not start, exits
 ``("serving", bool)``       (none)
+``("ping", t)``             ``("pong", t)``, at once, from a thread no request or load holds
 ``("load", folder)``        ``("loaded", folder)`` or ``("refused", folder, reason)``
 ``("swap", folder)``        ``("swapped", folder)``
 ``("discard", folder, r)``  (none; ``r`` is the refusal's reason or ``None``)
@@ -52,7 +59,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -63,17 +69,23 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from retrieval.serving.addresses import host_addresses
 from retrieval.serving.metrics import BasicAuth, GroupMetrics
-from retrieval.serving.worker import run_worker
+from retrieval.serving.stopping import STOP_MARGIN, StopGuard
+from retrieval.serving.worker import leave_folder, run_worker, use_folder
 from retrieval.storage.versions import resolve_current
 
 logger = logging.getLogger(__name__)
 
-STOP_MARGIN = 30.0
-"""Seconds a stopping worker gets beyond its drain and grace before it is killed."""
+HEARTBEAT_INTERVAL = 0.5
+"""Seconds between two pings of a loaded worker."""
+
+HEARTBEAT_TIMEOUT = 5.0
+"""Seconds without an answer after which a loaded worker is taken for hung, killed and replaced:
+well above what a busy worker takes (its control thread answers between two requests' Python
+steps), well below what a client waits on a new connection."""
 
 _POLL = 0.2
 """Seconds between two looks at the stop flag while waiting for workers."""
@@ -82,12 +94,13 @@ _POLL = 0.2
 def hold_ports(host: str, port: int) -> tuple[list[socket.socket], int]:
     """Claims ``host:port`` for a serving group; ``port`` 0 picks a free one.
 
-    Each address ``host`` resolves to is first bound without ``SO_REUSEPORT``, which fails if
-    any socket is bound there (a single server, another group), then bound again with
-    ``SO_REUSEPORT`` and held, not listening, until the group stops: the group's workers (which
-    set ``SO_REUSEPORT`` too) can join it, and a later single server or group is refused. A
-    foreign server setting ``SO_REUSEPORT`` (grpcio's default) under the same user could still
-    join; ours never do. Between the two binds (microseconds) another process could take the port.
+    Each address ``host`` resolves to (:func:`~retrieval.serving.addresses.host_addresses`) is
+    first bound without ``SO_REUSEPORT``, which fails if any socket is bound there (a single
+    server, another group), then bound again with ``SO_REUSEPORT`` and held, not listening,
+    until the group stops: the group's workers (which set ``SO_REUSEPORT`` too) can join it,
+    and a later single server or group is refused. A foreign server setting ``SO_REUSEPORT``
+    (grpcio's default) under the same user could still join; ours never do. Between the two
+    binds (microseconds) another process could take the port.
 
     Returns:
         The held sockets (close them when the group stops) and the port.
@@ -96,14 +109,8 @@ def hold_ports(host: str, port: int) -> tuple[list[socket.socket], int]:
         OSError: the port is in use or cannot be bound (``errno.EADDRINUSE`` for in use).
     """
     held: list[socket.socket] = []
-    addresses = {
-        (family, address[0])
-        for family, _, _, _, address in socket.getaddrinfo(
-            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    }
     try:
-        for family, address in sorted(addresses):
+        for family, address in host_addresses(host):
             with socket.socket(family, socket.SOCK_STREAM) as probe:
                 probe.bind((address, port))
                 port = probe.getsockname()[1]
@@ -169,6 +176,8 @@ class _Worker:
     ready: bool = False
     folder: str | None = None
     version: str = ""
+    answered: float = 0.0
+    """When it last answered (:func:`time.monotonic`): its ``ready``, then each ``pong``."""
 
     def receive(self) -> tuple[Any, ...] | None:
         """The next message; ``None`` once the worker exited (its socket closed)."""
@@ -187,10 +196,15 @@ class _Worker:
         self.process.join(timeout)
         if self.process.exitcode is None:
             logger.error("worker %d (pid %d) did not stop: killed", self.number, self.process.pid)
-            self.process.kill()
+            self.kill()
             self.process.join()
         self.conn.close()
         return int(self.process.exitcode or 0)
+
+    def kill(self) -> None:
+        """SIGKILL (a stopped process dies too); nothing if it already exited."""
+        with contextlib.suppress(OSError):
+            self.process.kill()
 
 
 def worker_context() -> ForkServerContext | SpawnContext:
@@ -221,10 +235,13 @@ class ServingGroup:
         self.version = ""
         """The model version the group serves."""
         self._refused: set[str] = set()
-        self._stopping = False
+        self._stop_asked = False
+        self._guard: StopGuard | None = None
+        self._next_ping = 0.0
         self.up = False
         """Whether every worker has been up once (a worker failing before is a start failure)."""
         self._metrics_dir: Path | None = None
+        self._metrics_lock: int | None = None
         self.metrics: GroupMetrics | None = None
 
     # ------------------------------------------------------------------------------- lifecycle
@@ -240,40 +257,44 @@ class ServingGroup:
         held, self.port = hold_ports(self.options.host, self.options.port)
         if self.options.health_port is not None:
             held += hold_ports(self.options.host, self.options.health_port)[0]
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        budget = self.options.drain + self.options.grace + 2 * STOP_MARGIN
         try:
-            self._start_metrics()
-            self.folder = None if self.options.watch is None else str(resolve_current(self.options.watch))
-            self.workers = [self._spawn(n) for n in range(self.options.processes)]
-            self._loop()
+            with StopGuard(budget, cleanup=self._kill_all) as self._guard:
+                try:
+                    self._start_metrics()
+                    self.folder = (
+                        None if self.options.watch is None else str(resolve_current(self.options.watch))
+                    )
+                    self.workers = [self._spawn(n) for n in range(self.options.processes)]
+                    self._loop()
+                finally:
+                    self._stop_workers()
         finally:
-            self._stop_workers()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             for holder in held:
                 holder.close()
             if self.metrics is not None:
                 self.metrics.close()
-            if self._metrics_dir is not None:
-                shutil.rmtree(self._metrics_dir, ignore_errors=True)
+            self._remove_metrics_dir()
         logger.info("serving group stopped")
         return 0
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if not self._stopping:
-            logger.info(
-                "%s received, stopping %d workers (drain %.1f s, grace %.1f s)",
-                signal.Signals(signum).name,
-                len(self.workers),
-                self.options.drain,
-                self.options.grace,
-            )
-        self._stopping = True
+    @property
+    def stopping(self) -> bool:
+        """Whether the group is stopping (a signal, or :meth:`_stop_workers`)."""
+        return self._stop_asked or (self._guard is not None and bool(self._guard.signals))
+
+    def _kill_all(self) -> None:
+        """A forced exit's cleanup: no worker outlives the supervisor, nor does the metrics folder."""
+        for worker in list(self.workers):
+            worker.kill()
+        if self._metrics_dir is not None:
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)
 
     def _start_metrics(self) -> None:
         if self.options.metrics_port is None:
             return
         self._metrics_dir = Path(tempfile.mkdtemp(prefix="mitt-metrics-"))
+        self._metrics_lock = use_folder(self._metrics_dir)  # the workers' own locks join it
         self.metrics = GroupMetrics(self._metrics_dir)
         host, port = self.options.metrics_host, self.options.metrics_port
         try:
@@ -282,8 +303,16 @@ class ServingGroup:
             raise OSError(e.errno, f"cannot serve metrics on {host}:{port}: {e.strerror}") from None
         logger.info("metrics of the group on http://%s:%d/metrics", host, bound)
 
+    def _remove_metrics_dir(self) -> None:
+        """Removes the metrics folder (every worker has stopped: none writes there any more)."""
+        if self._metrics_dir is not None and self._metrics_lock is not None:
+            leave_folder(self._metrics_dir, self._metrics_lock)
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)  # even if a killed worker's lock lingers
+            self._metrics_lock = None
+
     def _spawn(self, number: int) -> _Worker:
-        """Starts worker ``number`` on the group's version; it reports ``ready`` once loaded."""
+        """Starts worker ``number`` on the group's version; it reports ``ready`` once loaded (and,
+        in a group already up, serves at once if it loaded that version)."""
         ours, theirs = (Connection(end.detach()) for end in socket.socketpair())
         link = {
             "number": number,
@@ -291,6 +320,7 @@ class ServingGroup:
             "folder": self.folder,
             "metrics": None if self._metrics_dir is None else str(self._metrics_dir),
             "grace": self.options.grace,
+            "serve_when_loaded": self.up,
         }
         process = worker_context().Process(
             target=run_worker, args=(theirs, self.options.worker, link), name=f"mitt-worker-{number}"
@@ -301,8 +331,17 @@ class ServingGroup:
         return _Worker(number, process, ours)
 
     def _stop_workers(self) -> None:
-        """Asks every worker to drain and stop, and waits for them (killing late ones)."""
-        self._stopping = True
+        """Asks every worker to drain and stop, and waits for them: each one's own guard ends it
+        :data:`STOP_MARGIN` s after its grace; one still there then (stopped, hung) is killed."""
+        if self._guard is not None and self._guard.signals:
+            logger.info(
+                "%s received, stopping %d workers (drain %.1f s, grace %.1f s)",
+                self._guard.signal_name,
+                len(self.workers),
+                self.options.drain,
+                self.options.grace,
+            )
+        self._stop_asked = True
         for worker in self.workers:
             worker.send(("stop", self.options.grace, self.options.drain))
         deadline = time.monotonic() + self.options.drain + self.options.grace + STOP_MARGIN
@@ -317,13 +356,14 @@ class ServingGroup:
 
     def _loop(self) -> None:
         next_poll = time.monotonic() + self.options.watch_interval
-        while not self._stopping:
+        while not self.stopping:
             for worker in self._readable(self.workers):
                 message = worker.receive()
                 if message is None:
                     self._replace(worker, None)
                 else:
                     self._handle(worker, message)
+            self._heartbeat()
             if self.complete and self.options.watch is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + self.options.watch_interval
                 self.poll()
@@ -335,16 +375,39 @@ class ServingGroup:
 
     def _handle(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == "failed":
+        if kind == "pong":
+            worker.answered = time.monotonic()
+        elif kind == "failed":
             self._replace(worker, str(message[1]))
         elif kind == "ready":
             _, folder, version, refusals, reason = message
             worker.ready, worker.folder, worker.version = True, folder, version
+            worker.answered = time.monotonic()
             logger.info("worker %d (pid %d) loaded model %s", worker.number, worker.process.pid, version)
+            self._report_up()
             if self.complete:
                 self._group_up(refusals, reason)
         else:
             logger.warning("worker %d sent an unexpected %r", worker.number, kind)
+
+    def _heartbeat(self) -> bool:
+        """Pings the loaded workers every :data:`HEARTBEAT_INTERVAL` s, and kills and replaces
+        one that has not answered for :data:`HEARTBEAT_TIMEOUT` s. Called after the messages
+        waiting were read, so a supervisor that was itself held up counts their answers first.
+        Returns whether a worker was replaced."""
+        now = time.monotonic()
+        if now >= self._next_ping:
+            self._next_ping = now + HEARTBEAT_INTERVAL
+            for worker in self.workers:
+                if worker.ready:
+                    worker.send(("ping", now))
+        for worker in self.workers:
+            silent = now - worker.answered
+            if worker.ready and silent > HEARTBEAT_TIMEOUT:
+                worker.kill()
+                self._replace(worker, f"killed, it had not answered for {silent:.1f} s (stopped or hung)")
+                return True
+        return False
 
     def _group_up(self, refusals: int, reason: str) -> None:
         """Every worker is ready: align their versions if they differ, then report SERVING."""
@@ -363,8 +426,6 @@ class ServingGroup:
                 raise GroupError("the workers serve different model versions and cannot be aligned")
         self._set_version(self.workers[0].version)
         self._broadcast(("serving", True))
-        if self.metrics is not None:
-            self.metrics.workers.set(len(self.workers))
         logger.info(
             "serving group of %d workers on %s:%d, model %s, SERVING",
             len(self.workers),
@@ -374,25 +435,31 @@ class ServingGroup:
         )
 
     def _replace(self, worker: _Worker, reason: str | None) -> None:
-        """``worker`` exited (or failed to start): the group reports NOT_SERVING and the worker
-        is restarted on the group's version; one that never came up stops the group."""
-        code = worker.wait(STOP_MARGIN)  # killed if it said it failed but does not exit
-        if self._stopping:
+        """``worker`` exited, failed to start or was killed: it is restarted on the group's
+        version while the others keep serving; one that never came up stops the group."""
+        code = worker.wait(2 * STOP_MARGIN)  # killed if it said it failed but does not exit
+        if self.stopping:
             return
         why = f": {reason}" if reason else ""
         if not worker.ready:
             raise GroupError(f"worker {worker.number} could not start (exit code {code}){why}")
         logger.error(
-            "worker %d (pid %d) exited with code %d%s; the group is NOT_SERVING until its replacement is up",
+            "worker %d (pid %d) exited with code %d%s; the other workers keep serving while it is replaced",
             worker.number,
             worker.process.pid,
             code,
             why,
         )
-        self._broadcast(("serving", False))
-        if self.metrics is not None:
-            self.metrics.workers.set(sum(w.ready for w in self.workers) - 1)
         self.workers[self.workers.index(worker)] = self._spawn(worker.number)
+        self._report_up()
+
+    def _report_up(self) -> None:
+        """Exports which workers are up and loaded (``retrieval_worker_up``, ``retrieval_workers``)."""
+        if self.metrics is None:
+            return
+        for worker in self.workers:
+            self.metrics.worker_up.labels(str(worker.number)).set(int(worker.ready))
+        self.metrics.workers.set(sum(w.ready for w in self.workers))
 
     @staticmethod
     def _readable(workers: list[_Worker]) -> list[_Worker]:
@@ -448,12 +515,12 @@ class ServingGroup:
 
     def _collect(self, kinds: set[str]) -> list[tuple[Any, ...]] | None:
         """One reply of ``kinds`` from every worker, in worker order; ``None`` if a worker
-        exited meanwhile (it is replaced) or the group is stopping."""
+        exited or hung meanwhile (it is replaced) or the group is stopping."""
         replies: dict[int, tuple[Any, ...]] = {}
         while len(replies) < len(self.workers):
-            if self._stopping:
+            if self.stopping:
                 return None
-            for worker in self._readable([w for w in self.workers if w.number not in replies]):
+            for worker in self._readable(self.workers):  # all: the others' heartbeats too
                 message = worker.receive()
                 if message is None:
                     self._replace(worker, None)
@@ -462,6 +529,8 @@ class ServingGroup:
                     replies[worker.number] = message
                 else:
                     self._handle(worker, message)
+            if self._heartbeat():
+                return None
         return [replies[w.number] for w in self.workers]
 
 

@@ -6,7 +6,9 @@ for that same thread to complete it: a status change that meets a closing watche
 going away while the server stops) hangs both, and the server never stops. Here no lock is held
 across a send on it: the statuses and the watchers are read under ``_lock``; sends go out one
 round at a time under ``_send_lock``, each round carrying the newest status, so the last
-message a watcher gets is the current status.
+message a watcher gets is the current status. The rounds run in a thread of their own, never
+in the caller of :meth:`HealthServicer.set`: a send that never completes (a watcher that stopped
+reading) cannot hold a server's stop, which starts by setting NOT_SERVING.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         self._send_lock = threading.Lock()  # one round of sends at a time
         self._status: dict[str, int] = {"": health_pb2.HealthCheckResponse.SERVING}
         self._watchers: dict[str, set[_Send]] = {}
+        self._changed: set[str] = set()  # services whose watchers the next round tells
+        self._sending = False  # a thread is sending rounds
 
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Any:
         with self._lock:
@@ -73,12 +77,29 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         send(None)
 
     def set(self, service: str, status: int) -> None:
-        """Sets ``service``'s status (``""``: the whole server) and tells its watchers."""
+        """Sets ``service``'s status (``""``: the whole server): ``Check`` answers it at once;
+        its watchers are told by a thread of their own (this never blocks)."""
         with self._lock:
             self._status[service] = status
-        with self._send_lock:
+            self._changed.add(service)
+            if self._sending:
+                return  # the running thread's next round carries it
+            self._sending = True
+        threading.Thread(target=self._send_rounds, name="health-watchers", daemon=True).start()
+
+    def _send_rounds(self) -> None:
+        """Tells the watchers of every changed service its newest status, round after round,
+        until no status changed since the last round."""
+        while True:
             with self._lock:
-                status = self._status[service]
-                watchers = list(self._watchers.get(service, ()))
-            for send in watchers:
-                send(health_pb2.HealthCheckResponse(status=status))
+                changed, self._changed = self._changed, set()
+                if not changed:
+                    self._sending = False
+                    return
+            with self._send_lock:
+                for service in changed:
+                    with self._lock:
+                        status = self._status[service]
+                        watchers = list(self._watchers.get(service, ()))
+                    for send in watchers:
+                        send(health_pb2.HealthCheckResponse(status=status))

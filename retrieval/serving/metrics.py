@@ -255,8 +255,9 @@ class GroupMetrics(_HttpEndpoint):
     """A serving group's metrics, served by its supervisor: the workers' :class:`Metrics` summed
     over their processes (prometheus_client's multiprocess mode, from the files the workers
     write in ``directory``; a restarted worker's counts stay in the sums), the group's model
-    version and refusals (as :class:`Metrics` names them), and ``retrieval_workers``, the
-    workers up and loaded.
+    version and refusals (as :class:`Metrics` names them), ``retrieval_workers``, the
+    workers up and loaded, and ``retrieval_worker_up{worker}``, 1 for each worker up and
+    loaded, 0 while it is down or being replaced (exited, or killed for missing heartbeats).
     """
 
     def __init__(self, directory: Path) -> None:
@@ -265,3 +266,9 @@ class GroupMetrics(_HttpEndpoint):
         MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
         self.version = _VersionMetrics(self.registry)
         self.workers = Gauge("retrieval_workers", "Worker processes up and loaded", registry=self.registry)
+        self.worker_up = Gauge(
+            "retrieval_worker_up",
+            "1 while the worker is up and loaded, 0 while it is down or being replaced",
+            ["worker"],
+            registry=self.registry,
+        )

@@ -346,11 +346,15 @@ class DeploymentWatcher:
         self._thread = threading.Thread(target=self._run, name="deployment-watcher", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stops polling (a load in progress finishes first)."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stops polling; waits up to ``timeout`` seconds (``None``: as long as it takes) for a
+        load in progress, which a stopping server need not wait for (the thread is a daemon).
+        Returns whether the watcher has stopped."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

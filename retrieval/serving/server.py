@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import signal
 import sys
 import threading
 import time
@@ -22,7 +21,6 @@ from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import FrameType
 from typing import Any, TypeVar, cast
 
 import faiss
@@ -60,6 +58,7 @@ from retrieval.serving.access import (
     start_health_server,
 )
 from retrieval.serving.access_log import model_version, request_id
+from retrieval.serving.addresses import host_addresses, join_host_port
 from retrieval.serving.admission import (
     Admission,
     AdmissionLimits,
@@ -75,6 +74,7 @@ from retrieval.serving.memory import trimmer
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.reload import RetrieverSlot
 from retrieval.serving.retriever import Retriever, check_deadline
+from retrieval.serving.stopping import STOP_MARGIN, StopGuard
 from retrieval.serving.tls import CertificateFiles
 
 logger = logging.getLogger(__name__)
@@ -361,6 +361,8 @@ class RetrievalServer:
         self._batcher = batcher
         self._stopped: threading.Event | None = None
         self._stop_lock = threading.Lock()
+        self.stop_deadline: float | None = None
+        """When in-flight calls are cancelled (a :func:`time.monotonic` time), once stopping."""
 
     def set_serving(self, serving: bool) -> None:
         """Sets the health status of the server and of the retrieval service."""
@@ -389,6 +391,7 @@ class RetrievalServer:
         """
         with self._stop_lock:
             if self._stopped is None:
+                self.stop_deadline = time.monotonic() + drain + (grace or 0.0)
                 self._stopped = self._stop(grace, drain)
             return self._stopped
 
@@ -528,19 +531,7 @@ def create_server(
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-    address = f"{host}:{port}"
-    try:
-        if tls is None:
-            bound = server.add_insecure_port(address)
-        else:
-            bound = server.add_secure_port(address, tls.credentials())
-    except RuntimeError as e:  # grpcio's "Failed to bind to address"
-        bound = 0
-        cause = f": {e}"
-    else:
-        cause = ""
-    if not bound:  # older grpcio answers 0 instead of raising
-        raise OSError(f"cannot serve gRPC on {address}: the address is in use or not available{cause}")
+    bound = _bind(server, host, port, None if tls is None else tls.credentials())
     health_port = access.health_port
     health_server = None if health_port is None else start_health_server(health_servicer, host, health_port)
     running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)
@@ -553,6 +544,36 @@ def create_server(
 def _depth(metrics: Metrics | None, queue: str) -> Callable[[int], None] | None:
     """What sets ``retrieval_queue_depth{queue}``; ``None`` without metrics."""
     return None if metrics is None else metrics.queue.labels(queue).set
+
+
+def _bind(server: grpc.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
+    """Binds ``server`` to ``port`` on every address ``host`` resolves to
+    (:func:`~retrieval.serving.addresses.host_addresses`), the same port on each (``port`` 0:
+    the one the first bind picked); returns the port.
+
+    Raises:
+        OSError: an address cannot be bound; the message names it (grpcio would have served the
+            others alone).
+    """
+    try:
+        addresses = host_addresses(host)
+    except OSError as e:
+        raise OSError(f"cannot serve gRPC on {host}:{port}: {e.strerror or e}") from None
+    for _, address in addresses:
+        target = join_host_port(address, port)
+        try:
+            if credentials is None:
+                bound = server.add_insecure_port(target)
+            else:
+                bound = server.add_secure_port(target, credentials)
+        except RuntimeError:  # grpcio's "Failed to bind to address"
+            bound = 0
+        if not bound:  # older grpcio answers 0 instead of raising
+            which = "" if target == f"{host}:{port}" else f" ({target})"
+            cause = f"the address is in use or not available{which}"
+            raise OSError(f"cannot serve gRPC on {host}:{port}: {cause}")
+        port = bound
+    return port
 
 
 def serve_forever(
@@ -574,15 +595,17 @@ def serve_forever(
 
     On the signal the health status turns NOT_SERVING, calls are still answered for ``drain``
     seconds (while load balancers move away), then new calls are refused and in-flight ones get
-    ``grace`` seconds to finish. Must run in the main thread (Python delivers signals only
-    there). ``metrics_port`` (``None`` = no metrics) serves Prometheus metrics on
-    ``metrics_host`` (loopback unless asked), behind ``access.metrics_auth`` if set;
-    ``search_threads`` sets FAISS's threads per search (see :func:`create_server`; one thread
-    each is faster and steadier with concurrent requests, see the index benchmark);
-    ``on_start`` is called with the started server (e.g. to start a
-    :class:`~retrieval.serving.reload.DeploymentWatcher`); ``metrics`` counts in a
-    :class:`Metrics` served elsewhere (a group's worker's; ignored with ``metrics_port``);
-    ``access`` and ``options`` go to :func:`create_server`.
+    ``grace`` seconds to finish. Every step of the stop is bounded: if the process is still
+    running :data:`~retrieval.serving.stopping.STOP_MARGIN` seconds after that (a stuck call, a
+    stuck step), or at a second SIGTERM or SIGINT, it exits with code 1 (:class:`StopGuard`).
+    Must run in the main thread (Python delivers signals only there). ``metrics_port``
+    (``None`` = no metrics) serves Prometheus metrics on ``metrics_host`` (loopback unless
+    asked), behind ``access.metrics_auth`` if set; ``search_threads`` sets FAISS's threads
+    per search (see :func:`create_server`; one thread each is faster and steadier with
+    concurrent requests, see the index benchmark); ``on_start`` is called with the started
+    server (e.g. to start a :class:`~retrieval.serving.reload.DeploymentWatcher`);
+    ``metrics`` counts in a :class:`Metrics` served elsewhere (a group's worker's; ignored with
+    ``metrics_port``); ``access`` and ``options`` go to :func:`create_server`.
 
     Raises:
         OSError: the metrics port or the gRPC port cannot be bound; nothing is left serving.
@@ -610,27 +633,38 @@ def serve_forever(
             metrics.close()
         raise
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        logger.info("%s received, stopping (drain %.1f s, grace %.1f s)", name, drain, grace)
-        server.stop(grace, drain)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     tls = " with TLS" if options.get("tls") else ""
     version = server.slot.current.model_version
     logger.info("serving %s (model %s) on %s:%d%s", SERVICE_NAME, version, host, bound, tls)
     if server.health_port is not None:
         logger.info("health checks in plaintext on %s:%d", host, server.health_port)
-    if on_start is not None:
-        on_start(server)
     try:
-        server.wait_for_termination()
+        with StopGuard(budget=drain + grace + STOP_MARGIN) as guard:
+            if on_start is not None:
+                on_start(server)
+            _serve_until_stopped(server, guard, grace, drain)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if metrics_port is not None and metrics is not None:
             metrics.close()
     logger.info("server stopped")
+
+
+def _serve_until_stopped(server: RetrievalServer, guard: StopGuard, grace: float, drain: float) -> None:
+    """Waits until ``server`` stopped. The first signal starts its stop in a thread of its own (a
+    step that hangs cannot hold this loop, nor a second signal); a stop, whoever asked for it
+    (a group's supervisor), arms ``guard`` :data:`STOP_MARGIN` s after the calls' grace."""
+    stopping = False
+    while server.wait_for_termination(_POLL):
+        if guard.signals and not stopping:
+            stopping = True
+            logger.info("%s received, stopping (drain %.1f s, grace %.1f s)", guard.signal_name, drain, grace)
+            threading.Thread(target=server.stop, args=(grace, drain), name="stop", daemon=True).start()
+        if server.stop_deadline is not None:
+            guard.arm(server.stop_deadline + STOP_MARGIN)
+
+
+_POLL = 0.1
+"""Seconds between two looks of a serving process's main thread at its signals."""
 
 
 SWITCH_INTERVAL = 0.001

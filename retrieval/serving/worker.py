@@ -11,9 +11,12 @@ control socket closes (the supervisor is gone, even killed), the worker stops by
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import logging
 import os
+import queue
+import shutil
 import sys
 import threading
 from collections.abc import Callable
@@ -23,10 +26,45 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from retrieval.serving.metrics import Metrics
+    from retrieval.serving.reload import RetrieverSlot
     from retrieval.serving.retriever import Retriever
     from retrieval.serving.server import RetrievalServer
 
 logger = logging.getLogger(__name__)
+
+
+FOLDER_LOCK = ".in-use"
+"""The file in a group's metrics folder that every process using the folder holds a shared lock on."""
+
+
+def use_folder(folder: Path) -> int:
+    """Marks ``folder`` as used by this process until :func:`leave_folder`, or its death (the
+    kernel drops the lock of a killed process); returns the lock's file descriptor."""
+    fd = os.open(folder / FOLDER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def leave_folder(folder: Path, fd: int) -> bool:
+    """Stops using ``folder`` (``fd`` from :func:`use_folder`) and removes it if no other
+    process uses it; returns whether it removed it.
+
+    Each process lets go of its shared lock before it asks for the exclusive one, so of
+    processes leaving at once the last one removes the folder.
+    """
+    os.close(fd)
+    try:
+        fd = os.open(folder / FOLDER_LOCK, os.O_RDWR)
+    except FileNotFoundError:  # another process removed it
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # still in use
+        os.close(fd)
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    os.close(fd)
+    return True
 
 
 class WorkerLink:
@@ -40,31 +78,44 @@ class WorkerLink:
     """
 
     def __init__(
-        self, conn: Connection, number: int, port: int, folder: str | None, metrics: str | None, grace: float
+        self,
+        conn: Connection,
+        number: int,
+        port: int,
+        folder: str | None,
+        metrics: str | None,
+        grace: float,
+        serve_when_loaded: bool = False,
     ) -> None:
         self._conn = conn
         self._lock = threading.Lock()
         self.number = number
         self.port = port
         self.folder = None if folder is None else Path(folder)
-        self._metrics = metrics is not None
-        if metrics is not None:  # read by prometheus_client when the worker imports it
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
+        self._metrics = None if metrics is None else Path(metrics)
+        self._metrics_lock: int | None = None
+        if self._metrics is not None:  # read by prometheus_client when the worker imports it
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self._metrics)
+            self._metrics_lock = use_folder(self._metrics)
         self._grace = grace
+        self._serve_when_loaded = serve_when_loaded
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self._lock:
             self._conn.send(message)
 
-    def server_options(self) -> dict[str, Any]:
-        """What :func:`~retrieval.serving.server.serve_forever` takes to serve as this worker:
-        the group's port shared (``reuse_port``), NOT_SERVING at first, and the per-request
-        metrics (:class:`~retrieval.serving.metrics.Metrics` as a worker) when the group has
-        metrics."""
-        return {"port": self.port, "reuse_port": True, "serving": False, "metrics": self.metrics()}
+    def server_options(self, slot: RetrieverSlot) -> dict[str, Any]:
+        """What :func:`~retrieval.serving.server.serve_forever` takes to serve ``slot`` as this
+        worker: the group's port shared (``reuse_port``), the per-request metrics
+        (:class:`~retrieval.serving.metrics.Metrics` as a worker) when the group has metrics,
+        and NOT_SERVING until the supervisor says the group is up, except for a replacement in
+        a group that is up and serving the version it loaded: SERVING at once."""
+        same_version = self.folder is None or slot.folder == self.folder.resolve()
+        serving = self._serve_when_loaded and same_version
+        return {"port": self.port, "reuse_port": True, "serving": serving, "metrics": self.metrics()}
 
     def metrics(self) -> Metrics | None:
-        if not self._metrics:
+        if self._metrics is None:
             return None
         from retrieval.serving.metrics import Metrics
 
@@ -75,31 +126,60 @@ class WorkerLink:
         self.send(("failed", reason))
 
     def start(self, server: RetrievalServer) -> None:
-        """Reports ``server`` ready to the supervisor and follows its messages in a daemon thread
+        """Reports ``server`` ready to the supervisor and follows its messages in daemon threads
         (pass it as ``serve_forever``'s ``on_start``)."""
         slot = server.slot
         folder = None if slot.folder is None else str(slot.folder)
         self.send(("ready", folder, slot.current.model_version, slot.refusals, slot.last_refusal))
-        threading.Thread(target=self._follow, args=(server,), name="group-control", daemon=True).start()
+        versions: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        threading.Thread(
+            target=self._follow, args=(server, versions), name="group-control", daemon=True
+        ).start()
+        threading.Thread(
+            target=self._versions, args=(server, versions), name="group-versions", daemon=True
+        ).start()
 
-    def _follow(self, server: RetrievalServer) -> None:
-        from retrieval.serving.reload import describe_error, load_deployment, swap_version
-        from retrieval.storage.manifest import ArtifactError
+    def close(self) -> None:
+        """Lets go of the group's metrics folder, removing it if this is the last process
+        using it (the supervisor was killed)."""
+        if self._metrics is not None and self._metrics_lock is not None:
+            leave_folder(self._metrics, self._metrics_lock)
+            self._metrics_lock = None
 
-        slot = server.slot
-        pending: Retriever | None = None
+    def _follow(self, server: RetrievalServer, versions: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
+        """Reads the supervisor's messages: heartbeats, health and stop are answered here at
+        once (none of them waits); version work, which takes seconds, goes to ``versions``."""
         while True:
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):
                 logger.error("the serving group's supervisor is gone: worker %d stops", self.number)
                 server.stop(self._grace)
+                versions.put(None)
                 return
             kind = message[0]
-            if kind == "serving":
+            if kind == "ping":
+                self.send(("pong", message[1]))
+            elif kind == "serving":
                 if not server.stopping:
                     server.set_serving(bool(message[1]))
-            elif kind == "load":
+            elif kind == "stop":
+                server.stop(float(message[1]), float(message[2]))
+                versions.put(None)
+                return
+            else:
+                versions.put(message)
+
+    def _versions(self, server: RetrievalServer, messages: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
+        """Loads, swaps and discards versions as the supervisor asks (two-phase reload)."""
+        from retrieval.serving.reload import describe_error, load_deployment, swap_version
+        from retrieval.storage.manifest import ArtifactError
+
+        slot = server.slot
+        pending: Retriever | None = None
+        while (message := messages.get()) is not None:
+            kind = message[0]
+            if kind == "load":
                 folder = Path(message[1])
                 try:
                     pending = load_deployment(folder, reuse=slot.current)
@@ -118,12 +198,14 @@ class WorkerLink:
                 if message[2] is not None:  # counted in GetModelInfo, as a single server does
                     slot.refuse(Path(message[1]), ArtifactError(message[2]))
                 gc.collect()
-            elif kind == "stop":
-                server.stop(float(message[1]), float(message[2]))
-                return
 
 
 def run_worker(conn: Connection, run: Callable[[WorkerLink], int], options: dict[str, Any]) -> None:
     """A worker process's body: ``run`` with a :class:`WorkerLink` over ``conn`` (``options``
     are the link's); exits with the code ``run`` returns."""
-    sys.exit(int(run(WorkerLink(conn, **options))))
+    link = WorkerLink(conn, **options)
+    try:
+        code = int(run(link))
+    finally:
+        link.close()
+    sys.exit(code)

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-
 __all__ = [
     "CONFIG_SUFFIXES",
     "SEEDS",
@@ -176,7 +175,7 @@ class FieldError(ValueError):
     """
 
     def __init__(self, field: str, value: Any, expected: Range | tuple[Any, ...], name: str) -> None:
-        self.field, self.value, self.expected, self.name = field, value, expected, name
+        self.field, self.value, self.expected = field, value, expected
         if isinstance(expected, Range):
             given = f"{name} {value}" if name.startswith("-") else f"{name}={value}"
             message = f"{given}: must be {'' if math.isfinite(value) else 'finite and '}{expected}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import itertools
 import re
 import subprocess
@@ -133,70 +134,9 @@ def test_a_file_or_a_constructor_out_of_range_is_refused_too() -> None:
 # --- the command lines: the flag as typed, before anything heavy -------------------------------------
 
 
-def train_args(*args: str) -> list[str]:
-    return ["--data", "log.csv", "--out", "out", *args]
-
-
-@pytest.mark.parametrize(
-    ("flag", "value", "expected"),
-    [
-        ("--dim", "0", ">= 1"),
-        ("--num-interests", "0", ">= 1"),
-        ("--max-len", "0", ">= 1"),
-        ("--max-steps", "0", ">= 1"),
-        ("--epochs", "0", ">= 1"),
-        ("--batch-size", "-5", ">= 1"),
-        ("--lr", "-1", "> 0"),
-        ("--negatives", "0", ">= 1"),
-        ("--seed", "-1", "in [0, 4294967295]"),
-    ],
-)
-def test_a_train_flag_out_of_range_is_named_as_typed(flag: str, value: str, expected: str) -> None:
-    from retrieval.cli.train import parse_args
-
-    shown = str(float(value)) if flag == "--lr" else value
-    with pytest.raises(ValueError, match=f"^{re.escape(f'{flag} {shown}: must be {expected}')}$"):
-        parse_args(train_args(flag, value))
-
-
-@pytest.mark.parametrize(
-    ("flag", "value", "expected"),
-    [
-        ("--epochs", "0", ">= 1"),
-        ("--num-negatives", "0", ">= 1"),
-        ("--candidates", "5", ">= 10"),
-        ("--positions-per-user", "0", ">= 1"),
-        ("--dim", "-1", ">= 0"),
-        ("--batch-size", "0", ">= 1"),
-        ("--lr", "0", "> 0"),
-        ("--seed", "-3", "in [0, 4294967295]"),
-    ],
-)
-def test_a_train_ranker_flag_out_of_range_is_named_as_typed(flag: str, value: str, expected: str) -> None:
-    from retrieval.cli.train_ranker import parse_args
-
-    shown = str(float(value)) if flag == "--lr" else value
-    with pytest.raises(ValueError, match=f"^{re.escape(f'{flag} {shown}: must be {expected}')}$"):
-        parse_args(["--print-config", "--ranker", "din", flag, value])
-
-
-def test_a_config_file_out_of_range_names_the_file_and_key(tmp_path: Path) -> None:
-    from retrieval.cli.train import parse_args as train_parse
-    from retrieval.cli.train_ranker import parse_args as ranker_parse
-
-    (tmp_path / "run.yaml").write_text("train:\n  learning_rate: -1\n")
-    with pytest.raises(
-        ValueError,
-        match=rf"^{re.escape(str(tmp_path / 'run.yaml'))}: train\.learning_rate=-1\.0: must be > 0$",
-    ):
-        train_parse(train_args("--config", str(tmp_path / "run.yaml")))
-    (tmp_path / "ranker.json").write_text('{"patience": -2}')
-    with pytest.raises(ValueError, match=r"ranker\.json: patience=-2: must be >= 0$"):
-        ranker_parse(["--print-config", "--config", str(tmp_path / "ranker.json")])
-
-
 REQUIRED = {
-    "train": train_args("--strategy", "mirrored"),
+    "train": ["--data", "log.csv", "--out", "out"],
+    "train_ranker": ["--print-config", "--ranker", "din"],
     "build_index": ["--model", "m", "--out", "o"],
     "evaluate": ["--model", "m", "--data", "d"],
     "prepare": ["--data", "d", "--out", "o"],
@@ -207,7 +147,50 @@ REQUIRED = {
 @pytest.mark.parametrize(
     ("module", "flag", "value", "expected"),
     [
-        ("train", "--replicas", "0", ">= 1"),
+        ("train", "--dim", "0", ">= 1"),
+        ("train", "--num-interests", "0", ">= 1"),
+        ("train", "--max-len", "0", ">= 1"),
+        ("train", "--max-steps", "0", ">= 1"),
+        ("train", "--epochs", "0", ">= 1"),
+        ("train", "--batch-size", "-5", ">= 1"),
+        ("train", "--lr", "-1", "> 0"),
+        ("train", "--negatives", "0", ">= 1"),
+        ("train", "--seed", "-1", "in [0, 4294967295]"),
+        ("train_ranker", "--epochs", "0", ">= 1"),
+        ("train_ranker", "--num-negatives", "0", ">= 1"),
+        ("train_ranker", "--candidates", "5", ">= 10"),
+        ("train_ranker", "--positions-per-user", "0", ">= 1"),
+        ("train_ranker", "--dim", "-1", ">= 0"),
+        ("train_ranker", "--batch-size", "0", ">= 1"),
+        ("train_ranker", "--lr", "0", "> 0"),
+        ("train_ranker", "--seed", "-3", "in [0, 4294967295]"),
+    ],
+)
+def test_a_flag_out_of_range_is_named_as_typed(module: str, flag: str, value: str, expected: str) -> None:
+    """Every numeric flag that sets a field: the message names the flag, not the field."""
+    parse_args = importlib.import_module(f"retrieval.cli.{module}").parse_args
+    shown = str(float(value)) if flag == "--lr" else value  # a float field: the value as parsed
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{flag} {shown}: must be {expected}')}$"):
+        parse_args([*REQUIRED[module], flag, value])
+
+
+def test_a_config_file_out_of_range_names_the_file_and_key(tmp_path: Path) -> None:
+    from retrieval.cli.train import parse_args as train_parse
+    from retrieval.cli.train_ranker import parse_args as ranker_parse
+
+    (tmp_path / "run.yaml").write_text("train:\n  learning_rate: -1\n")
+    message = f"{tmp_path / 'run.yaml'}: train.learning_rate=-1.0: must be > 0"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        train_parse([*REQUIRED["train"], "--config", str(tmp_path / "run.yaml")])
+    (tmp_path / "ranker.json").write_text('{"patience": -2}')
+    with pytest.raises(ValueError, match=r"ranker\.json: patience=-2: must be >= 0$"):
+        ranker_parse(["--print-config", "--config", str(tmp_path / "ranker.json")])
+
+
+@pytest.mark.parametrize(
+    ("module", "flag", "value", "expected"),
+    [
+        ("train", "--replicas", "0", ">= 1"),  # --strategy mirrored or not: a count
         ("build_index", "--k", "0", ">= 1"),
         ("build_index", "--target-recall", "1.5", "in (0, 1]"),
         ("build_index", "--num-users", "0", ">= 1"),
@@ -222,8 +205,6 @@ def test_a_flag_standing_for_no_field_is_refused_by_the_parser(
     module: str, flag: str, value: str, expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Flags outside the config mechanism reuse its ranges, as argparse errors naming the flag."""
-    import importlib
-
     with pytest.raises(SystemExit) as exited:
         importlib.import_module(f"retrieval.cli.{module}").parse_args([*REQUIRED[module], flag, value])
     assert exited.value.code == 2
@@ -287,3 +268,19 @@ def test_the_documented_ranges_are_the_declared_ones() -> None:
         for name, allowed in field_ranges(cls).items()
     }
     assert documented == declared
+
+
+def test_a_missing_config_file_is_refused_before_loading_tensorflow(tmp_path: Path) -> None:
+    missing = tmp_path / "run.yaml"
+    runs = [
+        ["train", "--config", str(missing), "--out", str(tmp_path / "out")],
+        ["train-ranker", "--config", str(missing), "--print-config"],
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD.format(runs=runs)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=True,
+    )  # fmt: skip
+    *results, loaded = done.stdout.strip().splitlines()
+    line = f"error: cannot read config file {missing}: No such file or directory"
+    assert [ast.literal_eval(result) for result in results] == [(2, line)] * 2
+    assert ast.literal_eval(loaded) == []

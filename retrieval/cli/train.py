@@ -229,7 +229,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if args.print_config:
         print(config_to_json(config))
         return 0
-    if missing_inputs({"--data" if args.data else "data.path": config.data.path}):
+    given = "--data" if args.data == config.data.path else "data.path"  # or a --set, a file, a preset
+    if missing_inputs({given: config.data.path}):
         return 2
     quiet_tensorflow(args.verbose)
     from retrieval.training import is_chief, make_strategy, train  # TensorFlow, from here on

@@ -182,6 +182,36 @@ def test_a_bad_value_in_a_file_arrow_read_names_its_line(
     assert scans.count == 1
 
 
+def test_line_breaks_in_quoted_fields_across_arrows_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Arrow parses a file in blocks of 1 MiB; a quoted field over lines must not end one.
+    records = [f'u{n % 7},i{n},{n},"title {n}\n{"x" * (1 + n % 97)}\r\n,end"' for n in range(30_000)]
+    text = "user,item,timestamp,title\n" + "\n".join(records) + "\n"
+    path = tmp_path / "log.csv"
+    path.write_text(text)
+    assert len(text) > 2 * 2**20
+    names, expected, lines, _ = reference(text)
+    scans = Scans(monkeypatch)
+    table = read_delimited(path, None)
+    assert scans.count == 0
+    assert list(table.frame.columns) == names
+    assert table.frame.astype(object).to_numpy().tolist() == expected
+    assert [table.line_of(row) for row in (0, 1, 29_999)] == [lines[0], lines[1], lines[-1]] == [2, 5, 89_999]
+
+
+def test_a_header_longer_than_the_head_is_read_whole(tmp_path: Path) -> None:
+    # The header's last name runs past the first 64 KiB, over lines: the csv module reads it whole.
+    long_name = "x\n" * delimited.HEAD_BYTES
+    text = f'user,item,timestamp,"{long_name}"\nu,a,1,t\n'
+    path = tmp_path / "log.csv"
+    path.write_text(text)
+    table = read_delimited(path, None)
+    assert list(table.frame.columns) == ["user", "item", "timestamp", long_name.strip()]
+    assert table.frame.to_numpy().tolist() == [["u", "a", "1", "t"]]
+    assert table.line_of(0) == reference(text)[2][0] == 2 + delimited.HEAD_BYTES
+
+
 @pytest.mark.parametrize(
     ("text", "pattern"),
     [
@@ -281,7 +311,7 @@ def csv_texts(draw: st.DrawFn) -> str:
 
 
 @settings(
-    max_examples=300,
+    max_examples=200,
     derandomize=True,
     database=None,
     deadline=None,
@@ -302,3 +332,32 @@ def test_random_files_read_as_the_csv_module_reads_them(
     assert list(table.frame.columns) == names
     assert table.frame.astype(object).to_numpy().tolist() == records
     assert [table.line_of(row) for row in range(len(records))] == lines
+
+
+# --- typing the text: Arrow's cast where it gives what pandas gives --------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["5", "4", "007"],  # ASCII digits: cast by Arrow
+        ["5", "4.5", "3"],
+        ["5", "", "3"],
+        ["-1", "+2", " 3 "],
+        ["18446744073709551615", "1"],  # beyond int64
+        ["1e3", "inf", "nan"],
+        ["x", "1"],
+        ["٣", "1"],  # an Arabic-Indic digit
+    ],
+)
+def test_side_columns_are_typed_as_pandas_types_text(tmp_path: Path, values: list[str]) -> None:
+    path = tmp_path / "log.csv"
+    path.write_text(
+        "user,item,timestamp,rating\n" + "".join(f"u,i{n},{n},{v}\n" for n, v in enumerate(values))
+    )
+    text = pd.Series(values, dtype=object, name="rating")
+    try:
+        expected = pd.to_numeric(text)
+    except ValueError:
+        expected = text
+    pd.testing.assert_series_equal(load_table(path).events["rating"], expected)

@@ -151,6 +151,27 @@ def test_millisecond_timestamps_are_seconds_and_keep_their_order_within_a_second
     assert sequences_of(load_table(path, MAPPING))["c1"] == ["a", "b", "c"]  # a < b as integers
 
 
+@pytest.mark.parametrize("in_time_order", [True, False])
+def test_millisecond_rows_against_a_sort_per_user(tmp_path: Path, in_time_order: bool) -> None:
+    # Oracle: each user's rows sorted by (ms, row), put back on the rows that user held.
+    rng = np.random.default_rng(3)
+    users = [f"u{u}" for u in rng.integers(0, 6, 300)]
+    times = 1_700_000_000_000 + rng.integers(0, 5_000, 300)  # many ties within a user
+    if in_time_order:
+        times.sort()
+    rows = [(u, f"i{n}", int(t)) for n, (u, t) in enumerate(zip(users, times, strict=True))]
+    expected: list[tuple[str, str, int]] = list(rows)
+    for user in set(users):
+        slots = [n for n, row in enumerate(rows) if row[0] == user]
+        for slot, n in zip(slots, sorted(slots, key=lambda n: (rows[n][2], n)), strict=True):
+            expected[slot] = rows[n]
+    text = "user,item,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in rows)
+    events = load_table(write(tmp_path / "log.csv", text), timestamp_unit="ms").events
+    assert events["item"].tolist() == [i for _, i, _ in expected]
+    assert events["timestamp"].tolist() == [t // 1000 for _, _, t in expected]
+    assert (events["item"].tolist() == [i for _, i, _ in rows]) == in_time_order
+
+
 def test_iso_timestamps(tmp_path: Path) -> None:
     path = write(
         tmp_path / "log.csv",

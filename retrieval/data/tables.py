@@ -193,13 +193,9 @@ def table_interactions(
             frame = _exact_order_within_users(frame, exact)
     else:  # the order of the events as they come, per user
         frame.insert(2, "timestamp", frame.groupby("user", sort=False).cumcount().astype(np.int64))
-    if from_text:  # side columns and titles as Python strings, whichever reader gave the text
+    if from_text:
         for column in frame.columns.difference(REQUIRED_COLUMNS):
-            text = frame[column].astype(object)
-            if column != "title":
-                with contextlib.suppress(ValueError, TypeError):  # not all numbers: keep the text
-                    text = pd.to_numeric(text)
-            frame[column] = text
+            frame[column] = _side_column(frame[column], numeric=column != "title")
     if "title" in frame.columns:
         titles = frame["title"].where(frame["title"].astype(str).str.strip() != "")
         items = titles.groupby(frame["item"], sort=False).first().rename_axis("item").reset_index()
@@ -301,6 +297,8 @@ def _exact_order_within_users(frame: pd.DataFrame, exact: np.ndarray) -> pd.Data
     user already holds: whole seconds would tie events a millisecond apart, and ties keep the
     order of the rows (:func:`~retrieval.data.interactions.build_sequences`). Every user keeps
     the position of its first row, so users stay in order of appearance."""
+    if (np.diff(exact) >= 0).all():  # a log in time order: so is every user's part of it
+        return frame
     users = pd.factorize(frame["user"])[0]
     by_time = np.lexsort((exact, users))  # rows grouped by user, each user's by exact time
     slots = np.lexsort((np.arange(len(frame)), users))  # each user's rows, in row order
@@ -361,6 +359,20 @@ def _integer_timestamps(values: pd.Series, from_text: bool) -> tuple[np.ndarray,
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(real) | (real % 1 != 0) | (real < INT64_MIN) | (real >= 2.0**63)
     return np.where(bad, 0, real).astype(np.int64), bad
+
+
+def _side_column(text: pd.Series, numeric: bool) -> pd.Series | np.ndarray:
+    """A side column read as text: numbers when every value is one (by pandas' rules, or Arrow's
+    cast where all are ASCII digits, which gives the same), else Python strings, as the csv
+    module gave them (whichever reader read the file)."""
+    digits = _decimal_int64(text) if numeric else None
+    if digits is not None:
+        return digits
+    values = text.astype(object)
+    if numeric:
+        with contextlib.suppress(ValueError, TypeError):  # not all numbers: keep the text
+            return pd.to_numeric(values)
+    return values
 
 
 def _decimal_int64(text: pd.Series) -> np.ndarray | None:

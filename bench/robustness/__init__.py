@@ -58,7 +58,10 @@ NaN index vector, a user tower that does not load) go through ``tools/deploy.py`
 ``current`` unchanged) and the server must keep answering. The broken one, published without
 the deploy's check, must be refused by the running server (``GetModelInfo.reload_refusals``), and
 a restart on it must start, serving the first version with an ERROR line naming both. A version
-published between a server's load and its watcher's start must be served within two polls.
+published between a server's load and its watcher's start must be served within two polls. A
+``tools/deploy.py`` of the second version and six ``tools/add_items.py --remove`` started 0.1 s
+apart write one root at once: all must exit 0, each version published over the one before, and
+every removal published after the deploy in ``current``.
 Prints one row per case with its figures; exits 1 if a case fails.
 
 Modules: :mod:`~bench.robustness.calls` (the documented limits, one call),

@@ -89,14 +89,15 @@ def test_a_bad_query_fails_alone_and_the_others_are_answered_together(retriever:
         answers = submit_held(batcher, retriever, batch)
     finally:
         batcher.close()
+    calls = list(retriever.sizes)
     assert isinstance(answers[3], InvalidArgument) and str(answers[3]).startswith("k must be")
     assert isinstance(answers[5], InvalidArgument) and str(answers[5]).startswith("unknown category")
     for i, answer in enumerate(answers):
         if i not in (3, 5):
             assert answer == retriever.retrieve_many([batch[i]])[0]
-    # The held query, then the batch of six, refused for its first bad query (checked before any
-    # tower call), then without it, then without the second: never each query alone.
-    assert retriever.sizes[:4] == [1, 6, 5, 4]
+    # The held query, then the batch of six, refused (before any tower call) and answered by one
+    # more call (retrieve_each, not recorded), never each query alone.
+    assert calls == [1, 6]
 
 
 def test_a_batch_holds_as_many_queries_as_fit_its_cost(retriever: GatedRetriever) -> None:
@@ -204,16 +205,18 @@ def test_server_batches_concurrent_calls_and_reports_not_serving_on_stop(
         server.stop(None)
 
 
-def test_invalid_calls_are_refused_alone_and_never_join_a_micro_batch(retriever: GatedRetriever) -> None:
+def test_invalid_calls_are_refused_alone_and_never_rerun_a_micro_batch(retriever: GatedRetriever) -> None:
     """Issue 43, item 9: one invalid call made its micro-batch re-run query by query. Rounds of
-    six valid and four invalid calls at once while a batch is held: the invalid ones are
-    refused before the held batch ends (on their own threads), the valid ones form one batch."""
+    six valid and four invalid calls at once while a batch is held: the three whose arguments
+    are wrong are refused before the held batch ends (on their own threads); the one whose
+    history has no known id (found by the batch's lookup) joins the valid ones' batch, which
+    refuses it alone and answers the others."""
     server, port = create_server(retriever, port=0, max_batch=32)
     valid = [retrieval_pb2.RetrieveRequest(history=[ITEMS[i], ITEMS[i + 1]], k=3) for i in range(6)]
+    unknown = retrieval_pb2.RetrieveRequest(history=["never-seen"], k=3)
     invalid = [
         retrieval_pb2.RetrieveRequest(history=["item01"], k=3, category="no such category"),
         retrieval_pb2.RetrieveRequest(history=["item01"], k=0),
-        retrieval_pb2.RetrieveRequest(history=["never-seen"], k=3),
         retrieval_pb2.RetrieveRequest(history=["item01"], k=3, rerank=retrieval_pb2.Rerank(ranker="none")),
     ]
     expected = [retriever.retrieve_many([Query(list(r.history), 3)])[0] for r in valid]
@@ -226,17 +229,19 @@ def test_invalid_calls_are_refused_alone_and_never_join_a_micro_batch(retriever:
                 retriever.entered.clear()
                 held = client._stub.Retrieve.future(valid[0], timeout=30)
                 assert retriever.entered.wait(10)
-                calls = [client._stub.Retrieve.future(r, timeout=30) for r in valid + invalid]
-                for call in calls[len(valid) :]:  # refused while the batch is still held
+                calls = [client._stub.Retrieve.future(r, timeout=30) for r in [*valid, unknown, *invalid]]
+                for call in calls[len(valid) + 1 :]:  # refused while the batch is still held
                     error = call.exception(timeout=10)
-                    assert (
-                        isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
-                    )
-                while server._batcher is not None and server._batcher.queued < len(valid):
+                    assert isinstance(error, grpc.RpcError)
+                    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+                while server._batcher is not None and server._batcher.queued < len(valid) + 1:
                     time.sleep(0.002)
                 retriever.gate.set()
                 answers = [held.result(), *(call.result() for call in calls[: len(valid)])]
-                assert retriever.sizes == [1, len(valid)]  # the held call, then one batch
+                refused = calls[len(valid)].exception(timeout=10)
+                assert isinstance(refused, grpc.RpcError)
+                assert (refused.details() or "").startswith("none of the 1 history ids")
+                assert retriever.sizes == [1, len(valid) + 1]  # the held call, then one batch
                 for got, want in zip(answers, [expected[0], *expected], strict=True):
                     assert [i.item_id for i in got.items] == [item for item, _, _ in want.items]
     finally:

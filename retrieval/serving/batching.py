@@ -13,8 +13,10 @@ A batch is bounded in queries (``max_batch``) and in cost (``max_cost``, in the 
 :mod:`~retrieval.serving.admission`): its queries times the costliest one's, since they share one
 index search as deep as the deepest (each over-fetches by the longest exclusion list), so a
 cheap but deep query shares its batch with fewer others. Queries are validated before they are
-submitted (:meth:`Retriever.validate`); one that still fails in a batch (the retriever was
-swapped since) gets its error alone and the others are answered together without it.
+submitted (:meth:`Retriever.validate`, every check that needs no lookup); one that still
+fails in its batch (a history of unknown ids, or a retriever swapped since) gets its error
+alone, and the others their answers from one more call (:meth:`Retriever.retrieve_each`),
+never one call each.
 """
 
 from __future__ import annotations
@@ -226,32 +228,29 @@ class MicroBatcher:
             self._observe_queue(len(self._queue))
 
     @staticmethod
-    def _answer(retriever: Retriever, batch: list[_Pending]) -> None:
-        """Answers ``batch``; the work stops once every caller's deadline has passed. A query the
-        retriever refuses gets its error alone, and the others are answered together without
-        it (a refusal comes from the checks before any tower call, so this costs little)."""
-        while batch:
-            deadlines = [p.deadline for p in batch]
-            deadline = None if None in deadlines else max(d for d in deadlines if d is not None)
+    def _answer(retriever: Retriever, batch: Sequence[_Pending]) -> None:
+        """Answers ``batch`` (a bad query gets its own error, the others their answers); the work
+        stops once every caller's deadline has passed."""
+        queries = [p.query for p in batch]
+        deadlines = [p.deadline for p in batch]
+        deadline = None if None in deadlines else max(d for d in deadlines if d is not None)
+        results: Sequence[Retrieved | InvalidArgument]
+        try:
             try:
-                results = retriever.retrieve_many([p.query for p in batch], deadline)
-            except InvalidArgument as error:
-                bad = 0 if len(batch) == 1 else error.request
-                if bad is None:  # not one query's fault
-                    MicroBatcher._fail(batch, error)
-                    return
-                batch.pop(bad).finish(error=InvalidArgument(error.reason))
-                continue
-            except Exception as error:  # every caller must be answered, whatever failed
-                if not isinstance(error, DeadlineExceeded):
-                    logger.exception("a batch of %d requests failed", len(batch))
-                MicroBatcher._fail(batch, error)
-                return
-            for p, result in zip(batch, results, strict=True):
-                p.finish(result)
+                results = retriever.retrieve_many(queries, deadline)
+            except InvalidArgument:
+                # A query the checks before batching let through (a history of unknown ids, a
+                # retriever swapped since), refused before any tower call: one more call
+                # answers the others and refuses each bad one alone.
+                results = retriever.retrieve_each(queries, deadline)
+        except Exception as error:  # every caller must be answered, whatever failed
+            if not isinstance(error, DeadlineExceeded):
+                logger.exception("a batch of %d requests failed", len(batch))
+            for p in batch:
+                p.finish(error=error)
             return
-
-    @staticmethod
-    def _fail(batch: Sequence[_Pending], error: BaseException) -> None:
-        for p in batch:
-            p.finish(error=error)
+        for p, result in zip(batch, results, strict=True):
+            if isinstance(result, InvalidArgument):
+                p.finish(error=result)
+            else:
+                p.finish(result)

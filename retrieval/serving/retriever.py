@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,7 +296,35 @@ class Retriever:
                 starts with ``requests[i]`` when there are several).
             DeadlineExceeded: ``deadline`` passed before the answers were ready.
         """
-        prepared = self._prepare_all(queries)
+        prepared, errors = self._prepare_each(queries)
+        if errors:
+            i = min(errors)
+            raise InvalidArgument(errors[i].reason, i if len(queries) > 1 else None)
+        return self._answer_all(queries, [p for p in prepared if p is not None], deadline)
+
+    def retrieve_each(
+        self, queries: Sequence[Query], deadline: float | None = None
+    ) -> list[Retrieved | InvalidArgument]:
+        """:meth:`retrieve_many`, but a bad query gets its error in its place while the others are
+        answered (with one tower call, as always): the answers of a micro-batch, whose callers
+        are independent.
+
+        Raises:
+            InvalidArgument: no queries, or more than ``MAX_BATCH``.
+            DeadlineExceeded: ``deadline`` passed before the answers were ready.
+        """
+        prepared, errors = self._prepare_each(queries)
+        good = [(queries[i], p) for i, p in enumerate(prepared) if p is not None]
+        answers = iter(self._answer_all([q for q, _ in good], [p for _, p in good], deadline))
+        return [errors[i] if i in errors else next(answers) for i in range(len(queries))]
+
+    def _answer_all(
+        self, queries: Sequence[Query], prepared: Sequence[_Prepared], deadline: float | None
+    ) -> list[Retrieved]:
+        """The answers of ``queries`` from their rows (:meth:`_prepare`); no work for none."""
+        if not queries:
+            return []
+        prepared = list(prepared)
         # Rows of the tower call and the searches: the queries, then the previous requests of
         # the reranks that compute their unclicked items, in the order of those reranks.
         previous = [self._previous(p.previous, p.num_unclicked) for p in prepared if p.previous is not None]
@@ -319,17 +346,18 @@ class Retriever:
         ]
 
     def validate(self, query: Query) -> None:
-        """Refuses ``query`` as :meth:`retrieve_many` would, without answering it: what a query
-        passes before it joins a micro-batch, so that a bad one is refused on its own.
+        """Refuses ``query`` for what :meth:`retrieve_many` would refuse it without looking its
+        ids up: what a query passes before it joins a micro-batch, so that a bad one is refused
+        on its own. (A history without a known id is found by the batch's one lookup, and
+        refused there alone: :meth:`retrieve_each`.)
 
         Raises:
-            InvalidArgument: an argument out of range, an unknown ranker or category, or no
-                known history id (the message says which and why).
+            InvalidArgument: an argument out of range, an unknown ranker or category (the
+                message says which and why).
         """
         _check(query)
         self._ranker(query.rerank, query.k)
         self._category(query.category)
-        self._known(query.history, self.model.vocab.lookup(list(query.history)))
 
     def _explain(self, queries: Sequence[Query], prepared: Sequence[_Prepared]) -> dict[int, Explanations]:
         """The explanations of the queries asking for them (one tower call for all), by query."""
@@ -347,28 +375,38 @@ class Retriever:
         )
         return dict(zip(asking, explained, strict=True))
 
-    def _prepare_all(self, queries: Sequence[Query]) -> list[_Prepared]:
-        """Each query validated and in dense ids (:meth:`_prepare`).
+    def _prepare_each(
+        self, queries: Sequence[Query]
+    ) -> tuple[list[_Prepared | None], dict[int, InvalidArgument]]:
+        """Each query validated and in dense ids (:meth:`_prepare`), ``None`` for a bad one, and
+        the bad ones' errors by position.
 
         Raises:
-            InvalidArgument: no queries, more than ``MAX_BATCH``, or a bad query (the message
-                starts with ``requests[i]`` when there are several).
+            InvalidArgument: no queries, or more than ``MAX_BATCH``.
         """
         if not queries:
             raise InvalidArgument("the batch is empty: send at least one request")
         if len(queries) > MAX_BATCH:
             raise InvalidArgument(f"the batch has {len(queries)} requests, at most {MAX_BATCH} are accepted")
+        errors: dict[int, InvalidArgument] = {}
         for i, query in enumerate(queries):
-            with _request(i, len(queries)):
+            try:
                 _check(query)
+            except InvalidArgument as e:
+                errors[i] = e
+        checked = [i for i in range(len(queries)) if i not in errors]
+        prepared: list[_Prepared | None] = [None] * len(queries)
+        if not checked:
+            return prepared, errors
         # One vocabulary lookup for every history of the batch (checked: sized, non-empty).
-        lengths = [len(query.history) for query in queries]
-        dense = self.model.vocab.lookup([item for query in queries for item in query.history])
-        prepared = []
-        for i, (query, ids) in enumerate(zip(queries, np.split(dense, np.cumsum(lengths)[:-1]), strict=True)):
-            with _request(i, len(queries)):
-                prepared.append(self._prepare(query, ids))
-        return prepared
+        lengths = [len(queries[i].history) for i in checked]
+        dense = self.model.vocab.lookup([item for i in checked for item in queries[i].history])
+        for i, ids in zip(checked, np.split(dense, np.cumsum(lengths)[:-1]), strict=True):
+            try:
+                prepared[i] = self._prepare(queries[i], ids)
+            except InvalidArgument as e:
+                errors[i] = e
+        return prepared, errors
 
     def _previous(self, history: np.ndarray, num_unclicked: int) -> _Prepared:
         """The request before a rerank's, for its unclicked items: ``history`` (the known history
@@ -496,8 +534,15 @@ class Retriever:
         """
         ranker, depth = self._ranker(query.rerank, query.k)
         history = query.history
-        is_known = self._known(history, dense)
+        # Items added after training are in the vocabulary, not in the user tower's table.
+        is_known = (dense != PAD) & (dense <= self.model.tower_items)
         known = dense[is_known]
+        if not len(known):
+            added = int((dense != PAD).sum())
+            raise InvalidArgument(
+                f"none of the {len(history)} history ids is in the model's vocabulary"
+                + (f" ({added} added after training, which it does not read as history)" if added else "")
+            )
         # Side features come from the whole timeline (a gap is to the previous event, known or
         # not), then follow their items, exactly as in training and evaluation. A feature the
         # request does not carry is unknown (0) at every event.
@@ -539,22 +584,6 @@ class Retriever:
             num_unclicked=0 if ranker is None else ranker.num_unclicked,
             positions=np.flatnonzero(is_known) if query.explain else None,
         )
-
-    def _known(self, history: Sequence[str], dense: np.ndarray) -> np.ndarray:
-        """bool ``[n]``: which of ``history``'s ids (``dense``, looked up) the user tower reads.
-
-        Raises:
-            InvalidArgument: it reads none of them.
-        """
-        # Items added after training are in the vocabulary, not in the user tower's table.
-        is_known = (dense != PAD) & (dense <= self.model.tower_items)
-        if not is_known.any():
-            added = int((dense != PAD).sum())
-            raise InvalidArgument(
-                f"none of the {len(history)} history ids is in the model's vocabulary"
-                + (f" ({added} added after training, which it does not read as history)" if added else "")
-            )
-        return is_known
 
     def _allowed(self, query: Query) -> np.ndarray | None:
         """The dense ids ``query`` may return (sorted unique int64), None = every item.
@@ -641,16 +670,6 @@ def check_deadline(deadline: float | None, stage: str) -> None:
     """
     if deadline is not None and (late := time.monotonic() - deadline) > 0:
         raise DeadlineExceeded(f"the deadline passed {late:.3f} s ago, after {stage}; the work stopped")
-
-
-@contextmanager
-def _request(i: int, count: int) -> Iterator[None]:
-    """Re-raises an ``InvalidArgument`` of request ``i`` of ``count`` with its index (when
-    there are several)."""
-    try:
-        yield
-    except InvalidArgument as e:
-        raise InvalidArgument(e.reason, i if count > 1 else None) from None
 
 
 def _check(query: Query) -> None:

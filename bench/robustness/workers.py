@@ -240,7 +240,8 @@ def killed_worker(version: Version, work: Path) -> Case:
         code, _ = group.stop()
     failed = sum(load.failed.values())
     figures = (
-        f"{load.ok} calls answered, {failed} failed {dict(load.failed) or ''}; {sum(load.probes.values())} "
+        f"{load.ok} calls answered, {failed} failed{f' {dict(load.failed)}' if failed else ''}; "
+        f"{sum(load.probes.values())} "
         f"health probes on new connections: {load.not_serving} NOT_SERVING, {load.unreachable} unreachable; "
         f"the replacement SERVING {replaced:.1f} s after the kill; exit code {code}"
     )

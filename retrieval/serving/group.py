@@ -285,8 +285,11 @@ class ServingGroup:
 
     def _kill_all(self) -> None:
         """A forced exit's cleanup: no worker outlives the supervisor, nor does the metrics folder."""
-        for worker in list(self.workers):
+        workers = list(self.workers)
+        for worker in workers:
             worker.kill()
+        for worker in workers:  # dead before the supervisor is: nothing outlives it
+            worker.process.join(1.0)
         if self._metrics_dir is not None:
             shutil.rmtree(self._metrics_dir, ignore_errors=True)
 

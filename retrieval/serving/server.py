@@ -535,9 +535,8 @@ def create_server(
     health_port = access.health_port
     health_server = None if health_port is None else start_health_server(health_servicer, host, health_port)
     running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)
-    running.set_serving(False)
+    running.set_serving(serving)  # before the port answers: no probe reads a passing status
     server.start()
-    running.set_serving(serving)
     return running, bound
 
 

@@ -19,6 +19,7 @@ from .group import GroupError, GroupOptions, ServingGroup, default_processes, ho
 from .logs import LOG_FORMATS, configure_logging
 from .memory import MemoryTrimmer, resident_bytes, trimmer
 from .metrics import BasicAuth, GroupMetrics, Metrics
+from .native import NativeEngineMissing, NativeServer, native_module
 from .ratelimit import RateLimiter
 from .reload import (
     DeploymentWatcher,
@@ -55,6 +56,8 @@ __all__ = [
     "Metrics",
     "MicroBatcher",
     "ModelSize",
+    "NativeEngineMissing",
+    "NativeServer",
     "Overloaded",
     "RateLimiter",
     "RetrievalServer",
@@ -71,6 +74,7 @@ __all__ = [
     "default_processes",
     "hold_ports",
     "load_deployment",
+    "native_module",
     "open_deployment",
     "query_cost",
     "refuse_version",

@@ -1,0 +1,241 @@
+"""The native engine's skeleton under load (issue 44), beside the bare grpcio echo, in one run.
+
+    python -m bench.native_echo                          # 100k x 64 items, 5 s per row, 1/8/32 in flight
+    python -m bench.native_echo --items 20000 --seconds 2     # a quicker run
+
+Rows, each server in its own process on 127.0.0.1 (started as :mod:`bench.serving` starts its
+servers), loaded by :func:`bench.serving.load` (one asyncio grpcio client process keeping 1, 8
+and 32 calls in flight over up to 16 connections, after a one-second warm-up):
+
+* ``echo (grpcio)``: :mod:`bench.serving`'s echo, a Python gRPC server answering every Retrieve
+  with a prebuilt 50-item response: grpcio's own per-call cost;
+* ``native, fixed arrays``: the native server (``retrieval.serving.NativeServer``) with a kernel
+  returning prebuilt arrays: the C++ path (parse, vocabulary lookup, batching, one Python call
+  per batch, merge, response) with no compute;
+* ``native, numpy brute force``: the same with an exact search in numpy over ``--items`` random
+  ``--dim``-vectors, the K = 4 interests standing in for a tower being the vectors of the
+  history's last 4 items (BLAS on one thread).
+
+Requests are ``--requests`` random histories of 50 of the items, k = 50. Each row reports QPS,
+p50/p99 latency, errors and the CPU milliseconds per request of the server process and the
+client; the kernels alone (no gRPC, one thread) are timed at batches of 1 and 32. Prints a
+Markdown table and writes ``results.json`` and ``table.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.context import commit, load_average, machine
+from bench.data import REPO
+from bench.serving import load, start
+from retrieval.api.v1 import retrieval_pb2
+from retrieval.serving import NativeServer
+
+log = logging.getLogger("bench.native_echo")
+
+NUM_INTERESTS, HISTORY, K, MAX_LEN = 4, 50, 50, 50
+KERNELS = ("fixed", "numpy")
+ROW_NAMES = {"fixed": "native, fixed arrays", "numpy": "native, numpy brute force"}
+
+
+def vocabulary(items: int) -> list[str]:
+    """The external ids: ``item0`` is dense id 1."""
+    return [f"item{i}" for i in range(items)]
+
+
+def item_vectors(items: int, dim: int, seed: int = 0) -> np.ndarray:
+    """float32 ``[items + 1, dim]`` random vectors, row 0 (padding) zero."""
+    vectors = np.random.default_rng(seed).normal(size=(items + 1, dim)).astype(np.float32)
+    vectors[0] = 0.0
+    return vectors
+
+
+def fixed_kernel(items: int) -> Any:
+    """A kernel answering every row with the same ``[K, n]`` candidates (ids 1..n, decreasing
+    scores): the cost of the native path around the kernel."""
+    n = min(items, 2 * K + HISTORY)
+    ids = np.broadcast_to(np.arange(1, n + 1, dtype=np.int64), (NUM_INTERESTS, n))
+    scores = np.broadcast_to(-np.arange(n, dtype=np.float32), (NUM_INTERESTS, n))
+
+    def kernel(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = len(histories)
+        return np.broadcast_to(ids, (rows, *ids.shape)), np.broadcast_to(scores, (rows, *scores.shape))
+
+    return kernel
+
+
+def numpy_kernel(vectors: np.ndarray) -> Any:
+    """An exact search over ``vectors[1:]``: per row, the interests are the vectors of the
+    history's last NUM_INTERESTS items; per interest the ``max(fetch)`` best items, best first."""
+    table = np.ascontiguousarray(vectors[1:])
+
+    def kernel(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows, n = len(histories), int(fetch.max())
+        interests = vectors[histories[:, -NUM_INTERESTS:]].reshape(rows * NUM_INTERESTS, -1)
+        scores = interests @ table.T  # [B·K, items]
+        top = np.argpartition(-scores, n - 1, axis=1)[:, :n]
+        top_scores = np.take_along_axis(scores, top, axis=1)
+        order = np.argsort(-top_scores, axis=1, kind="stable")
+        ids = np.take_along_axis(top, order, axis=1) + 1
+        best = np.take_along_axis(top_scores, order, axis=1)
+        return ids.reshape(rows, NUM_INTERESTS, n).astype(np.int64), best.reshape(rows, NUM_INTERESTS, n)
+
+    return kernel
+
+
+def make_kernel(name: str, items: int, dim: int) -> Any:
+    return fixed_kernel(items) if name == "fixed" else numpy_kernel(item_vectors(items, dim))
+
+
+def serve(kernel_name: str, port: int, items: int, dim: int) -> None:
+    """Runs a native server with kernel ``kernel_name`` on 127.0.0.1:``port`` until SIGTERM."""
+    stopping = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)  # before gRPC's threads start: they inherit it
+    server = NativeServer(make_kernel(kernel_name, items, dim), vocabulary(items), max_len=MAX_LEN)
+    server.start(f"127.0.0.1:{port}")
+    signal.sigwait(stopping)
+    server.stop(5.0)
+    log.info("counters %s", server.counters())
+
+
+def requests(items: int, count: int, seed: int = 1) -> list[retrieval_pb2.RetrieveRequest]:
+    """``count`` random histories of HISTORY items, k = K."""
+    rng = np.random.default_rng(seed)
+    ids = vocabulary(items)
+    return [
+        retrieval_pb2.RetrieveRequest(history=[ids[i] for i in rng.integers(0, items, HISTORY)], k=K)
+        for _ in range(count)
+    ]
+
+
+def kernel_ms(name: str, items: int, dim: int, batch: int, rounds: int = 20) -> float:
+    """Milliseconds per request of kernel ``name`` alone on batches of ``batch`` (one thread)."""
+    kernel = make_kernel(name, items, dim)
+    rng = np.random.default_rng(2)
+    histories = rng.integers(1, items + 1, (batch, MAX_LEN)).astype(np.int32)
+    fetch = np.full(batch, K + HISTORY, np.int32)
+    kernel(histories, fetch)
+    started = time.perf_counter()
+    for _ in range(rounds):
+        kernel(histories, fetch)
+    return (time.perf_counter() - started) * 1000 / (rounds * batch)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"  # the servers' BLAS
+    sent = requests(args.items, args.requests)
+    servers = {"echo (grpcio)": ["-m", "bench.serving", "--echo", "--k", str(K)]}
+    for name in KERNELS:
+        servers[ROW_NAMES[name]] = [
+            "-m", "bench.native_echo", "--serve", name, "--items", str(args.items), "--dim", str(args.dim),
+        ]  # fmt: skip
+    rows = []
+    for name, command in servers.items():
+        log.info("starting %s", name)
+        server = start(name, command)
+        try:
+            for concurrency in args.concurrency:
+                measured = asyncio.run(
+                    load(
+                        server.address,
+                        sent,
+                        concurrency,
+                        args.seconds,
+                        args.max_requests,
+                        server.process.pid,
+                        16,
+                    )
+                )
+                rows.append({"server": name, **measured})
+                log.info("%s", rows[-1])
+        finally:
+            server.stop()
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": commit(),
+        "machine": machine(),
+        "load_average": load_average(),
+        "command": "python -m bench.native_echo " + " ".join(sys.argv[1:]),
+        "items": args.items,
+        "dim": args.dim,
+        "rows": rows,
+        "kernel_ms_per_request": {
+            f"{name} at {batch}": round(kernel_ms(name, args.items, args.dim, batch), 4)
+            for name in KERNELS
+            for batch in (1, 32)
+        },
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        f"{results['items']:,} items x {results['dim']}, K={NUM_INTERESTS}, k={K}, histories of {HISTORY}; "
+        f"{results['machine']}, load {results['load_average']}, commit {results['commit']}, "
+        f"{results['date']}",
+        "",
+        "| server | in flight | QPS | p50 ms | p99 ms | errors | server CPU ms/req | client CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        server_cpu = "–" if r.get("server_cpu_ms") is None else f"{r['server_cpu_ms']:.3f}"
+        lines.append(
+            f"| {r['server']} | {r['concurrency']} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
+            f"| {r['errors']} | {server_cpu} | {r['client_cpu_ms']:.3f} |"
+        )
+    kernels = ", ".join(f"{name}: {ms:.3f}" for name, ms in results["kernel_ms_per_request"].items())
+    lines += ["", f"Kernels alone, ms per request (one thread): {kernels}"]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--items", type=int, default=100_000, help="catalogue size (default %(default)s)")
+    p.add_argument("--dim", type=int, default=64, help="vector dimension (default %(default)s)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="default %(default)s")
+    p.add_argument(
+        "--seconds", type=float, default=5.0, help="measured seconds per row (default %(default)s)"
+    )
+    p.add_argument("--max-requests", type=int, default=200_000, help="measured requests per row at most")
+    p.add_argument("--requests", type=int, default=500, help="distinct requests sent in turn")
+    p.add_argument(
+        "--out", type=Path, default=REPO / "runs" / "bench-native-echo", help="default %(default)s"
+    )
+    p.add_argument("--serve", choices=KERNELS, help=argparse.SUPPRESS)  # run a native server
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.items < 2 * K + HISTORY or args.seconds <= 0 or min(args.concurrency) < 1:
+        p.error(f"need --items >= {2 * K + HISTORY}, --seconds > 0 and concurrency >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args = parse_args(argv)
+    if args.serve:
+        serve(args.serve, args.port, args.items, args.dim)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = run(args)
+    text = table(results)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,6 +5,7 @@
     python -m bench.robustness --soak 600                   # 10 min at 80% of max QPS, a reload halfway
     python -m bench.robustness --abuse 10                   # oversized, heavy flood, deadlines
     python -m bench.robustness --deploys                    # bad versions deployed, served, restarted
+    python -m bench.robustness --group                      # a serving group's workers killed, stopped
 
 Requests come from one Hypothesis generator (:func:`~bench.robustness.strategies.calls`, shared
 with ``tests/test_fuzz_rpc.py``): ``Retrieve``, ``BatchRetrieve`` and ``GetModelInfo`` with
@@ -63,6 +64,12 @@ published between a server's load and its watcher's start must be served within 
 apart write one root at once: all must exit 0, each version published over the one before, and
 every removal published after the deploy in ``current``.
 Prints one row per case with its figures; exits 1 if a case fails.
+
+``--group`` (:mod:`~bench.robustness.workers`, on the soak's first version, cached): a
+``tools/serve.py --processes 2`` child per case: kill -9 of a worker under load (failed calls
+and health probes not SERVING counted), SIGSTOP of a worker (detected and replaced within the
+heartbeat's bound), SIGTERM once and twice with a worker stopped (the time to exit against
+``--grace`` and the margin). Prints one row per case; exits 1 if a case fails.
 
 Modules: :mod:`~bench.robustness.calls` (the documented limits, one call),
 :mod:`~bench.robustness.strategies` (the generator), :mod:`~bench.robustness.oracle` (what an

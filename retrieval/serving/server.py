@@ -535,7 +535,7 @@ def create_server(
     health_port = access.health_port
     health_server = None if health_port is None else start_health_server(health_servicer, host, health_port)
     running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)
-    running.set_serving(serving)  # before the port answers: no probe reads a passing status
+    running.set_serving(serving)  # before the port answers: no probe sees the status change
     server.start()
     return running, bound
 

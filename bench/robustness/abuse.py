@@ -5,20 +5,27 @@ One ``tools/serve.py`` child per case, on the soak's first version, its resident
 a cheap ``Retrieve`` probe (the probe's p99 under the flood vs idle, its failures, the server's
 peak memory vs its ``--max-memory-mb`` ceiling), 200 medium batches at once and a cheap call
 after them, and calls whose deadline passes mid-work (the server's CPU after the client gave up,
-and how the metrics count them).
+and how the metrics count them). Issue 43's cases: floods of single calls that are costly for
+what they ask (a DIVERSITY merge of k = 1,000 over 2,000 candidates per interest; 10,000-id
+histories with 4,000 exclusions) beside ordinary calls (their p50 vs idle), invalid calls mixed
+into micro-batches (the valid calls' throughput vs without them), and one refusal of each kind
+(each counted in ``/metrics`` with its code and reason).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import grpc
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.data import dataset_file
 from bench.robustness.deploys import Case
@@ -35,6 +42,15 @@ CHEAP_P99_LIMIT = 10.0
 RSS_AFTER_BURST_LIMIT = 1.10
 """Resident memory after the oversized burst, at most this times the idle one."""
 
+ORDINARY_P50_LIMIT = 5.0
+"""An ordinary call's p50 beside a flood of costly single calls, at most this times its idle p50
+(issue 43 measured 62x for the DIVERSITY flood, 20x for the long histories)."""
+
+MIXED_THROUGHPUT_LIMIT = 0.65
+"""Valid calls' throughput beside streams of invalid ones, at least this share of it without them
+(issue 43 measured 0.42: each invalid call made its micro-batch re-run query by query; the
+invalid calls, refused at once, still take their share of the two cores)."""
+
 
 def _serve(version: Version, *flags: str) -> tuple[Started, int]:
     metrics_port = free_port()
@@ -43,25 +59,38 @@ def _serve(version: Version, *flags: str) -> tuple[Started, int]:
     return start("server", [*args, "--metrics-port", str(metrics_port), *flags]), metrics_port
 
 
-def _statuses(address: str, calls: Sequence[tuple[str, bytes, float]]) -> list[str]:
-    """Sends each ``(method, request bytes, timeout)`` at once from its own thread; the codes."""
+def _statuses(
+    address: str, calls: Sequence[tuple[str, bytes, float]], token: str = "", one_by_one: bool = False
+) -> list[str]:
+    """Sends each ``(method, request bytes, timeout)`` at once from its own thread (or one after
+    the other), with ``token`` if given; the codes."""
     codes: list[str] = []
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
     with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 1 << 30)]) as channel:
 
         def send(method: str, payload: bytes, timeout: float) -> None:
             call = channel.unary_unary(f"/retrieval.v1.RetrievalService/{method}", None, None)
             try:
-                call(payload, timeout=timeout)
+                call(payload, timeout=timeout, metadata=metadata)
                 codes.append("OK")
             except grpc.RpcError as e:
                 codes.append(e.code().name)
 
+        if one_by_one:
+            for c in calls:
+                send(*c)
+            return codes
         threads = [threading.Thread(target=send, args=c) for c in calls]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
     return codes
+
+
+def excluding(n: int) -> retrieval_pb2.RetrieveRequest:
+    """A one-item history excluding ``n`` ids of 8 characters (``n`` = 200,000: 2 MiB)."""
+    return retrieval_pb2.RetrieveRequest(history=["1"], k=5, exclude_ids=[f"x{i:07d}" for i in range(n)])
 
 
 def oversized_burst(version: Version) -> Case:
@@ -72,10 +101,7 @@ def oversized_burst(version: Version) -> Case:
         pid = server.process.pid
         time.sleep(1.0)
         idle = rss_kb(pid) / 1024
-        huge, many = (
-            retrieval_pb2.RetrieveRequest(history=["1"], k=5, exclude_ids=[f"x{i:07d}" for i in range(n)])
-            for n in (3_300_000, 450_000)
-        )
+        huge, many = (excluding(n) for n in (3_300_000, 450_000))
         peak = [idle]
         done = threading.Event()
         sampler = threading.Thread(target=_sample, args=(lambda: rss_kb(pid) / 1024, peak, done))
@@ -171,9 +197,11 @@ def medium_burst(version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest
     return Case("200 medium batches at once", figures, after["failed"] == 0 and ratio <= CHEAP_P99_LIMIT)
 
 
-def _flood(address: str, payload: bytes, stop: threading.Event, codes: list[str]) -> None:
+def _flood(
+    address: str, payload: bytes, stop: threading.Event, codes: list[str], method: str = "BatchRetrieve"
+) -> None:
     with grpc.insecure_channel(address) as channel:
-        call = channel.unary_unary("/retrieval.v1.RetrievalService/BatchRetrieve", None, None)
+        call = channel.unary_unary(f"/retrieval.v1.RetrievalService/{method}", None, None)
         while not stop.is_set():
             try:
                 call(payload, timeout=30)
@@ -252,6 +280,203 @@ def _counted(metrics: str, method: str, code: str) -> float:
     )
 
 
+def costly_flood(
+    version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds: float, costly: str
+) -> Case:
+    """Ordinary calls (one every 10 ms) idle, then while 8 threads send single ``Retrieve`` calls
+    that are costly for what they ask, back to back, each waiting the server's pushback when
+    refused: ``costly`` is ``"diversity"`` (DIVERSITY, k 1,000, 2,000 candidates per interest)
+    or ``"exclusions"`` (10,000-id histories excluding 4,000 more ids). Their ordinary p50 vs
+    idle (issue 43: 2.8 -> 174 ms and 20x)."""
+    pool = [h for r in cheap for h in r.history]
+    if costly == "diversity":
+        request = retrieval_pb2.RetrieveRequest(
+            history=cheap[0].history,
+            k=1000,
+            per_interest_k=2000,
+            merge=retrieval_pb2.DIVERSITY,
+            diversity_lambda=0.5,
+        )
+    else:
+        request = retrieval_pb2.RetrieveRequest(history=pool[:10_000], k=10, exclude_ids=pool[10_000:14_000])
+    server, _ = _serve(version)
+    try:
+        idle = _probe(server.address, cheap, seconds / 2)
+        stop = threading.Event()
+        codes: list[str] = []
+        payload = request.SerializeToString()
+        flooders = [
+            threading.Thread(target=_flood, args=(server.address, payload, stop, codes, "Retrieve"))
+            for _ in range(8)
+        ]
+        for thread in flooders:
+            thread.start()
+        time.sleep(0.5)
+        loaded = _probe(server.address, cheap, seconds)
+        stop.set()
+        for thread in flooders:
+            thread.join()
+    finally:
+        server.stop()
+    ratio = loaded["p50"] / idle["p50"]
+    figures = (
+        f"ordinary p50/p99 idle {idle['p50']:.1f}/{idle['p99']:.1f} ms, beside the flood "
+        f"{loaded['p50']:.1f}/{loaded['p99']:.1f} ms (p50 {ratio:.1f}x, limit {ORDINARY_P50_LIMIT:g}x), "
+        f"ordinary failures {loaded['failed']:.0f} of {loaded['calls']:.0f}; costly calls {_counts(codes)}"
+    )
+    name = "DIVERSITY k 1,000 flood" if costly == "diversity" else "10,000-id histories, 4,000 exclusions"
+    return Case(f"{name}, ordinary probe", figures, ratio <= ORDINARY_P50_LIMIT and loaded["failed"] == 0)
+
+
+def _streams(address: str, payloads: Sequence[bytes], seconds: float) -> list[tuple[int, int]]:
+    """One thread per payload, each on its own connection, sending it as a ``Retrieve`` back to
+    back for ``seconds``: ``(OK, refused)`` per thread."""
+    stop = threading.Event()
+    counts = [(0, 0)] * len(payloads)
+
+    def send(i: int) -> None:
+        ok = refused = 0
+        with grpc.insecure_channel(address) as channel:
+            call = channel.unary_unary("/retrieval.v1.RetrievalService/Retrieve", None, None)
+            while not stop.is_set():
+                try:
+                    call(payloads[i], timeout=10)
+                    ok += 1
+                except grpc.RpcError:
+                    refused += 1
+        counts[i] = (ok, refused)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(payloads))]
+    for thread in threads:
+        thread.start()
+    stop.wait(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return counts
+
+
+def invalid_mixed(version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds: float) -> Case:
+    """Throughput of 8 streams of valid ``Retrieve`` calls alone, then beside 4 streams of calls
+    for an unknown category (issue 43: ~1,000 -> ~420 ok/s)."""
+    valid = [r.SerializeToString() for r in cheap[:8]]
+    invalid = [
+        retrieval_pb2.RetrieveRequest(
+            history=r.history, k=r.k, category="no such category"
+        ).SerializeToString()
+        for r in cheap[8:12]
+    ]
+    server, _ = _serve(version)
+    try:
+        _streams(server.address, valid, 1.0)  # warm
+        alone = _streams(server.address, valid, seconds)
+        mixed = _streams(server.address, valid + invalid, seconds)
+    finally:
+        server.stop()
+    alone_rate = sum(ok for ok, _ in alone) / seconds
+    mixed_rate = sum(ok for ok, _ in mixed[:8]) / seconds
+    refused = sum(refused for _, refused in mixed[8:])
+    wrong = sum(refused for _, refused in alone + mixed[:8]) + sum(ok for ok, _ in mixed[8:])
+    ratio = mixed_rate / alone_rate
+    figures = (
+        f"valid calls {alone_rate:.0f} ok/s alone, {mixed_rate:.0f} ok/s beside {refused / seconds:.0f} "
+        f"invalid calls/s ({ratio:.2f}x, limit {MIXED_THROUGHPUT_LIMIT:g}x); wrong answers {wrong}"
+    )
+    return Case(
+        "invalid calls mixed into micro-batches", figures, ratio >= MIXED_THROUGHPUT_LIMIT and not wrong
+    )
+
+
+ACCESS_FILE = """
+[identities.reader]
+tokens = ["reader-token"]
+permissions = ["info"]
+
+[identities.team]
+tokens = ["team-token"]
+permissions = ["retrieve", "info"]
+rate = 5
+burst = 5
+
+[identities.ops]
+tokens = ["ops-token"]
+permissions = ["admin"]
+rate = 0
+"""
+
+REFUSALS = (
+    ("UNAUTHENTICATED", "missing_credentials"),
+    ("UNAUTHENTICATED", "invalid_token"),
+    ("PERMISSION_DENIED", "permission"),
+    ("RESOURCE_EXHAUSTED", "rate_limit"),
+    ("RESOURCE_EXHAUSTED", "message_size"),
+    ("RESOURCE_EXHAUSTED", "queue_full"),
+    ("RESOURCE_EXHAUSTED", "heavy_capacity"),
+    ("INVALID_ARGUMENT", "invalid_argument"),
+)
+"""The refusals (code, reason) :func:`refusals_visible` provokes."""
+
+
+def refusals_visible(version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest]) -> Case:
+    """Refusals of each kind against a server with an access file, a rate limit, ``--max-queued
+    4``, ``--max-waiting 0`` and a 1 MiB request limit; each must show in ``/metrics``
+    (``retrieval_refusals_total``) with its code and reason (issue 43: only ``code="OK"``)."""
+    # Heavy for its 256 queries, yet small enough (~30 KB) to be read whatever runs.
+    heavy = retrieval_pb2.BatchRetrieveRequest(requests=list(cheap[:256])).SerializeToString()
+    small = cheap[0].SerializeToString()
+    invalid = retrieval_pb2.RetrieveRequest(history=["1"], k=0).SerializeToString()
+    large = excluding(200_000).SerializeToString()  # 2 MiB
+    with tempfile.TemporaryDirectory(prefix="mitt-abuse-") as folder:
+        access = Path(folder) / "access.toml"
+        access.write_text(ACCESS_FILE)
+        flags = [
+            "--access-file",
+            str(access),
+            "--rate-limit",
+            "1000",
+            "--max-queued",
+            "4",
+            "--max-waiting",
+            "0",
+        ]
+        server, metrics_port = _serve(version, *flags, "--max-request-mb", "1")
+        try:
+            codes = []
+            for token, method, payload, times in (
+                ("", "GetModelInfo", b"", 3),
+                ("wrong", "GetModelInfo", b"", 3),
+                ("reader-token", "Retrieve", small, 3),
+                ("team-token", "Retrieve", small, 20),
+                ("ops-token", "Retrieve", invalid, 3),
+                ("ops-token", "Retrieve", large, 3),
+            ):
+                codes += _statuses(server.address, [(method, payload, 10.0)] * times, token, one_by_one=True)
+            # Heavy batches beside many small calls at once: no room for a second heavy one
+            # (--max-waiting 0), nor for more than 4 calls (--max-queued 4).
+            calls = [("BatchRetrieve", heavy, 60.0)] * 3 + [("Retrieve", small, 60.0)] * 32
+            codes += _statuses(server.address, calls, "ops-token")
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+        finally:
+            server.stop()
+    counted = _refusals(text)
+    shown = ", ".join(f"{code}/{reason} {n:.0f}" for (code, reason), n in sorted(counted.items()))
+    figures = f"client saw {_counts(codes)}; retrieval_refusals_total by code/reason: {shown}"
+    return Case("a refusal of each kind, in /metrics", figures, all(counted.get(r, 0) > 0 for r in REFUSALS))
+
+
+def _refusals(metrics: str) -> dict[tuple[str, str], float]:
+    """``retrieval_refusals_total`` by ``(code, reason)`` in a ``/metrics`` text, summed over
+    methods and identities."""
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "retrieval_refusals_total":
+                key = (sample.labels["code"], sample.labels["reason"])
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
 def abuse_main(args: argparse.Namespace) -> int:
     """``--abuse``: builds (or reuses) the soak's first version, runs every case, prints a row per
     case; exits 1 if one fails."""
@@ -266,6 +491,10 @@ def abuse_main(args: argparse.Namespace) -> int:
         heavy_flood(version, cheap, args.abuse, args.abuse_ceiling_mb),
         medium_burst(version, cheap),
         deadline_expiry(version, cheap),
+        costly_flood(version, cheap, args.abuse, "diversity"),
+        costly_flood(version, cheap, args.abuse, "exclusions"),
+        invalid_mixed(version, cheap, args.abuse / 2),
+        refusals_visible(version, cheap),
     ]
     print("| case | figures | passed |\n|---|---|---|")
     for case in cases:

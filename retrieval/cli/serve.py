@@ -268,7 +268,7 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-cost",
         type=float,
-        default=128.0,
+        default=64.0,
         help="cost heavier calls may hold at once (default %(default)s)",
     )
     limits.add_argument(

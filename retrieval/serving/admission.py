@@ -204,9 +204,12 @@ class AdmissionLimits:
             costliest one's (they share one search as deep as the deepest): a cheap call takes
             a share of a batch as large as its cost.
         cheap_bytes: requests larger than this (bytes) are not parsed while heavy calls leave
-            no room to wait (parsing a few MiB holds the interpreter for tens of ms).
+            no room to wait: an ordinary request is under 1 KiB, one of 64 KiB holds ~10,000
+            ids (heavy on any real catalogue), and parsing a few MiB holds the interpreter for
+            tens of ms.
         max_cost: cost units heavy calls may hold at once (a lone heavy call runs whatever
-            its cost).
+            its cost): 64 is ~25 ms of CPU in flight; on two cores more heavy calls at once
+            add latency for every call, not throughput (bench.robustness --abuse).
         max_waiting: heavy calls that may wait for capacity; more are refused at once.
         max_wait: seconds a heavy call waits for capacity (less if its deadline is nearer).
         chunk_cost: cost units a heavy call computes between two yields to cheap calls.
@@ -216,8 +219,8 @@ class AdmissionLimits:
 
     cheap_cost: float = 16.0
     batch_cost: float = 64.0
-    cheap_bytes: int = 256 * 1024
-    max_cost: float = 128.0
+    cheap_bytes: int = 64 * 1024
+    max_cost: float = 64.0
     max_waiting: int = 2
     max_wait: float = 1.0
     chunk_cost: float = 64.0

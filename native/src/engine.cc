@@ -2,8 +2,7 @@
 
 #include <algorithm>
 #include <exception>
-
-#include "merge.h"
+#include <stdexcept>
 
 namespace mitt::native {
 namespace {
@@ -21,7 +20,10 @@ void CheckShape(const KernelOutput& out, size_t batch) {
 }  // namespace
 
 Engine::Engine(std::shared_ptr<const Vocabulary> vocabulary, Kernel kernel, EngineOptions options)
-    : vocabulary_(std::move(vocabulary)), kernel_(std::move(kernel)), options_(std::move(options)) {}
+    : vocabulary_(std::move(vocabulary)),
+      kernel_(std::move(kernel)),
+      options_(std::move(options)),
+      merge_(vocabulary_->size()) {}
 
 KernelInput Engine::Input(const std::vector<const Query*>& rows) const {
   KernelInput in;
@@ -40,15 +42,15 @@ KernelInput Engine::Input(const std::vector<const Query*>& rows) const {
 }
 
 grpc::Status Engine::Respond(const Query& query, const KernelOutput& out, size_t row,
-                             retrieval::v1::RetrieveResponse* response) const {
+                             retrieval::v1::RetrieveResponse* response) {
   const size_t offset = row * out.interests * out.n;
-  const std::vector<ScoredItem> merged =
-      MergeMaxScore(out.ids.data() + offset, out.scores.data() + offset, out.interests, out.n, query.excluded, query.k);
+  std::vector<ScoredItem> merged;
+  try {
+    merged = merge_(out.ids.data() + offset, out.scores.data() + offset, out.interests, out.n, query.excluded, query.k);
+  } catch (const std::out_of_range& e) {
+    return {grpc::StatusCode::INTERNAL, e.what()};
+  }
   for (const ScoredItem& item : merged) {
-    if (!vocabulary_->Contains(item.id)) {
-      return {grpc::StatusCode::INTERNAL, "the kernel returned id " + std::to_string(item.id) +
-                                              ", outside the vocabulary's 1.." + std::to_string(vocabulary_->size())};
-    }
     retrieval::v1::ScoredItem* scored = response->add_items();
     scored->set_item_id(vocabulary_->External(item.id));
     scored->set_score(item.score);

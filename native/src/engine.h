@@ -11,6 +11,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "merge.h"
 #include "request.h"
 #include "retrieval.pb.h"
 #include "vocabulary.h"
@@ -81,11 +82,12 @@ class Engine {
   // Fills `response` from its query's kernel output; INTERNAL when the kernel named an id
   // outside the vocabulary.
   grpc::Status Respond(const Query& query, const KernelOutput& out, size_t row,
-                       retrieval::v1::RetrieveResponse* response) const;
+                       retrieval::v1::RetrieveResponse* response);
 
   const std::shared_ptr<const Vocabulary> vocabulary_;
   const Kernel kernel_;
   const EngineOptions options_;
+  MaxScoreMerge merge_;  // Answer's, on the batcher's thread
   std::atomic<uint64_t> calls_{0}, rows_{0}, batches_{0}, max_batch_rows_{0}, kernel_errors_{0}, cancelled_{0};
 };
 

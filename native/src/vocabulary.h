@@ -19,9 +19,7 @@ class Vocabulary {
 
   // The dense id of `id`, 0 when it is not in the vocabulary.
   int32_t Lookup(std::string_view id) const;
-  // True when `dense` names an item (1..size()).
-  bool Contains(int64_t dense) const { return dense >= 1 && dense <= static_cast<int64_t>(ids_.size()); }
-  // The external id of `dense`; requires Contains(dense).
+  // The external id of `dense`, 1..size().
   const std::string& External(int64_t dense) const { return ids_[static_cast<size_t>(dense - 1)]; }
   size_t size() const { return ids_.size(); }
 

@@ -196,6 +196,39 @@ def test_the_merge_keeps_each_items_best_score_and_breaks_ties_by_id(
     assert [VOCAB[i - 1] for i in merged.ids] == [i for i, _, _ in expected]
 
 
+def test_the_merge_equals_the_python_merge_on_ties_repeats_and_empty_slots(
+    serve: Callable[..., native.NativeServer],
+) -> None:
+    """Kernel answers drawn at random from few ids and few score values (so most candidates tie
+    or repeat across interests, some slots are empty): the answers equal index.merge.max_score's
+    over the same arrays with the history and exclude ids dropped."""
+    rng = np.random.default_rng(7)
+    answers: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def drawn(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids = rng.integers(-1, 12, (len(histories), 4, 9)).astype(np.int64)
+        ids[ids == 0] = -1
+        scores = rng.integers(0, 4, ids.shape).astype(np.float32) / 4
+        answers.append((ids, scores))
+        return ids, scores
+
+    server = serve(drawn)
+    with connected(address(server), retries=0) as client:
+        for _ in range(100):
+            history = [VOCAB[i] for i in rng.integers(0, 12, 2)]
+            exclude = [VOCAB[int(rng.integers(0, 12))]]
+            k = int(rng.integers(1, 13))
+            got = client.retrieve(history, k, exclude=exclude).items
+            ids, scores = answers[-1]
+            dropped = [VOCAB.index(i) + 1 for i in [*history, *exclude]]
+            merged = max_score(np.where(np.isin(ids[0], dropped), -1, ids[0]), scores[0], k)
+            expected = [
+                (VOCAB[i - 1], float(v), int(n))
+                for i, v, n in zip(merged.ids, merged.scores, merged.interests, strict=True)
+            ]
+            assert_answers(got, expected)
+
+
 # --- errors ----------------------------------------------------------------------------------------------
 
 

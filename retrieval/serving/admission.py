@@ -58,7 +58,7 @@ candidate: ~25 µs at 2,000 candidates)..."""
 DIVERSITY_CANDIDATES = 10_000
 """...and the candidates that double a pick's cost."""
 
-ROUND_ROBIN_PICKS = 250
+ROUND_ROBIN_PICKS = 200
 """Items the ROUND_ROBIN merge picks (one Python step each) for one unit."""
 
 RERANK_UNIT = 40
@@ -104,7 +104,7 @@ def cost(
         + ids / 1000                              ids looked up
         + candidates / 1000                       candidates = K × min(depth + excluded, items)
         + k × (1 + min(candidates, items) / 10,000) / 16    DIVERSITY: k greedy picks
-        + k / 250                                 ROUND_ROBIN: k picks
+        + k / 200                                 ROUND_ROBIN: k picks
         + reranked / 40                           candidates the ranker scores
         + 3 with explain                          one more tower call
 

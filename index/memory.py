@@ -58,48 +58,71 @@ def estimate_memory(factory: str, n: int, d: int) -> MemoryEstimate:
     if factory.startswith("L2MIPS,"):  # FaissIndex's MIPS-to-L2 reduction: one more dimension
         factory, d = factory.removeprefix("L2MIPS,"), d + 1
     parts = [p.strip() for p in factory.split(",") if p.strip()]
-    per_vector = 0.0  # bytes per vector of the FAISS structures (on disk and in memory)
-    fixed = 0.0
-    dim = d
-    i = 0
-    # Pre-transforms change the dimension the rest of the index sees.
-    while i < len(parts) and (m := re.fullmatch(r"(OPQ|PCAR?|PCAW|RR)(\d+)(?:_(\d+))?", parts[i])):
-        kind, a, b = m.group(1), int(m.group(2)), m.group(3)
-        out = int(b) if kind == "OPQ" and b else (dim if kind == "OPQ" else a)
-        fixed += 4 * (dim * out + dim)
-        dim = out
-        i += 1
-    storage: str | None = None
-    if i < len(parts) and (m := re.fullmatch(r"IVF(\d+)(?:_HNSW(\d+))?", parts[i])):
-        nlist = int(m.group(1))
-        fixed += 4 * nlist * dim + 24 * nlist  # centroids, one (codes, ids) vector pair per list
-        if m.group(2):
-            fixed += nlist * _hnsw_links(int(m.group(2)))
-        per_vector += 8  # the id stored beside each code
-        i += 1
-    elif i < len(parts) and (m := re.fullmatch(r"HNSW(\d+)(?:_(\w+))?", parts[i])):
-        per_vector += _hnsw_links(int(m.group(1)))
-        i += 1
-        storage = m.group(2) or "Flat"  # "HNSW32_PQ16" names its storage after the underscore
-        if not m.group(2) and i < len(parts) and parts[i] != "RFlat":
-            storage = parts[i]
-            i += 1
+    sizes = _Sizes(dim=d)
+    i = _pre_transforms(parts, sizes)
+    i, storage = _coarse_structure(parts, i, sizes)
     if storage is None:
         if i >= len(parts):
             raise ValueError(f"cannot estimate the memory of {factory!r}: no storage component")
         storage = parts[i]
         i += 1
-    codes, codebook = _codes(storage, dim, factory)
-    per_vector += codes
-    fixed += codebook
+    codes, codebook = _codes(storage, sizes.dim, factory)
+    sizes.per_vector += codes
+    sizes.fixed += codebook
     for extra in parts[i:]:
         if extra == "RFlat":
-            per_vector += 4 * d
+            sizes.per_vector += 4 * d
         else:
             raise ValueError(f"cannot estimate the memory of {factory!r}: unknown component {extra!r}")
-    disk = per_vector * n + fixed + 8 * n
-    memory = per_vector * n + fixed + _IDMAP2_MEMORY_PER_VECTOR * n
-    return MemoryEstimate(int(disk), int(memory), per_vector + _IDMAP2_MEMORY_PER_VECTOR, int(fixed))
+    disk = sizes.per_vector * n + sizes.fixed + 8 * n
+    memory = sizes.per_vector * n + sizes.fixed + _IDMAP2_MEMORY_PER_VECTOR * n
+    return MemoryEstimate(
+        int(disk), int(memory), sizes.per_vector + _IDMAP2_MEMORY_PER_VECTOR, int(sizes.fixed)
+    )
+
+
+@dataclass
+class _Sizes:
+    """What a factory string's components add up to as they are read: bytes per vector of the
+    FAISS structures (on disk and in memory), fixed bytes, and the dimension the next one sees."""
+
+    dim: int
+    per_vector: float = 0.0
+    fixed: float = 0.0
+
+
+def _pre_transforms(parts: list[str], sizes: _Sizes) -> int:
+    """Adds the leading pre-transforms (OPQ, PCA, RR), which change the dimension the rest of
+    the index sees; returns the index of the first other part."""
+    i = 0
+    while i < len(parts) and (m := re.fullmatch(r"(OPQ|PCAR?|PCAW|RR)(\d+)(?:_(\d+))?", parts[i])):
+        kind, a, b = m.group(1), int(m.group(2)), m.group(3)
+        out = int(b) if kind == "OPQ" and b else (sizes.dim if kind == "OPQ" else a)
+        sizes.fixed += 4 * (sizes.dim * out + sizes.dim)
+        sizes.dim = out
+        i += 1
+    return i
+
+
+def _coarse_structure(parts: list[str], i: int, sizes: _Sizes) -> tuple[int, str | None]:
+    """Adds an IVF or HNSW component at ``parts[i]``, if there is one; returns the index of the
+    next part and the storage HNSW names (``None``: the next part is the storage)."""
+    if i < len(parts) and (m := re.fullmatch(r"IVF(\d+)(?:_HNSW(\d+))?", parts[i])):
+        nlist = int(m.group(1))
+        sizes.fixed += 4 * nlist * sizes.dim + 24 * nlist  # centroids, one (codes, ids) vector pair per list
+        if m.group(2):
+            sizes.fixed += nlist * _hnsw_links(int(m.group(2)))
+        sizes.per_vector += 8  # the id stored beside each code
+        return i + 1, None
+    if i < len(parts) and (m := re.fullmatch(r"HNSW(\d+)(?:_(\w+))?", parts[i])):
+        sizes.per_vector += _hnsw_links(int(m.group(1)))
+        i += 1
+        storage = m.group(2) or "Flat"  # "HNSW32_PQ16" names its storage after the underscore
+        if not m.group(2) and i < len(parts) and parts[i] != "RFlat":
+            storage = parts[i]
+            i += 1
+        return i, storage
+    return i, None
 
 
 def _hnsw_links(m: int) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -126,22 +127,9 @@ def search_interests(
     Example:
         >>> result = search_interests(index, model.encode([history]), 10, exclude=[set(history)])
     """
-    if interests.ndim != 3:
-        raise ValueError(f"interests must have shape [B, K, d], got {list(interests.shape)}")
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
-    batch = interests.shape[0]
-    if exclude is not None and len(exclude) != batch:
-        raise ValueError(f"exclude has {len(exclude)} entries for a batch of {batch}")
-    if filter_inside and batch != 1:
-        raise ValueError(f"filter_inside is for a single user, got a batch of {batch}")
+    _check_request(interests, k, exclude, filter_inside)
     allowed = _allowed(allow, category, categories)
-
-    result = SearchResult(
-        ids=np.full((batch, k), -1, np.int64),
-        scores=np.full((batch, k), -np.inf, np.float32),
-        interests=np.full((batch, k), -1, np.int32),
-    )
+    result = _empty_result(interests.shape[0], k)
     users, slots = np.nonzero(np.any(interests != 0, axis=2))  # active interests, user-major
     if not len(users) or index.ntotal == 0:
         return result
@@ -152,7 +140,7 @@ def search_interests(
         # One filter for the whole batch: the index applies it inside the search.
         shared = SearchFilter.of(exclude[0] if exclude is not None else None, allowed)
         scores, ids = index.search(queries, max(k, per_interest_k or k), shared)
-        _combine(merge, result, users, slots, scores, ids, ids >= 0, k, per_interest_k, rescore)
+        _combine(merge, result, _Rows(users, slots, scores, ids, ids >= 0), k, per_interest_k, rescore)
         return result
 
     # Histories are dropped after one batched search over-fetching by the longest history:
@@ -161,30 +149,68 @@ def search_interests(
     fetch = min(max(k, per_interest_k or k) + max(len(e) for e in excluded), index.ntotal)
     scores, ids = index.search(queries, fetch, SearchFilter.of(allow=allowed))
     keep = (ids >= 0) & ~_excluded(users, ids, excluded)
-    _combine(merge, result, users, slots, scores, ids, keep, k, per_interest_k, rescore)
+    _combine(merge, result, _Rows(users, slots, scores, ids, keep), k, per_interest_k, rescore)
 
     # An approximate index may come back short for some user; search those alone, filter inside
     # (which returns k whenever k items pass).
+    for user in _short_users(index, result, users, excluded, allowed, k):
+        alone = search_interests(
+            index,
+            interests[user : user + 1],
+            k,
+            [excluded[user]],
+            allow=allowed,
+            merge=merge,
+            per_interest_k=per_interest_k,
+            filter_inside=True,
+            item_vectors=item_vectors,
+        )
+        result.ids[user], result.scores[user] = alone.ids[0], alone.scores[0]
+        result.interests[user] = alone.interests[0]
+    return result
+
+
+def _check_request(
+    interests: np.ndarray, k: int, exclude: Sequence[Collection[int]] | None, filter_inside: bool
+) -> None:
+    """Refuses interests not ``[B, K, d]``, a ``k`` not positive, or ``exclude`` not one per user."""
+    if interests.ndim != 3:
+        raise ValueError(f"interests must have shape [B, K, d], got {list(interests.shape)}")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    batch = interests.shape[0]
+    if exclude is not None and len(exclude) != batch:
+        raise ValueError(f"exclude has {len(exclude)} entries for a batch of {batch}")
+    if filter_inside and batch != 1:
+        raise ValueError(f"filter_inside is for a single user, got a batch of {batch}")
+
+
+def _empty_result(batch: int, k: int) -> SearchResult:
+    """``[batch, k]`` of padding: ids -1, scores -inf, interests -1."""
+    return SearchResult(
+        ids=np.full((batch, k), -1, np.int64),
+        scores=np.full((batch, k), -np.inf, np.float32),
+        interests=np.full((batch, k), -1, np.int32),
+    )
+
+
+def _short_users(
+    index: VectorIndex,
+    result: SearchResult,
+    users: np.ndarray,
+    excluded: Sequence[np.ndarray],
+    allowed: np.ndarray | None,
+    k: int,
+) -> list[int]:
+    """The searched users with fewer than ``k`` results although more items pass their filters."""
     found = (result.ids >= 0).sum(axis=1)
     short = [user for user in np.unique(users).tolist() if found[user] < k]
-    if short:
-        candidates = index.ids() if allowed is None else np.intersect1d(index.ids(), allowed)
-        for user in short:
-            if found[user] < len(candidates) - np.isin(excluded[user], candidates).sum():
-                alone = search_interests(
-                    index,
-                    interests[user : user + 1],
-                    k,
-                    [excluded[user]],
-                    allow=allowed,
-                    merge=merge,
-                    per_interest_k=per_interest_k,
-                    filter_inside=True,
-                    item_vectors=item_vectors,
-                )
-                result.ids[user], result.scores[user] = alone.ids[0], alone.scores[0]
-                result.interests[user] = alone.interests[0]
-    return result
+    if not short:
+        return []
+    candidates = index.ids() if allowed is None else np.intersect1d(index.ids(), allowed)
+    return [
+        user for user in short if found[user] < len(candidates) - np.isin(excluded[user], candidates).sum()
+    ]
 
 
 def _allowed(
@@ -200,14 +226,25 @@ def _allowed(
     return allowed
 
 
+class _Rows(NamedTuple):
+    """A batch's searched rows, one per active interest (user-major).
+
+    Attributes:
+        users, slots: int ``[M]``: the user and interest of each row.
+        scores, ids: ``[M, f]`` search results; ``keep`` bool ``[M, f]`` the results to use.
+    """
+
+    users: np.ndarray
+    slots: np.ndarray
+    scores: np.ndarray
+    ids: np.ndarray
+    keep: np.ndarray
+
+
 def _combine(
     merge: MergeFn | None,
     result: SearchResult,
-    users: np.ndarray,
-    slots: np.ndarray,
-    scores: np.ndarray,
-    ids: np.ndarray,
-    keep: np.ndarray,
+    searched: _Rows,
     k: int,
     per_interest_k: int | None,
     rescore: tuple[np.ndarray, np.ndarray] | None = None,
@@ -221,8 +258,9 @@ def _combine(
     with their exact scores under that interest instead.
     """
     if merge is None:
-        _merge(result, users, slots, scores, ids, keep, k)
+        _merge(result, searched, k)
         return
+    users, slots, scores, ids, keep = searched
     keep = keep & (np.cumsum(keep, axis=1) <= max(k, per_interest_k or k))
     num_interests = int(slots.max()) + 1 if len(slots) else 0
     for user in np.unique(users):
@@ -263,25 +301,14 @@ _SCORE_MASK = (1 << _SCORE_BITS) - 1
 _EMPTY = np.iinfo(np.int64).max  # sorts after every packed candidate
 
 
-def _merge(
-    result: SearchResult,
-    users: np.ndarray,
-    slots: np.ndarray,
-    scores: np.ndarray,
-    ids: np.ndarray,
-    keep: np.ndarray,
-    k: int,
-) -> None:
+def _merge(result: SearchResult, searched: _Rows, k: int) -> None:
     """Max-score merge of per-interest results into ``result``, all users at once.
 
     Each candidate is packed into one int64 so that two plain sorts of each user's row do the
     work: by (id, score descending, interest) to keep each id's best entry (ties: the lowest
     interest), then by (score descending, id, interest) for the top ``k`` (ties: smaller id).
-
-    Args:
-        users, slots: int ``[M]``: the user and interest of each searched row.
-        scores, ids: ``[M, f]`` search results; ``keep`` bool ``[M, f]`` the results to use.
     """
+    users, slots, scores, ids, keep = searched
     batch, f = result.ids.shape[0], ids.shape[1]
     num_interests = int(slots.max()) + 1
     s_bits = max(1, (num_interests - 1).bit_length())

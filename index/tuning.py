@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import faiss
@@ -275,12 +275,7 @@ def tune(
         >>> result.chosen.factory, result.chosen.search_params  # ('IVF1024,Flat', 'nprobe=16')
     """
     vectors = check_matrix(vectors, "vectors")
-    queries = check_matrix(queries, "queries", vectors.shape[1])
-    if not 0 < target_recall <= 1:
-        raise ValueError(f"target_recall must be in (0, 1], got {target_recall}")
-    queries = queries[np.any(queries != 0, axis=1)]
-    if not len(queries):
-        raise ValueError("no non-zero query vectors to tune on")
+    queries = _tuning_queries(check_matrix(queries, "queries", vectors.shape[1]), target_recall)
     ids = np.asarray(ids, np.int64)
     if isinstance(factories, str):
         factories = (
@@ -288,10 +283,8 @@ def tune(
         )
     truth = exact_neighbours(ids, vectors, queries, k)
     threads = faiss.omp_get_max_threads() if latency_threads is None else latency_threads
-
-    tried: list[OperatingPoint] = []
-    best: tuple[OperatingPoint, FaissIndex] | None = None
-    fallback: tuple[OperatingPoint, FaissIndex] | None = None
+    bench = _Bench(queries, truth, k, batch_size, max_latency_requests, threads)
+    choice = _Choice(target_recall, max_build_seconds)
     for factory in factories:
         start = time.perf_counter()
         try:
@@ -299,43 +292,93 @@ def tune(
         except ValueError as e:
             log.warning("skipping %s: %s", factory, e)
             continue
-        build_seconds = time.perf_counter() - start
-        for params in search_param_grid(index, k):
-            index.set_search_params(params)
-            _, found = index.search(queries, k)
-            recall = recall_of(found, truth)
-            p50, p99 = measure_latency(index, queries, k, batch_size, max_latency_requests, threads=threads)
-            point = OperatingPoint(factory, params, recall, p50, p99, build_seconds)
-            tried.append(point)
-            log.info(
-                "%-16s %-14s recall@%d %.4f  p50 %.3f ms  p99 %.3f ms", factory, params, k, recall, p50, p99
-            )
-            if recall >= target_recall:
-                if best is None or _cost(point, max_build_seconds) < _cost(best[0], max_build_seconds):
-                    best = (point, index)
-                break
-            if best is None and (fallback is None or recall > fallback[0].recall):
-                fallback = (point, index)
-            if best is not None and p50 > best[0].p99_ms:
-                break  # already dearer than the best point that reaches the target
-        # Leave the index at its cheapest setting reaching the target (or its best recall).
-        for kept in (best, fallback):  # the best point first: it may share the index
-            if kept is not None and kept[1] is index:
-                index.set_search_params(kept[0].search_params)
-                break
-    chosen = best or fallback
+        _sweep(index, factory, time.perf_counter() - start, bench, choice)
+    chosen = choice.best or choice.fallback
     if chosen is None:
         raise ValueError(f"no index could be built from {list(factories)}")
     point, index = chosen
     return TuningResult(
         index=index,
         chosen=point,
-        reached=best is not None,
+        reached=choice.best is not None,
         target_recall=target_recall,
         k=k,
-        tried=tuple(tried),
+        tried=tuple(choice.tried),
         num_queries=len(queries),
         batch_size=batch_size,
         threads=threads,
         max_build_seconds=max_build_seconds,
     )
+
+
+def _tuning_queries(queries: np.ndarray, target_recall: float) -> np.ndarray:
+    """The non-zero query rows; refuses a target outside ``(0, 1]`` or no such row."""
+    if not 0 < target_recall <= 1:
+        raise ValueError(f"target_recall must be in (0, 1], got {target_recall}")
+    queries = queries[np.any(queries != 0, axis=1)]
+    if not len(queries):
+        raise ValueError("no non-zero query vectors to tune on")
+    return queries
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """How :func:`tune` measures a point: recall@``k`` of ``queries`` against ``truth``, then latency."""
+
+    queries: np.ndarray
+    truth: np.ndarray
+    k: int
+    batch_size: int
+    max_requests: int
+    threads: int
+
+    def measure(self, index: FaissIndex, factory: str, params: str, build_seconds: float) -> OperatingPoint:
+        """``index`` set to ``params``, measured (and logged)."""
+        index.set_search_params(params)
+        _, found = index.search(self.queries, self.k)
+        recall = recall_of(found, self.truth)
+        p50, p99 = measure_latency(
+            index, self.queries, self.k, self.batch_size, self.max_requests, threads=self.threads
+        )
+        log.info(
+            "%-16s %-14s recall@%d %.4f  p50 %.3f ms  p99 %.3f ms", factory, params, self.k, recall, p50, p99
+        )
+        return OperatingPoint(factory, params, recall, p50, p99, build_seconds)
+
+
+@dataclass
+class _Choice:
+    """The points measured so far, the cheapest reaching the target, and the best recall short of it."""
+
+    target_recall: float
+    max_build_seconds: float | None
+    tried: list[OperatingPoint] = field(default_factory=list)
+    best: tuple[OperatingPoint, FaissIndex] | None = None
+    fallback: tuple[OperatingPoint, FaissIndex] | None = None
+
+    def cheaper(self, point: OperatingPoint) -> bool:
+        """Whether ``point`` costs less than the best point so far (:func:`_cost`), or there is none."""
+        if self.best is None:
+            return True
+        return _cost(point, self.max_build_seconds) < _cost(self.best[0], self.max_build_seconds)
+
+
+def _sweep(index: FaissIndex, factory: str, build_seconds: float, bench: _Bench, choice: _Choice) -> None:
+    """Measures ``index`` from its cheapest search setting up to the first reaching the target
+    (or one dearer than the best so far), and leaves it at its setting ``choice`` keeps."""
+    for params in search_param_grid(index, bench.k):
+        point = bench.measure(index, factory, params, build_seconds)
+        choice.tried.append(point)
+        if point.recall >= choice.target_recall:
+            if choice.cheaper(point):
+                choice.best = (point, index)
+            break
+        if choice.best is None and (choice.fallback is None or point.recall > choice.fallback[0].recall):
+            choice.fallback = (point, index)
+        if choice.best is not None and point.p50_ms > choice.best[0].p99_ms:
+            break  # already dearer than the best point that reaches the target
+    # Leave the index at its cheapest setting reaching the target (or its best recall).
+    for kept in (choice.best, choice.fallback):  # the best point first: it may share the index
+        if kept is not None and kept[1] is index:
+            index.set_search_params(kept[0].search_params)
+            break

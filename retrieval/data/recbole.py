@@ -68,26 +68,14 @@ def load_recbole(
     names, _, frame, lines, header = _read_atomic(path)
     item_path = Path(items) if items is not None else path.with_suffix(".item")
     item_names = _read_header(item_path)[0] if item_path.is_file() else []
-    unknown = [
-        f"{theirs!r} (data.columns.{ours})"
-        for ours, theirs in mapping.items()
-        if ours not in RECBOLE_COLUMNS and theirs not in names and theirs not in item_names
-    ]
-    if unknown:
-        raise DataError(f"{path}, line {header}: no field {', '.join(unknown)}; found: {', '.join(names)}")
-    explicit_time = "timestamp" in (columns or {})
-    inter_mapping = {
-        ours: theirs
-        for ours, theirs in mapping.items()
-        if theirs in names or ours in ("user", "item") or (ours == "timestamp" and explicit_time)
-    }
+    _check_fields(f"{path}, line {header}", mapping, names, item_names)
     data = table_interactions(
         frame,
         str(path),
         f"{path}, line {header}",
         lambda row: f"{path}, line {lines[row]}",
         True,
-        inter_mapping,
+        _inter_mapping(mapping, names, explicit_time="timestamp" in (columns or {})),
         timestamp_unit,
         need_time=False,
     )
@@ -95,7 +83,34 @@ def load_recbole(
         if items is not None:
             raise DataError(f"{item_path}: no such file")
         return data
-    table = _read_items(item_path, mapping["item"], mapping.get("title"))
+    return _with_items(data, _read_items(item_path, mapping["item"], mapping.get("title")))
+
+
+def _check_fields(where: str, mapping: Mapping[str, str], names: list[str], item_names: list[str]) -> None:
+    """Refuses a column mapping naming a field that neither the ``.inter`` (``names``) nor the
+    ``.item`` file has (RecBole's default names aside); ``where`` names the header."""
+    unknown = [
+        f"{theirs!r} (data.columns.{ours})"
+        for ours, theirs in mapping.items()
+        if ours not in RECBOLE_COLUMNS and theirs not in names and theirs not in item_names
+    ]
+    if unknown:
+        raise DataError(f"{where}: no field {', '.join(unknown)}; found: {', '.join(names)}")
+
+
+def _inter_mapping(mapping: Mapping[str, str], names: list[str], explicit_time: bool) -> dict[str, str]:
+    """The part of ``mapping`` the ``.inter`` file is read with: its fields, the user and the
+    item, and the timestamp when it has one or the mapping names it (``explicit_time``)."""
+    return {
+        ours: theirs
+        for ours, theirs in mapping.items()
+        if theirs in names or ours in ("user", "item") or (ours == "timestamp" and explicit_time)
+    }
+
+
+def _with_items(data: Interactions, table: pd.DataFrame) -> Interactions:
+    """``data`` with the ``.item`` file's items (``table``): every item of either, its attributes
+    and its title (the ``.inter``'s when both have one)."""
     ids = list(dict.fromkeys([*data.items["item"].tolist(), *table["item"].tolist()]))
     attributes = dict(zip(table["item"], table["attributes"], strict=True))
     known = pd.DataFrame({"item": ids, "attributes": [attributes.get(i) for i in ids]})

@@ -22,6 +22,7 @@ from retrieval.data.prepared.reader import (
 from retrieval.data.vocab import PAD
 from retrieval.evaluation.evaluate import evaluate_ranking, popularity_top_k
 from retrieval.evaluation.metrics import DEFAULT_KS, ranking_metrics
+from retrieval.evaluation.protocols import in_model_ids
 
 
 def _user_mean(batches: Iterator[tuple[int, dict[str, float]]]) -> tuple[dict[str, float], int]:
@@ -47,16 +48,11 @@ def _to_model(model: ModelArtifact, prepared: Prepared) -> np.ndarray | None:
 def _in_model_ids(batch: EvalBatch, to_model: np.ndarray | None) -> EvalBatch:
     """``batch`` in the model's ids: history items it does not know dropped (with their side
     features), unknown targets 0 (a miss), as :func:`~retrieval.evaluation.protocols.evaluate_protocol`
-    does."""
+    does (:func:`~retrieval.evaluation.protocols.in_model_ids`)."""
     if to_model is None:
         return batch
-    raw = [to_model[h] for h in batch.histories]
-    known = [h != PAD for h in raw]
-    features = {
-        name: [v[k] for v, k in zip(values, known, strict=True)] for name, values in batch.features.items()
-    }
-    histories = tuple(h[k] for h, k in zip(raw, known, strict=True))
-    return EvalBatch(batch.users, histories, to_model[batch.targets], features)
+    histories, features = in_model_ids(to_model, batch.histories, batch.features)
+    return EvalBatch(batch.users, tuple(histories), to_model[batch.targets], features)
 
 
 def evaluate_prepared_users(

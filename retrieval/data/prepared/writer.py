@@ -114,28 +114,14 @@ def prepare(
         DataError: unreadable or malformed input, naming the file (and row or line).
         FileExistsError: ``out`` exists and ``overwrite`` is false.
     """
-    if format is None:
-        format = _detect_format(path)
-    if format is not None and format not in FORMATS:
-        raise DataError(f"unknown data format {format!r}; expected one of {', '.join(FORMATS)}")
-    if partitions is not None and not 1 <= partitions <= MAX_PARTITIONS:
-        raise ValueError(f"partitions must be in 1..{MAX_PARTITIONS}, got {partitions}")
-    if users_per_row_group < 1 or batch_rows < 1:
-        raise ValueError("users_per_row_group and batch_rows must be positive")
+    format = _checked_format(path, format)
+    _check_sizes(partitions, users_per_row_group, batch_rows)
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass overwrite to replace it)")
     # The input is read (and checked) before the artifact is started, for in-memory formats;
     # the dataset path is checked as it streams, inside the temporary folder.
-    if format == "dataset" and (columns or timestamp_unit != "s"):
-        raise DataError(
-            f"{path}: a column mapping or timestamp unit is not read out of core (format dataset) "
-            "yet: name the columns user, item, timestamp (Unix seconds), or prepare a single file"
-        )
-    data = None
-    if format != "dataset":
-        loaded = load_interactions(path, format, columns=columns, timestamp_unit=timestamp_unit)
-        data = build_sequences(loaded)
+    data = _read_in_memory(path, format, columns, timestamp_unit)
     meta: dict[str, Any] = {
         "source": str(path),
         "format": format or "detected",
@@ -167,6 +153,40 @@ def prepare_dataset(
         path, out, "dataset", partitions, events_per_partition, users_per_row_group, batch_rows,
         overwrite, progress,
     )  # fmt: skip
+
+
+def _checked_format(path: str | Path, format: str | None) -> str | None:
+    """``format``, else the one :func:`_detect_format` sees (``None``: left to the loaders);
+    refuses an unknown one."""
+    if format is None:
+        format = _detect_format(path)
+    if format is not None and format not in FORMATS:
+        raise DataError(f"unknown data format {format!r}; expected one of {', '.join(FORMATS)}")
+    return format
+
+
+def _check_sizes(partitions: int | None, users_per_row_group: int, batch_rows: int) -> None:
+    """Refuses a partition count outside ``1..MAX_PARTITIONS`` or sizes that are not positive."""
+    if partitions is not None and not 1 <= partitions <= MAX_PARTITIONS:
+        raise ValueError(f"partitions must be in 1..{MAX_PARTITIONS}, got {partitions}")
+    if users_per_row_group < 1 or batch_rows < 1:
+        raise ValueError("users_per_row_group and batch_rows must be positive")
+
+
+def _read_in_memory(
+    path: str | Path, format: str | None, columns: Mapping[str, str] | None, timestamp_unit: str
+) -> SequenceData | None:
+    """The input's sequences, read in memory; ``None`` for a ``dataset`` (read out of core), which
+    takes no column mapping or timestamp unit yet."""
+    if format == "dataset" and (columns or timestamp_unit != "s"):
+        raise DataError(
+            f"{path}: a column mapping or timestamp unit is not read out of core (format dataset) "
+            "yet: name the columns user, item, timestamp (Unix seconds), or prepare a single file"
+        )
+    if format == "dataset":
+        return None
+    loaded = load_interactions(path, format, columns=columns, timestamp_unit=timestamp_unit)
+    return build_sequences(loaded)
 
 
 def _detect_format(path: str | Path) -> str | None:

@@ -263,29 +263,10 @@ def build_task(
     num_embeddings = len(target_probabilities)
     per_positive = negatives_per_positive > 0
     k = negatives_per_positive if per_positive else num_negatives
-
-    def sampled() -> SampledNegatives:
-        return SampledNegatives(sampler, k, per_positive)
-
-    def in_batch() -> InBatchNegatives:
-        return InBatchNegatives(target_probabilities, in_batch_candidates)
-
-    sources: dict[str, Callable[[], list[Negatives]]] = {
-        "sampled_softmax": lambda: [sampled()],
-        "full_softmax": lambda: [AllItems(num_embeddings)],
-        "in_batch": lambda: [in_batch()],
-        "mixed": lambda: [in_batch(), sampled()],
-        "bce": lambda: [sampled()],
-        "gbce": lambda: [sampled()],
-    }
-    if loss == "bce":
-        head: LogitLoss = GeneralisedBCE(1.0)
-    elif loss == "gbce":
-        head = GeneralisedBCE(GeneralisedBCE.beta_for(gbce_t, k, num_embeddings - 1))
-    else:
-        head = SoftmaxCrossEntropy()
+    head = _logit_loss(loss, gbce_t, k, num_embeddings)
+    negatives = _negatives(loss, sampler, k, per_positive, target_probabilities, in_batch_candidates)
     return RetrievalTask(
-        sources[loss](),
+        negatives,
         head,
         temperature,
         remove_accidental_hits,
@@ -295,3 +276,33 @@ def build_task(
         contrastive_weight,
         contrastive_temperature,
     )
+
+
+def _logit_loss(loss: str, gbce_t: float, k: int, num_embeddings: int) -> LogitLoss:
+    """The loss on the logits of the task named ``loss``: (g)BCE against ``k`` negatives, else softmax."""
+    if loss == "bce":
+        return GeneralisedBCE(1.0)
+    if loss == "gbce":
+        return GeneralisedBCE(GeneralisedBCE.beta_for(gbce_t, k, num_embeddings - 1))
+    return SoftmaxCrossEntropy()
+
+
+def _negatives(
+    loss: str,
+    sampler: CandidateSampler,
+    k: int,
+    per_positive: bool,
+    target_probabilities: np.ndarray,
+    in_batch_candidates: int | None,
+) -> list[Negatives]:
+    """The sources of negatives of the task named ``loss`` (arguments as :func:`build_task`'s)."""
+    if loss == "full_softmax":
+        return [AllItems(len(target_probabilities))]
+    if loss == "in_batch":
+        return [InBatchNegatives(target_probabilities, in_batch_candidates)]
+    if loss == "mixed":
+        return [
+            InBatchNegatives(target_probabilities, in_batch_candidates),
+            SampledNegatives(sampler, k, per_positive),
+        ]
+    return [SampledNegatives(sampler, k, per_positive)]  # sampled_softmax, bce, gbce

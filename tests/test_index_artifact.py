@@ -223,21 +223,22 @@ def test_build_index_tool(model: ModelArtifact, log_csv: Path, tmp_path: Path, m
 
     monkeypatch.setattr(retrieval.artifacts, "load_model", lambda path, verify=True: model)
     out = tmp_path / "index"
-    args = ["--model", "unused", "--out", str(out), "--factory", "auto", "--k", "10", "--data", str(log_csv)]
-    assert run_tool("build_index", *args, "--target-recall", "0.95", "--num-users", "40") == 0
+    given = ["--model", str(tmp_path)]  # load_model is the fake's; the folder exists, as checked first
+    args = [*given, "--out", str(out), "--factory", "auto", "--k", "10", "--data", str(log_csv)]
+    (tmp_path / "index.yaml").write_text("target_recall: 0.95\nnum_users: 40\n")  # settings from a file too
+    assert run_tool("build_index", *args, "--config", str(tmp_path / "index.yaml")) == 0
     captured = capsys.readouterr()
     assert "memory estimate for Flat over 600 x 16" in captured.err
     summary = json.loads(captured.out.strip().splitlines()[-1])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["tuning"]["reached"] and manifest["measured"]["recall"] >= 0.95
+    assert (manifest["tuning"]["target_recall"], manifest["tuning"]["k"]) == (0.95, 10)
+    assert manifest["tuning"]["num_queries"] == 40 * model.num_interests  # the file's users
     assert manifest["measured"]["query_source"] == "users" and summary["recall@10_vs_exact"] >= 0.95
     assert manifest["factory"] == manifest["tuning"]["chosen"]["factory"]
     # Without --data: a clear warning, and item vectors as queries.
     root = tmp_path / "root"
-    assert (
-        run_tool("build_index", "--model", "unused", "--out", str(root), "--publish", "--factory", "Flat")
-        == 0
-    )
+    assert run_tool("build_index", *given, "--out", str(root), "--publish", "--factory", "Flat") == 0
     assert "no --data" in capsys.readouterr().err
     assert load_index(root)[1]["measured"]["query_source"] == "items"
-    assert run_tool("build_index", "--model", "unused", "--out", str(out), "--factory", "Flat") == 2  # exists
+    assert run_tool("build_index", *given, "--out", str(out), "--factory", "Flat") == 2  # exists

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from retrieval.artifacts.index_config import IndexConfig, MilvusConfig
 from retrieval.config import apply_overrides, field_types, update_config
 from retrieval.ranking.config import RankerConfig
 from retrieval.training.config import Config, DataConfig, ModelConfig, TrainConfig
@@ -29,6 +30,8 @@ CONFIGS: dict[type, tuple[type, str]] = {
     ModelConfig: (Config, "model."),
     TrainConfig: (Config, "train."),
     RankerConfig: (RankerConfig, ""),
+    IndexConfig: (IndexConfig, ""),
+    MilvusConfig: (IndexConfig, "milvus."),
 }
 """Every config dataclass with fields of its own -> the config its overrides apply to, and the
 prefix of its keys there."""
@@ -164,12 +167,20 @@ REQUIRED = {
         ("train_ranker", "--batch-size", "0", ">= 1"),
         ("train_ranker", "--lr", "0", "> 0"),
         ("train_ranker", "--seed", "-3", "in [0, 4294967295]"),
+        ("build_index", "--k", "0", ">= 1"),
+        ("build_index", "--target-recall", "1.5", "in (0, 1]"),
+        ("build_index", "--target-recall", "0", "in (0, 1]"),
+        ("build_index", "--num-users", "0", ">= 1"),
+        ("build_index", "--train-size", "0", ">= 1"),
+        ("build_index", "--max-build-seconds", "0", "> 0"),
+        ("build_index", "--seed", "-1", "in [0, 4294967295]"),
     ],
 )
 def test_a_flag_out_of_range_is_named_as_typed(module: str, flag: str, value: str, expected: str) -> None:
     """Every numeric flag that sets a field: the message names the flag, not the field."""
     parse_args = importlib.import_module(f"retrieval.cli.{module}").parse_args
-    shown = str(float(value)) if flag == "--lr" else value  # a float field: the value as parsed
+    floats = ("--lr", "--target-recall", "--max-build-seconds")
+    shown = str(float(value)) if flag in floats else value  # a float field: the value as parsed
     with pytest.raises(ValueError, match=f"^{re.escape(f'{flag} {shown}: must be {expected}')}$"):
         parse_args([*REQUIRED[module], flag, value])
 
@@ -191,10 +202,6 @@ def test_a_config_file_out_of_range_names_the_file_and_key(tmp_path: Path) -> No
     ("module", "flag", "value", "expected"),
     [
         ("train", "--replicas", "0", ">= 1"),  # --strategy mirrored or not: a count
-        ("build_index", "--k", "0", ">= 1"),
-        ("build_index", "--target-recall", "1.5", "in (0, 1]"),
-        ("build_index", "--num-users", "0", ">= 1"),
-        ("build_index", "--max-build-seconds", "0", "> 0"),
         ("evaluate", "--negatives", "0", ">= 1"),
         ("evaluate", "--seed", "-1", "in [0, 4294967295]"),
         ("prepare", "--partitions", "0", "in [1, 4096]"),
@@ -255,15 +262,16 @@ def test_the_documented_ranges_are_the_declared_ones() -> None:
 
     text = (REPO_ROOT / "docs" / "configuration.md").read_text()
     lines = text.split("### Ranges\n", 1)[1].splitlines()
-    start = lines.index("| range | `mitt train` | `mitt train-ranker` |")
+    start = lines.index("| range | `mitt train` | `mitt train-ranker` | `mitt build-index` |")
     rows = itertools.takewhile(lambda line: line.startswith("|"), lines[start + 2 :])
+    command = {RankerConfig: "ranker.", IndexConfig: "index.", MilvusConfig: "index.milvus."}
     documented = {}
     for row in rows:
-        allowed, train, ranker = (cell.strip() for cell in row.strip("|").split("|"))
-        for key in re.findall(r"`([\w.]+)`", train) + [f"ranker.{k}" for k in re.findall(r"`(\w+)`", ranker)]:
-            documented[key] = allowed
+        allowed, *columns = (cell.strip() for cell in row.strip("|").split("|"))
+        for prefix, cell in zip(["", "ranker.", "index."], columns, strict=True):
+            documented |= {prefix + key: allowed for key in re.findall(r"`([\w.]+)`", cell)}
     declared = {
-        ("ranker." if cls is RankerConfig else CONFIGS[cls][1]) + name: str(allowed)
+        command.get(cls, CONFIGS[cls][1]) + name: str(allowed)
         for cls in CONFIGS
         for name, allowed in field_ranges(cls).items()
     }
@@ -275,6 +283,7 @@ def test_a_missing_config_file_is_refused_before_loading_tensorflow(tmp_path: Pa
     runs = [
         ["train", "--config", str(missing), "--out", str(tmp_path / "out")],
         ["train-ranker", "--config", str(missing), "--print-config"],
+        ["build-index", "--config", str(missing), "--model", str(tmp_path), "--out", str(tmp_path / "o")],
     ]
     done = subprocess.run(
         [sys.executable, "-c", CHILD.format(runs=runs)],
@@ -282,5 +291,5 @@ def test_a_missing_config_file_is_refused_before_loading_tensorflow(tmp_path: Pa
     )  # fmt: skip
     *results, loaded = done.stdout.strip().splitlines()
     line = f"error: cannot read config file {missing}: No such file or directory"
-    assert [ast.literal_eval(result) for result in results] == [(2, line)] * 2
+    assert [ast.literal_eval(result) for result in results] == [(2, line)] * len(runs)
     assert ast.literal_eval(loaded) == []

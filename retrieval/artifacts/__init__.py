@@ -4,6 +4,8 @@
   :class:`ModelArtifact`: vocabulary, item embeddings, the exported user tower).
 * :mod:`~retrieval.artifacts.index`: the index of a model's item embeddings, built, tuned to a
   recall target and measured against exact search.
+* :mod:`~retrieval.artifacts.index_config`: :class:`IndexConfig`, the settings of an index build
+  (``mitt build-index``), checked before FAISS is loaded.
 * :mod:`~retrieval.artifacts.ranker`: a pre-ranking model tied to a model's vocabulary
   (TensorFlow is imported only when one is loaded).
 * :mod:`~retrieval.artifacts.deployment`: a model, its index and rankers published together as

@@ -21,6 +21,14 @@ from .index import (
     tune_index_for_model,
     user_interest_queries,
 )
+from .index_config import (
+    AUTO_FACTORY,
+    AUTO_TARGET_RECALL,
+    BACKENDS,
+    IndexConfig,
+    MilvusConfig,
+    resolve_index_config,
+)
 from .model import (
     Features,
     ModelArtifact,
@@ -34,6 +42,9 @@ from .ranker import LoadedRanker, check_same_vocab, load_ranker, save_ranker
 from .ranker_inputs import AttributeTable
 
 __all__ = [
+    "AUTO_FACTORY",
+    "AUTO_TARGET_RECALL",
+    "BACKENDS",
     "INDEX_DIR",
     "MODEL_DIR",
     "RANKERS_DIR",
@@ -42,7 +53,9 @@ __all__ = [
     "CatalogueItem",
     "Categories",
     "Features",
+    "IndexConfig",
     "LoadedRanker",
+    "MilvusConfig",
     "ModelArtifact",
     "build_index_from_model",
     "build_milvus_index_from_model",
@@ -64,6 +77,7 @@ __all__ = [
     "read_item_attributes",
     "read_items",
     "read_model_vocab",
+    "resolve_index_config",
     "save_index",
     "save_ranker",
     "tune_index_for_model",

@@ -24,22 +24,19 @@ the version.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.cli.inputs import flag_inputs, missing_inputs
+from retrieval.cli.inputs import flag_inputs
+from retrieval.cli.startup import command_parser, log_to_stderr, ready, refuse
 from retrieval.storage import ArtifactError
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = command_parser(prog, __doc__)
     p.add_argument("--root", required=True, type=Path, help="deployment root (mitt deploy --root)")
     p.add_argument("--items", type=Path, help="JSON-lines file of items to add or update")
     p.add_argument("--remove", type=Path, help="file of item ids to remove, one per line")
@@ -50,9 +47,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         p.error("give --items, --remove, --compact or several")
     if args.keep < 1:
         p.error("--keep must be >= 1")
-    if missing_inputs(flag_inputs(args, "root", "items", "remove")):
+    if not ready(flag_inputs(args, "root", "items", "remove"), verbose=None):  # loads no TensorFlow
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr(logging.WARNING)
     # Imported here, never for --help: the artifacts layer loads FAISS and NumPy.
     from retrieval.artifacts.catalogue import change_catalogue, read_ids, read_items
 
@@ -64,8 +61,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                 raise ValueError(f"nothing to publish: {given} is empty")
         change = change_catalogue(args.root, items, remove, keep=args.keep, compact=args.compact or None)
     except (ArtifactError, ValueError, OSError) as e:
-        print(f"error: not published, {args.root} unchanged: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return refuse(f"not published, {args.root} unchanged: {' '.join(str(e).split())}")
     already = f" ({change.already_removed} removed already)" if change.already_removed else ""
     whole = ", written whole" if change.compacted else ""
     print(

@@ -14,6 +14,12 @@
         --uri http://milvus.internal:19530 --index-type HNSW --index-params '{"M": 32}' \\
         --search-params '{"ef": 128}' --token-env MILVUS_TOKEN
 
+Settings are applied in order: the defaults (retrieval/artifacts/index_config.py's IndexConfig),
+--config FILE (JSON or YAML, whole or partial), the flags below, then every --set (--set
+target_recall=0.95, --set milvus.index_type=IVF_FLAT). Every setting is checked against its
+choices or range, and the input folders' existence, before FAISS or TensorFlow is loaded;
+--print-config prints the resolved configuration as JSON and exits (docs/configuration.md).
+
 The memory estimate is printed before building; the chosen setting and its measured recall@k
 and latency go into the manifest. Prints one JSON line: the artifact, its shape, build time,
 and the measurements.
@@ -31,9 +37,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from retrieval.cli.inputs import flag_inputs, missing_inputs
-from retrieval.config import SEEDS, Range, ranged
-from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+# Configuration only: FAISS, pandas and TensorFlow are imported in main, once it is valid.
+from retrieval.artifacts import (
+    AUTO_FACTORY,
+    AUTO_TARGET_RECALL,
+    BACKENDS,
+    IndexConfig,
+    resolve_index_config,
+)
+from retrieval.cli.inputs import flag_inputs
+from retrieval.cli.startup import (
+    add_config_options,
+    command_parser,
+    layered,
+    log_to_stderr,
+    refuse,
+    require,
+    start,
+)
+from retrieval.environment import VERBOSE_HELP
 from retrieval.storage import ArtifactError
 
 if TYPE_CHECKING:
@@ -46,33 +68,50 @@ __all__ = ["main", "parse_args"]
 
 log = logging.getLogger("build_index")
 
+# flag dest -> IndexConfig field; a flag overrides its field only when given, and an error names it.
+FLAG_FIELDS = {
+    "factory": "factory",
+    "search_params": "search_params",
+    "backend": "backend",
+    "uri": "milvus.uri",
+    "collection": "milvus.collection",
+    "index_type": "milvus.index_type",
+    "index_params": "milvus.index_params",
+    "token_env": "milvus.token_env",
+    "target_recall": "target_recall",
+    "k": "k",
+    "num_users": "num_users",
+    "train_size": "train_size",
+    "max_build_seconds": "max_build_seconds",
+    "seed": "seed",
+}
 
-def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--model", required=True, type=Path, help="model artifact folder (mitt train --out)")
-    p.add_argument("--out", required=True, type=Path, help="index artifact folder to create")
+
+def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[IndexConfig, argparse.Namespace]:
+    """The resolved configuration and the parsed arguments; loads no FAISS, pandas or TensorFlow.
+
+    Raises:
+        ValueError: a bad config file or ``--set``, or a value outside its choices or range
+            (named by the flag, key or file it came from).
+    """
+    c = IndexConfig()
+    p = command_parser(prog, __doc__)
+    p.add_argument("--model", type=Path, help="model artifact folder (mitt train --out)")
+    p.add_argument("--out", type=Path, help="index artifact folder to create")
     p.add_argument(
         "--factory",
-        default="Flat",
-        help="FAISS factory string (HNSW32, IVF1024,Flat, OPQ16,IVF4096,PQ16) or auto",
+        help=f"FAISS factory string (HNSW32, IVF1024,Flat, OPQ16,IVF4096,PQ16) or {AUTO_FACTORY} "
+        f"(default {c.factory})",
     )
     p.add_argument(
         "--search-params",
-        default="",
         help="search parameters: FAISS's (nprobe=16, efSearch=128), or Milvus' as JSON ({\"ef\": 128})",
     )
-    p.add_argument(
-        "--backend",
-        choices=("faiss", "milvus"),
-        default="faiss",
-        help="where the vectors live (default faiss)",
-    )
+    p.add_argument("--backend", choices=BACKENDS, help=f"where the vectors live (default {c.backend})")
     p.add_argument("--uri", help="milvus: a milvus-lite file (runs/items.db) or a server (http://host:19530)")
     p.add_argument("--collection", help="milvus: the collection to create (default items_<model version>)")
     p.add_argument(
-        "--index-type", default="HNSW", help="milvus: FLAT, HNSW, IVF_FLAT, IVF_PQ... (default HNSW)"
+        "--index-type", help=f"milvus: FLAT, HNSW, IVF_FLAT, IVF_PQ... (default {c.milvus.index_type})"
     )
     p.add_argument(
         "--index-params", help='milvus: build parameters as JSON, e.g. {"M": 32, "efConstruction": 200}'
@@ -85,62 +124,40 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
     )
     p.add_argument(
         "--target-recall",
-        type=ranged(float, Range(0, 1, low_open=True)),
+        type=float,
         help="tune: the cheapest search parameters (and with --factory auto, index type) reaching "
-        "this recall@k against exact search (default 0.99 with --factory auto)",
+        f"this recall@k against exact search (default {AUTO_TARGET_RECALL} with --factory {AUTO_FACTORY})",
     )
-    p.add_argument(
-        "--k", type=ranged(int, Range(1)), default=50, help="recall cut-off for tuning and measuring"
-    )
+    p.add_argument("--k", type=int, help=f"recall cut-off for tuning and measuring (default {c.k})")
     p.add_argument("--data", help="interaction data whose users' interest vectors are the tuning queries")
     p.add_argument("--format", help="data format (movielens, s3rec, table); detected from --data by default")
     p.add_argument(
-        "--num-users", type=ranged(int, Range(1)), default=1000, help="users sampled from --data as queries"
+        "--num-users", type=int, help=f"users sampled from --data as queries (default {c.num_users})"
     )
+    p.add_argument("--train-size", type=int, help="vectors sampled to train IVF/PQ (default: automatic)")
     p.add_argument(
-        "--train-size",
-        type=ranged(int, Range(1)),
-        help="vectors sampled to train IVF/PQ (default: automatic)",
+        "--max-build-seconds", type=float, help="tuning prefers indexes built within this time (e.g. 60)"
     )
-    p.add_argument(
-        "--max-build-seconds",
-        type=ranged(float, Range(0, low_open=True)),
-        help="tuning prefers indexes built within this time (e.g. 60)",
-    )
-    p.add_argument("--seed", type=ranged(int, SEEDS), default=0)
+    p.add_argument("--seed", type=int, help=f"default {c.seed}")
     p.add_argument("--publish", action="store_true", help="write a new version under --out and swap to it")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    add_config_options(p, IndexConfig, set_help="any IndexConfig field, milvus.FIELD for Milvus'")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
-    if args.backend == "milvus":
-        if not args.uri:
-            p.error("--backend milvus needs --uri")
-        if args.factory != "Flat" or args.target_recall is not None:
-            p.error("--factory and --target-recall tune FAISS indexes; for Milvus give --index-type")
-        args.index_params = _json_object(p, "--index-params", args.index_params)
-        args.search_params = _json_object(p, "--search-params", args.search_params)
-    elif args.uri or args.collection or args.index_params or args.token_env:
-        p.error("--uri, --collection, --index-params and --token-env are for --backend milvus")
-    return args
-
-
-def _json_object(p: argparse.ArgumentParser, flag: str, text: str | None) -> dict[str, Any]:
-    """``text`` parsed as a JSON object (empty: ``{}``); a parser error otherwise."""
+    require(p, args, ["model", "out"])
+    config = layered(c, args, FLAG_FIELDS)
     try:
-        value = json.loads(text) if text else {}
-    except json.JSONDecodeError as e:
-        p.error(f"{flag} must be a JSON object: {e}")
-    if not isinstance(value, dict):
-        p.error(f"{flag} must be a JSON object, got {text}")
-    return value
+        return resolve_index_config(config), args
+    except ValueError as e:  # fields that do not go together: a usage error, as it always was
+        p.error(str(e))
 
 
-def tuning_queries(model: ModelArtifact, args: argparse.Namespace) -> np.ndarray:
+def tuning_queries(model: ModelArtifact, config: IndexConfig, args: argparse.Namespace) -> np.ndarray:
     """Real users' interests ``[U, K, d]`` from ``--data``, or sampled item vectors ``[q, d]``."""
     from retrieval.artifacts import item_queries, user_interest_queries
 
     if args.data:
-        queries = user_interest_queries(model, args.data, args.format, args.num_users, args.seed)
+        queries = user_interest_queries(model, args.data, args.format, config.num_users, config.seed)
         log.info("tuning on %d users' interest vectors from %s", len(queries), args.data)
         return queries
     print(
@@ -150,7 +167,7 @@ def tuning_queries(model: ModelArtifact, args: argparse.Namespace) -> np.ndarray
         file=sys.stderr,
         flush=True,
     )
-    return item_queries(model, args.num_users * model.num_interests, args.seed)
+    return item_queries(model, config.num_users * model.num_interests, config.seed)
 
 
 def print_memory(factories: Sequence[str], n: int, d: int) -> None:
@@ -164,66 +181,67 @@ def print_memory(factories: Sequence[str], n: int, d: int) -> None:
         print(f"memory estimate for {factory} over {n} x {d}: {estimate}", file=sys.stderr, flush=True)
 
 
-def build(model: ModelArtifact, queries: np.ndarray, args: argparse.Namespace) -> tuple[VectorIndex, Any]:
-    """The index the arguments ask for, and the tuner's record (``None`` when not tuned)."""
+def build(
+    model: ModelArtifact, queries: np.ndarray, config: IndexConfig, overwrite: bool
+) -> tuple[VectorIndex, Any]:
+    """The index ``config`` asks for, and the tuner's record (``None`` when not tuned)."""
     from retrieval.artifacts import (
         build_index_from_model,
         build_milvus_index_from_model,
         tune_index_for_model,
     )
 
-    if args.target_recall is not None:
+    if config.target_recall is not None:
         result = tune_index_for_model(
             model,
             queries,
-            args.k,
-            args.target_recall,
-            args.factory,
-            train_size=args.train_size,
-            seed=args.seed,
-            max_build_seconds=args.max_build_seconds,
+            config.k,
+            config.target_recall,
+            config.factory,
+            train_size=config.train_size,
+            seed=config.seed,
+            max_build_seconds=config.max_build_seconds,
         )
         if not result.reached:
             log.warning(
                 "%s reaches recall@%d %.4f at best, short of %.4f",
-                result.chosen.factory, args.k, result.chosen.recall, args.target_recall,
+                result.chosen.factory, config.k, result.chosen.recall, config.target_recall,
             )  # fmt: skip
         return result.index, result.summary()
-    if args.backend == "milvus":
+    if config.backend == "milvus":
+        milvus = config.milvus
+        assert milvus.uri is not None  # resolve_index_config refuses Milvus without one
         # Milvus names hold letters, digits and underscores only.
-        collection = args.collection or "items_" + re.sub(r"\W", "_", model.version)
-        milvus = build_milvus_index_from_model(
+        collection = milvus.collection or "items_" + re.sub(r"\W", "_", model.version)
+        built = build_milvus_index_from_model(
             model,
-            args.uri,
+            milvus.uri,
             collection,
-            index_type=args.index_type,
-            index_params=args.index_params,
-            search_params=args.search_params,
-            token_env=args.token_env,
-            overwrite=args.overwrite,
+            index_type=milvus.index_type,
+            index_params=milvus.index_params,
+            search_params=config.milvus_search_params,
+            token_env=milvus.token_env,
+            overwrite=overwrite,
         )
-        return milvus, None
+        return built, None
     faiss = build_index_from_model(
-        model, args.factory, args.search_params, train_size=args.train_size, seed=args.seed
+        model, config.factory, config.search_params, train_size=config.train_size, seed=config.seed
     )
     return faiss, None
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    args = parse_args(argv, prog)
-    if args.factory == "auto" and args.target_recall is None:
-        args.target_recall = 0.99
-    if missing_inputs(flag_inputs(args, "model", "data")):
-        return 2
-    quiet_tensorflow(args.verbose)
+    started = start(parse_args, argv, prog, lambda _, args: flag_inputs(args, "model", "data"))
+    if isinstance(started, int):
+        return started
+    config, args = started
     # Imported here, once TensorFlow's logging is set and never for --help: they load FAISS and
     # pandas, and TensorFlow with the model.
     from index import candidate_factories
     from retrieval.artifacts import load_model, measure_index, publish_index, save_index
     from retrieval.data import DataError
 
-    # Configured after the imports: FAISS's loader logs at INFO every build of it that it tries.
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     try:
         if args.publish and args.overwrite:
             raise ValueError("--publish keeps versions side by side: --overwrite does not apply")
@@ -231,12 +249,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             raise FileExistsError(f"{args.out} already exists (pass --overwrite to replace it)")
         model = load_model(args.model)
         n, d = len(model.vocab), model.dim
-        print_memory(candidate_factories(n, d) if args.factory == "auto" else [args.factory], n, d)
-        queries = tuning_queries(model, args)
-        start = time.perf_counter()
-        index, tuning = build(model, queries, args)
-        seconds = time.perf_counter() - start
-        measured = measure_index(index, model, queries, args.k)
+        print_memory(candidate_factories(n, d) if config.factory == AUTO_FACTORY else [config.factory], n, d)
+        queries = tuning_queries(model, config, args)
+        start_time = time.perf_counter()
+        index, tuning = build(model, queries, config, args.overwrite)
+        seconds = time.perf_counter() - start_time
+        measured = measure_index(index, model, queries, config.k)
         measured["query_source"] = "users" if args.data else "items"
         if args.publish:
             out = publish_index(index, args.out, model, measured=measured, tuning=tuning)
@@ -247,15 +265,14 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                 "version"
             ]
     except (ArtifactError, DataError, ValueError, FileExistsError, RuntimeError) as e:  # no pymilvus: Runtime
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     summary = {
         "out": str(out),
         "version": version,
         "model_version": model.version,
         **index.describe(),
         "build_seconds": round(seconds, 3),
-        f"recall@{args.k}_vs_exact": measured["recall"],
+        f"recall@{config.k}_vs_exact": measured["recall"],
         "measured": measured,
     }
     print(json.dumps(summary))

@@ -14,24 +14,21 @@ new version folder.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
-from retrieval.cli.inputs import flag_inputs, missing_inputs
-from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.cli.inputs import flag_inputs
+from retrieval.cli.startup import command_parser, log_to_stderr, ready, refuse
+from retrieval.environment import VERBOSE_HELP
 from retrieval.storage import ArtifactError
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = command_parser(prog, __doc__)
     p.add_argument("--model", required=True, type=Path, help="model artifact folder")
     p.add_argument("--index", required=True, type=Path, help="index artifact folder built from that model")
     p.add_argument("--root", required=True, type=Path, help="deployment root (created if missing)")
@@ -47,10 +44,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = p.parse_args(argv)
     if args.keep < 1:
         p.error("--keep must be >= 1")
-    if missing_inputs(flag_inputs(args, "model", "index", "ranker")):
+    if not ready(flag_inputs(args, "model", "index", "ranker"), args.verbose):
         return 2
-    quiet_tensorflow(args.verbose)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr(logging.WARNING)
     # Imported here, never for --help: the artifacts layer loads FAISS and pandas, and the
     # check TensorFlow, once its logging is set.
     from retrieval.artifacts import publish_deployment
@@ -64,7 +60,6 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             args.model, args.index, args.root, args.keep, ranker_dirs=args.ranker, check=check
         )
     except ArtifactError as e:
-        print(f"error: not published, {args.root} unchanged: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return refuse(f"not published, {args.root} unchanged: {' '.join(str(e).split())}")
     print(folder)
     return 0

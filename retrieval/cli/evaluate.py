@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 # Light names only: the model, the index and the evaluation itself are imported in main.
 from retrieval.cli.inputs import flag_inputs, missing_inputs
+from retrieval.cli.startup import command_parser, refuse
 from retrieval.config import SEEDS, Range, ranged
 from retrieval.data import DEFAULT_SEED, PROTOCOLS
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
@@ -45,9 +45,7 @@ __all__ = ["main", "parse_args"]
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = command_parser(prog, __doc__)
     p.add_argument("--model", help="model artifact folder (mitt train --out)")
     p.add_argument("--data", help="interactions, same formats as mitt train")
     p.add_argument(
@@ -100,15 +98,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         try:
             rows = [row for run in args.compare for row in load_run_rows(run)]
         except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return refuse(e)
         metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
         print(comparison_markdown(rows, metrics))
         return 0
     out = None if args.out is None else Path(args.out)
     if out is not None and (out / "manifest.json").exists():
-        print(f"error: {out} is an artifact folder (checksummed); write --out elsewhere", file=sys.stderr)
-        return 2
+        return refuse(f"{out} is an artifact folder (checksummed); write --out elsewhere")
     quiet_tensorflow(args.verbose)
     from retrieval.artifacts import load_index, load_model
     from retrieval.evaluation import ProtocolResult, evaluate_prepared_users, evaluate_protocol
@@ -134,8 +130,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                 num_negatives=args.negatives,
             )
     except (ArtifactError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     record = result.record(
         model=args.model,
         model_version=model.version,

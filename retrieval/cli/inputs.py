@@ -19,7 +19,7 @@ from pathlib import Path
 
 from retrieval.config import flag_of
 
-__all__ = ["flag_inputs", "missing_inputs"]
+__all__ = ["Input", "flag_inputs", "missing_inputs"]
 
 Input = str | Path | Sequence[str | Path] | None
 """What a flag gave: a path, several (a repeatable flag), or nothing (not given)."""

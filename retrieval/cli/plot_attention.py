@@ -11,20 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.cli.inputs import flag_inputs, missing_inputs
-from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.cli.inputs import flag_inputs
+from retrieval.cli.startup import command_parser, log_to_stderr, ready, refuse
+from retrieval.environment import VERBOSE_HELP
 
 __all__ = ["main", "parse_args"]
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = command_parser(prog, __doc__)
     p.add_argument("--model", required=True, type=Path, help="model artifact folder (mitt train --out)")
     p.add_argument("--data", required=True, help="interactions holding the user (same formats as training)")
     p.add_argument("--format", choices=["movielens", "s3rec", "table"], help="override format detection")
@@ -36,19 +34,17 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
-    if missing_inputs(flag_inputs(args, "model", "data")):
+    if not ready(flag_inputs(args, "model", "data"), args.verbose):
         return 2
-    quiet_tensorflow(args.verbose)
     # Imported here, once TensorFlow's logging is set and never for --help: the training layer
     # loads TensorFlow, the data layer pandas.
     from retrieval.data import DataError
     from retrieval.training import plot_user_attention
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr(logging.WARNING)
     try:
         maps = plot_user_attention(args.model, args.data, args.user, args.out, args.format)
     except (ValueError, DataError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print(json.dumps({"out": str(args.out), "maps": {k: list(v.shape) for k, v in maps.items()}}))
     return 0

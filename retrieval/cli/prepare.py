@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.cli.inputs import flag_inputs, missing_inputs
+from retrieval.cli.inputs import flag_inputs
+from retrieval.cli.startup import command_parser, log_to_stderr, ready, refuse
 from retrieval.config import Range, ranged
 from retrieval.storage import ArtifactError
 
@@ -37,9 +36,7 @@ BATCH_ROWS = 1 << 18
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = command_parser(prog, __doc__)
     p.add_argument("--data", required=True, help="input: file, folder or URI")
     p.add_argument("--format", choices=FORMATS, help="override format detection")
     p.add_argument(
@@ -84,11 +81,11 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
-    if missing_inputs(flag_inputs(args, "data")):
+    if not ready(flag_inputs(args, "data"), verbose=None):  # loads no TensorFlow
         return 2
     from retrieval.data import parse_columns, prepare  # here, never for --help: prepare loads pandas
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     try:
         meta = prepare(
             args.data,
@@ -104,7 +101,6 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             progress=not args.quiet,
         )
     except (ValueError, FileExistsError, ArtifactError) as e:  # DataError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print(json.dumps({"out": str(args.out), **meta.to_dict()}, indent=2))
     return 0

@@ -27,26 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 # Configuration only (no TensorFlow, no data libraries): the training itself is imported in
 # main, once the configuration is known to be valid.
-from retrieval.cli.inputs import missing_inputs
-from retrieval.config import (
-    Range,
-    apply_flags,
-    apply_overrides,
-    config_to_json,
-    load_config_file,
-    ranged,
-    update_config,
-)
+from retrieval.cli.inputs import Input
+from retrieval.cli.startup import add_config_options, command_parser, layered, log_to_stderr, refuse, start
+from retrieval.config import Range, apply_overrides, ranged
 from retrieval.data import DATA_ROOT_ENV, TIMESTAMP_UNITS, parse_columns
-from retrieval.environment import VERBOSE_HELP, progress_verbosity, quiet_tensorflow
+from retrieval.environment import VERBOSE_HELP, progress_verbosity
 from retrieval.storage import ArtifactError
 from retrieval.training import (
     DATA_FORMATS,
@@ -86,17 +76,10 @@ FLAG_FIELDS = {
 }
 
 
-def _layered(config: Config, args: argparse.Namespace, file: dict[str, Any] | None) -> Config:
-    """``config`` under the layers after the preset: the --config ``file``, --columns, the
-    flags, --set."""
-    if file is not None:
-        try:
-            config = update_config(config, file)
-        except ValueError as e:
-            raise ValueError(f"{args.config}: {e}") from None
-    if args.columns is not None:
-        config = update_config(config, {"data": {"columns": parse_columns(args.columns)}})
-    return apply_overrides(apply_flags(config, vars(args), FLAG_FIELDS), args.set)
+def _layered(config: Config, args: argparse.Namespace) -> Config:
+    """``config`` under the layers after the preset: the --config file, --columns, the flags, --set."""
+    columns = None if args.columns is None else {"data": {"columns": parse_columns(args.columns)}}
+    return layered(config, args, FLAG_FIELDS, columns)
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Config, argparse.Namespace]:
@@ -108,9 +91,7 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
             (a preset's dataset) no data root.
     """
     m, t = ModelConfig(), TrainConfig()
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = command_parser(prog, __doc__)
     p.add_argument(
         "--data",
         help="interactions: ML-100K/1M folder, S3-Rec or SASRec .txt, CSV/TSV/Parquet, RecBole .inter",
@@ -145,19 +126,10 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
     p.add_argument("--resume", action="store_true", help="continue the interrupted run in OUT.partial")
     p.add_argument("--preset", help=f"named hyper-parameters (and dataset): {', '.join(preset_names())}")
     p.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="settings from a JSON or YAML file (after --preset, before the flags and --set)",
-    )
-    p.add_argument(
         "--data-root",
         type=Path,
         metavar="DIR",
         help=f"where a preset's dataset is (default: ${DATA_ROOT_ENV})",
-    )
-    p.add_argument(
-        "--print-config", action="store_true", help="print the resolved configuration as JSON and exit"
     )
     p.add_argument("--model", choices=TOWERS, help=f"user tower (default {m.tower})")
     p.add_argument("--dim", type=int, help=f"embedding size (default {m.dim})")
@@ -196,18 +168,21 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
         choices=LR_SCALINGS,
         help="multiply the learning rate by the replicas (linear) or their square root (default none)",
     )
-    p.add_argument(
-        "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="any other config field"
+    add_config_options(
+        p,
+        Config,
+        file_help="settings from a JSON or YAML file (after --preset, before the flags and --set)",
+        set_metavar="SECTION.FIELD=VALUE",
+        set_help="any other config field",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
-    file = load_config_file(args.config) if args.config is not None else None
     if args.preset:
         preset = get_preset(args.preset)
-    else:  # the tower's own preset, for the tower the other layers name
-        preset = get_preset(preset_for(None, _layered(Config(), args, file).model.tower))
-    config = _layered(apply_overrides(Config(), preset.overrides), args, file)
+    else:  # the tower's own preset, for the tower the other layers name (the file is read twice)
+        preset = get_preset(preset_for(None, _layered(Config(), args).model.tower))
+    config = _layered(apply_overrides(Config(), preset.overrides), args)
     if preset.dataset and not config.data.path:  # unless a later layer named data
         config = apply_overrides(config, [f"data.path={preset.dataset_path(args.data_root)}"])
     if args.replicas is not None and args.strategy != "mirrored":
@@ -220,24 +195,19 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> tuple[Con
     return config, args
 
 
+def _inputs(config: Config, args: argparse.Namespace) -> Mapping[str, Input]:
+    """The data, named as given: ``--data``, or ``data.path`` (a --set, a file, a preset)."""
+    return {"--data" if args.data == config.data.path else "data.path": config.data.path}
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    try:
-        config, args = parse_args(argv, prog)
-    except ValueError as e:  # a DataError (no data root, no dataset) is one too
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(config_to_json(config))
-        return 0
-    given = "--data" if args.data == config.data.path else "data.path"  # or a --set, a file, a preset
-    if missing_inputs({given: config.data.path}):
-        return 2
-    quiet_tensorflow(args.verbose)
+    started = start(parse_args, argv, prog, _inputs)
+    if isinstance(started, int):
+        return started
+    config, args = started
     from retrieval.training import is_chief, make_strategy, train  # TensorFlow, from here on
 
-    # After the imports: configured before, logging would show the libraries' own loading lines.
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
+    log_to_stderr()
     try:
         # The process's first TensorFlow op: a multi-worker strategy must precede all others.
         strategy = make_strategy(args.strategy, args.replicas)
@@ -251,8 +221,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             strategy=strategy,
         )
     except (ValueError, FileExistsError, ArtifactError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     keys = ("validation", "test", "baseline_popularity_test", "train_seconds", "steps_trained", "best_step")
     out = args.out if is_chief(strategy) else None  # other workers write nothing
     print(json.dumps({"out": out, **{k: getattr(result, k) for k in keys}}, indent=2))

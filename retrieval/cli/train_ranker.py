@@ -32,15 +32,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 # Configuration only (no TensorFlow): training is imported in main, once the configuration is valid.
-from retrieval.cli.inputs import flag_inputs, missing_inputs
-from retrieval.config import apply_flags, apply_overrides, config_to_json, load_config_file, update_config
-from retrieval.environment import VERBOSE_HELP, progress_verbosity, quiet_tensorflow
+from retrieval.cli.inputs import flag_inputs
+from retrieval.cli.startup import (
+    add_config_options,
+    command_parser,
+    layered,
+    log_to_stderr,
+    refuse,
+    require,
+    start,
+)
+from retrieval.environment import VERBOSE_HELP, progress_verbosity
 from retrieval.ranking import ITEM_INITS, RankerConfig
 from retrieval.storage import ArtifactError
 
@@ -75,9 +81,7 @@ def parse_args(
             (named by the flag, key or file it came from).
     """
     c = RankerConfig()
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = command_parser(prog, __doc__)
     p.add_argument("--model", type=Path, help="retrieval model folder (mitt train --out)")
     p.add_argument("--index", type=Path, help="its index folder (mitt build-index --out)")
     p.add_argument("--data", help="the interactions the retriever was trained on")
@@ -86,15 +90,6 @@ def parse_args(
                    "unless --config names one)")  # fmt: skip
     p.add_argument("--out", type=Path, help="ranker artifact folder to create")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    p.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="settings from a JSON or YAML file (before the flags and --set)",
-    )
-    p.add_argument(
-        "--print-config", action="store_true", help="print the resolved configuration as JSON and exit"
-    )
     p.add_argument("--epochs", type=int, help=f"default {c.epochs} (early stopping: patience {c.patience})")
     p.add_argument(
         "--negatives",
@@ -120,49 +115,23 @@ def parse_args(
     p.add_argument("--batch-size", type=int, help=f"default {c.batch_size}")
     p.add_argument("--lr", type=float, help=f"learning rate (default {c.learning_rate})")
     p.add_argument("--seed", type=int, help=f"default {c.seed}")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="any RankerConfig field, or options.NAME",
-    )
+    add_config_options(p, RankerConfig, set_help="any RankerConfig field, or options.NAME")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = p.parse_args(argv)
-    if not args.print_config:
-        missing = [f"--{name}" for name in REQUIRED if getattr(args, name) is None]
-        if args.ranker is None and args.config is None:
-            missing.append("--ranker (or --config)")
-        if missing:
-            p.error(f"the following arguments are required: {', '.join(missing)}")
-    config = c
-    if args.config is not None:
-        file = load_config_file(args.config)
-        try:
-            config = update_config(c, file)
-        except ValueError as e:
-            raise ValueError(f"{args.config}: {e}") from None
-    return apply_overrides(apply_flags(config, vars(args), FLAG_FIELDS), args.set), args
+    unnamed = args.ranker is None and args.config is None
+    require(p, args, REQUIRED, ["--ranker (or --config)"] if unnamed else [])
+    return layered(c, args, FLAG_FIELDS), args
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    try:
-        config, args = parse_args(argv, prog)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(config_to_json(config))
-        return 0
-    if missing_inputs(flag_inputs(args, "model", "index", "data")):
-        return 2
-    quiet_tensorflow(args.verbose)
+    started = start(parse_args, argv, prog, lambda _, args: flag_inputs(args, "model", "index", "data"))
+    if isinstance(started, int):
+        return started
+    config, args = started
     from retrieval.ranking import check_config, train_ranker_from_dirs  # TensorFlow, from here on
 
-    # After the imports: configured before, logging would show the libraries' own loading lines.
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
+    log_to_stderr()
     try:
         check_config(config)  # the ranker's name and the negatives' sources, before any data is read
         result = train_ranker_from_dirs(
@@ -176,8 +145,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             verbose=progress_verbosity(args.quiet),
         )
     except (ValueError, FileExistsError, ArtifactError) as e:  # a DataError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     keys = ("ranker", "users", "candidates", "candidate_recall", "retrieval", "reranked", "validation")
     print(json.dumps({"out": str(args.out), **{k: getattr(result, k) for k in keys}}, indent=2))
     return 0

@@ -47,7 +47,7 @@ grpc::Status Engine::Respond(const Query& query, const KernelOutput& out, size_t
   std::vector<ScoredItem> merged;
   try {
     merged = merge_(out.ids.data() + offset, out.scores.data() + offset, out.interests, out.n, query.excluded, query.k);
-  } catch (const std::out_of_range& e) {
+  } catch (const std::logic_error& e) {  // an id outside the vocabulary, a NaN score
     return {grpc::StatusCode::INTERNAL, e.what()};
   }
   for (const ScoredItem& item : merged) {

@@ -1,17 +1,18 @@
 #include "merge.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
 namespace mitt::native {
 namespace {
 
-// Heap order: the best candidate (highest score, then smaller id, then lower interest) on top.
-bool Worse(const ScoredItem& a, const ScoredItem& b) {
-  if (a.score != b.score) return a.score < b.score;
-  if (a.id != b.id) return a.id > b.id;
-  return a.interest > b.interest;
+// The merge's order: higher score, then smaller id, then lower interest.
+inline bool Better(const ScoredItem& a, const ScoredItem& b) {
+  if (a.score != b.score) return a.score > b.score;
+  if (a.id != b.id) return a.id < b.id;
+  return a.interest < b.interest;
 }
 
 }  // namespace
@@ -26,8 +27,12 @@ std::vector<ScoredItem> MaxScoreMerge::operator()(const int64_t* ids, const floa
   for (const int64_t id : excluded) {
     if (id >= 1 && id <= max_id) stamps_[static_cast<size_t>(id)] = round_;
   }
-  heap_.clear();
+  items_.clear();
+  next_.clear();
+  end_.clear();
   for (size_t row = 0; row < num_interests; ++row) {
+    const size_t begin = items_.size();
+    bool sorted = true;
     for (size_t col = 0; col < n; ++col) {
       const int64_t id = ids[row * n + col];
       if (id < 0) continue;
@@ -35,22 +40,33 @@ std::vector<ScoredItem> MaxScoreMerge::operator()(const int64_t* ids, const floa
         throw std::out_of_range("the kernel returned id " + std::to_string(id) + ", outside the vocabulary's 1.." +
                                 std::to_string(max_id));
       }
-      if (stamps_[static_cast<size_t>(id)] != round_) {
-        heap_.push_back({id, scores[row * n + col], static_cast<int32_t>(row)});
+      const float score = scores[row * n + col];
+      if (std::isnan(score)) throw std::domain_error("the kernel returned a NaN score for id " + std::to_string(id));
+      if (stamps_[static_cast<size_t>(id)] == round_) continue;
+      items_.push_back({id, score, static_cast<int32_t>(row)});
+      sorted = sorted && (items_.size() == begin + 1 || !Better(items_.back(), items_[items_.size() - 2]));
+    }
+    // A kernel lists ties in any order (FAISS does): the merge needs them by id.
+    if (!sorted) std::sort(items_.begin() + static_cast<std::ptrdiff_t>(begin), items_.end(), Better);
+    next_.push_back(begin);
+    end_.push_back(items_.size());
+  }
+  // K-way merge of the rows, best first: an id's first appearance is its best (and its lowest
+  // interest among equal scores); later ones are skipped. Only about k steps, each over K heads.
+  std::vector<ScoredItem> merged;
+  merged.reserve(std::min(k, items_.size()));
+  while (merged.size() < k) {
+    size_t best = num_interests;
+    for (size_t row = 0; row < num_interests; ++row) {
+      if (next_[row] < end_[row] && (best == num_interests || Better(items_[next_[row]], items_[next_[best]]))) {
+        best = row;
       }
     }
-  }
-  // Popped best first, the first entry of an id is its best; the later ones are skipped. Only
-  // about k pops are needed, not a sort of every candidate.
-  std::make_heap(heap_.begin(), heap_.end(), Worse);
-  std::vector<ScoredItem> merged;
-  merged.reserve(std::min(k, heap_.size()));
-  for (auto end = heap_.end(); end != heap_.begin() && merged.size() < k; --end) {
-    std::pop_heap(heap_.begin(), end, Worse);
-    const ScoredItem& best = *(end - 1);
-    if (stamps_[static_cast<size_t>(best.id)] != round_) {
-      stamps_[static_cast<size_t>(best.id)] = round_;
-      merged.push_back(best);
+    if (best == num_interests) break;  // every row used up
+    const ScoredItem& item = items_[next_[best]++];
+    if (stamps_[static_cast<size_t>(item.id)] != round_) {
+      stamps_[static_cast<size_t>(item.id)] = round_;
+      merged.push_back(item);
     }
   }
   return merged;

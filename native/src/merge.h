@@ -22,9 +22,10 @@ class MaxScoreMerge {
   // The k distinct ids with the best score over the interests, best first (ties: smaller id; an
   // id's interest: the lowest among those giving its best score), as index.merge.max_score.
   //
-  // ids, scores: [num_interests, n] row-major; id -1 marks an empty slot. excluded: ids never
-  // returned (the history and the request's exclude list). Throws std::out_of_range naming an id
-  // outside 1..max_id.
+  // ids, scores: [num_interests, n] row-major, each row best first (a row out of that order is
+  // sorted here); id -1 marks an empty slot. excluded: ids never returned (the history and the
+  // request's exclude list). Throws std::out_of_range naming an id outside 1..max_id, and
+  // std::domain_error for a NaN score.
   std::vector<ScoredItem> operator()(const int64_t* ids, const float* scores, size_t num_interests, size_t n,
                                      const std::vector<int64_t>& excluded, size_t k);
 
@@ -32,7 +33,8 @@ class MaxScoreMerge {
   // stamps_[id] == round_: the id is excluded or already taken in the current merge.
   std::vector<uint32_t> stamps_;
   uint32_t round_ = 0;
-  std::vector<ScoredItem> heap_;
+  std::vector<ScoredItem> items_;  // the rows' usable candidates, row after row
+  std::vector<size_t> next_, end_;  // per row: its next candidate in items_, and its end
 };
 
 }  // namespace mitt::native

@@ -173,7 +173,8 @@ def test_build_index_tool_writes_a_milvus_artifact(
     model = FakeModel.make(150, "model-v3")
     monkeypatch.setattr(retrieval.artifacts, "load_model", lambda path, verify=True: model)
     out = tmp_path / "index"
-    flags = ["--model", "unused", "--out", str(out), "--backend", "milvus", "--uri", uri, "--k", "10"]
+    # The fake model is loaded; --model names a folder that exists, as the command checks first.
+    flags = ["--model", str(tmp_path), "--out", str(out), "--backend", "milvus", "--uri", uri, "--k", "10"]
     assert run_tool("build_index", *flags, "--index-type", "FLAT", "--token-env", "TEAM_TOKEN") == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["backend"] == "milvus" and summary["recall@10_vs_exact"] == 1.0  # FLAT is exact

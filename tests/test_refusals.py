@@ -7,6 +7,9 @@ Real servers on port 0."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,12 +26,12 @@ from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving.access import AccessControl
 from retrieval.serving.access_log import AccessLog
 from retrieval.serving.auth import AccessFile
-from retrieval.serving.metrics import Metrics
+from retrieval.serving.metrics import GroupMetrics, Metrics
 from retrieval.serving.ratelimit import RateLimiter
 from retrieval.serving.reload import RetrieverSlot
 from retrieval.serving.server import RetrievalServer, create_server, public_refusal
 from retrieval.storage.manifest import ArtifactError
-from tests.helpers import GatedRetriever, make_model, scrape
+from tests.helpers import REPO_ROOT, GatedRetriever, make_model, scrape
 
 ACCESS = """
 [identities.reader]
@@ -291,3 +294,36 @@ def test_a_refusal_on_a_full_server_does_not_wait_for_a_request_thread(gated: Ga
             gated.gate.set()
             assert len(held.result().items) == 3
     assert refused.exception().code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+WORKER = """
+import sys
+from retrieval.serving.metrics import Metrics
+metrics = Metrics(worker=True)
+metrics.queue.labels("calls").set(int(sys.argv[1]))
+metrics.answered("Retrieve", "RESOURCE_EXHAUSTED", 0.001, "queue_full")
+"""
+
+
+def test_a_groups_queue_depths_are_those_of_its_live_workers(tmp_path: Path) -> None:
+    """Two worker processes set their queue depth (3 and 4) and count a refusal each; once the
+    first is gone, the group's depth is the other's alone, and both refusals stay counted."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for depth in (3, 4):
+        subprocess.run([sys.executable, "-c", WORKER, str(depth)], env=env, cwd=REPO_ROOT, check=True)
+    group = GroupMetrics(tmp_path)
+    port = group.serve(0)
+    try:
+        before = scrape(port)
+        pid = int(next(f.stem.rpartition("_")[2] for f in tmp_path.glob("gauge_livesum_*.db")))
+        group.worker_gone(pid)
+        after = scrape(port)
+    finally:
+        group.close()
+    depth = ("retrieval_queue_depth", (("queue", "calls"),))
+    refused = (
+        "retrieval_refusals_total",
+        (("code", "RESOURCE_EXHAUSTED"), ("identity", ""), ("method", "Retrieve"), ("reason", "queue_full")),
+    )
+    assert (before[depth], before[refused]) == (7, 2)
+    assert after[depth] in (3, 4) and after[refused] == 2

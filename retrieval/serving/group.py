@@ -441,6 +441,8 @@ class ServingGroup:
         """``worker`` exited, failed to start or was killed: it is restarted on the group's
         version while the others keep serving; one that never came up stops the group."""
         code = worker.wait(2 * STOP_MARGIN)  # killed if it said it failed but does not exit
+        if self.metrics is not None and worker.process.pid is not None:
+            self.metrics.worker_gone(worker.process.pid)
         if self.stopping:
             return
         why = f": {reason}" if reason else ""

@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 if TYPE_CHECKING:  # a group's supervisor imports this module without the serving stack
     from retrieval.serving.auth import AccessFile
@@ -264,6 +264,7 @@ class GroupMetrics(_HttpEndpoint):
         super().__init__()
         self.registry = CollectorRegistry()
         MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
+        self.directory = directory
         self.version = _VersionMetrics(self.registry)
         self.workers = Gauge("retrieval_workers", "Worker processes up and loaded", registry=self.registry)
         self.worker_up = Gauge(
@@ -272,3 +273,8 @@ class GroupMetrics(_HttpEndpoint):
             ["worker"],
             registry=self.registry,
         )
+
+    def worker_gone(self, pid: int) -> None:
+        """Drops the gauges of worker process ``pid``, which exited (its queue depths and
+        access-file staleness, summed over the live workers); its counts stay in the sums."""
+        mark_process_dead(pid, str(self.directory))  # type: ignore[no-untyped-call]

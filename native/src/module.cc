@@ -36,11 +36,47 @@ std::string Describe(const nb::python_error& e) {
          nb::cast<std::string>(nb::str(e.value()));
 }
 
+// The GIL for the batcher's thread, with one Python thread state kept from its first kernel
+// call to its end: PyGILState_Ensure/Release around each call would make and free one per
+// batch, and with it the kernel's thread-local state (threading.local, TensorFlow's eager
+// context per thread).
+class BatcherGil {
+ public:
+  BatcherGil() : kept_(Kept()) {
+    if (kept_.state == nullptr) {
+      kept_.gil = PyGILState_Ensure();
+      kept_.state = PyThreadState_Get();
+    } else {
+      PyEval_RestoreThread(kept_.state);
+    }
+  }
+  ~BatcherGil() { PyEval_SaveThread(); }
+  BatcherGil(const BatcherGil&) = delete;
+  BatcherGil& operator=(const BatcherGil&) = delete;
+
+ private:
+  struct ThreadState {
+    PyThreadState* state = nullptr;
+    PyGILState_STATE gil = PyGILState_UNLOCKED;
+    ~ThreadState() {  // the batcher's thread ends (its server stops, before the interpreter does)
+      if (state != nullptr && !_Py_IsFinalizing()) {
+        PyEval_RestoreThread(state);
+        PyGILState_Release(gil);
+      }
+    }
+  };
+  static ThreadState& Kept() {
+    thread_local ThreadState kept;
+    return kept;
+  }
+  ThreadState& kept_;
+};
+
 // Calls `kernel(histories int32 [B, L], fetch int32 [B]) -> (ids int64 [B, K, n], scores
 // float32 [B, K, n])` with the GIL held; a Python exception or a bad answer becomes
 // std::runtime_error (the batch's calls fail INTERNAL with its message).
 KernelOutput CallPython(const nb::callable& kernel, KernelInput in) {
-  nb::gil_scoped_acquire gil;
+  BatcherGil gil;
   try {
     const size_t batch = in.batch;
     nb::object histories = Wrap(std::move(in.histories), {in.batch, in.width});

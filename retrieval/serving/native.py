@@ -15,9 +15,10 @@ per batch, holding the GIL only for it::
 ``histories`` are the queries' known dense ids (``vocabulary[i]`` is id ``i + 1``), the last
 ``max_len`` of each, left-padded with 0; ``fetch[b]`` is how many candidates each interest of
 query ``b`` needs (``max(k, per_interest_k)`` plus its excluded ids). The kernel answers per
-interest its candidates best first (id -1: an empty slot); C++ then merges them (max score,
-the history and ``exclude_ids`` dropped, top-k, as :func:`index.merge.max_score`) and answers
-with external ids. Fields it does not answer yet are refused with ``UNIMPLEMENTED`` naming the
+interest its candidates best first (id -1: an empty slot), as C-contiguous arrays of those
+dtypes (others are converted, at tens of microseconds per batch); C++ then merges them (max
+score, the history and ``exclude_ids`` dropped, top-k, as :func:`index.merge.max_score`) and
+answers with external ids. Fields it does not answer yet are refused with ``UNIMPLEMENTED`` naming the
 field and ``--engine python``.
 
 Example:

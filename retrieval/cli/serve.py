@@ -379,6 +379,7 @@ def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     group: dict[str, Any] = {} if link is None else link.server_options(slot)
     on_start = link.start if link is not None else None if watcher is None else lambda server: watcher.start()
+    code = 1  # what the interpreter answers an unexpected error with
     try:
         serve_forever(
             slot,
@@ -405,11 +406,12 @@ def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
             tls=tls,
             **group,
         )
+        code = 0
     except OSError as e:  # a port in use: nothing was left serving
-        return fail(str(e))
+        code = fail(str(e))
     finally:
         if watcher is not None:
             watcher.stop(STOP_MARGIN)  # a load in progress need not finish
         # A request thread stuck in a call would hold the interpreter's exit (it joins them).
-        exit_within(STOP_MARGIN, 0)
-    return 0
+        exit_within(STOP_MARGIN, code)
+    return code

@@ -229,6 +229,25 @@ def test_the_merge_equals_the_python_merge_on_ties_repeats_and_empty_slots(
             assert_answers(got, expected)
 
 
+def test_the_kernel_runs_on_one_thread_that_keeps_its_thread_locals(
+    serve: Callable[..., native.NativeServer],
+) -> None:
+    local = threading.local()
+    seen: list[tuple[int, int]] = []
+
+    def counting(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        local.batches = getattr(local, "batches", 0) + 1
+        seen.append((threading.get_ident(), local.batches))
+        return brute_force(histories, fetch)
+
+    server = serve(counting)
+    with connected(address(server), retries=0) as client:
+        for i in range(5):
+            client.retrieve([f"item{i}"], 2)
+    assert len({ident for ident, _ in seen}) == 1 and threading.get_ident() not in {i for i, _ in seen}
+    assert [batches for _, batches in seen] == [1, 2, 3, 4, 5]
+
+
 # --- errors ----------------------------------------------------------------------------------------------
 
 

@@ -223,50 +223,17 @@ def load_model(
     path = Path(path)
     shared = _shared_with(path, reuse)
     manifest = read_manifest(path, KIND, verify=verify, verified=shared)
-    max_len = _positive_int(path, manifest, "max_len")
-    num_interests = _positive_int(path, manifest, "num_interests")
-    dim = _positive_int(path, manifest, "dim")
-    num_items = _positive_int(path, manifest, "num_items")
-    if not isinstance(manifest.get("tower"), str) or not manifest["tower"]:
-        raise ArtifactError(f"{path / MANIFEST}: tower must be a tower name, found {manifest.get('tower')!r}")
+    max_len, num_interests, dim, num_items = _manifest_sizes(path, manifest)
     listed = set(manifest.get("files", {}))
     for name in (VOCAB_FILE, EMBEDDINGS_FILE, f"{TOWER_DIR}/saved_model.pb"):
         _listed_file(path, listed, name)
     _refuse_unlisted(path, listed)
-
-    side = SideVocab()
-    if (path / SIDE_FILE).is_file():
-        try:
-            side = SideVocab.load(path / SIDE_FILE)
-        except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as e:
-            raise ArtifactError(f"{path / SIDE_FILE} is not a valid side-feature vocabulary: {e}") from e
-
+    side = _load_side(path)
     _check_against_config(path, manifest, side, listed)  # before the (slow) TensorFlow load
-    attribute_embeddings = None
-    if ATTRIBUTE_EMBEDDINGS_FILE in listed:
-        rows = len(side.attributes) + 1
-        attribute_embeddings = load_vectors(path / ATTRIBUTE_EMBEDDINGS_FILE, rows, dim)
+    attribute_embeddings = _attribute_embeddings(path, listed, side, dim)
     catalogue = load_catalogue(path, manifest, reuse, shared)
-    if num_items != len(catalogue.vocab):
-        raise ArtifactError(
-            f"{path}: the manifest says {num_items} items, the catalogue has {len(catalogue.vocab)}"
-        )
-    tower_items = manifest.setdefault("tower_items", num_items)
-    # Only a catalogue change (which names the version it changed) adds items the tower lacks.
-    least = 1 if "previous_version" in manifest else num_items
-    if (
-        isinstance(tower_items, bool)
-        or not isinstance(tower_items, int)
-        or not least <= tower_items <= num_items
-    ):
-        raise ArtifactError(
-            f"{path / MANIFEST}: tower_items must be in {least}..{num_items}, found {tower_items!r}"
-        )
-
-    if reuse is not None and _tower_files(manifest) <= shared and _tower_files(manifest):
-        user_vectors, weights = reuse.user_vectors, reuse.interest_weights
-    else:
-        user_vectors, weights = _load_tower(path, manifest, xla)
+    _check_item_counts(path, manifest, num_items, len(catalogue.vocab))
+    user_vectors, weights = _user_tower(path, manifest, xla, reuse, shared)
     model = ModelArtifact(
         path,
         manifest,
@@ -282,6 +249,65 @@ def load_model(
     )
     _check_tower(model, num_interests, max_len)
     return model
+
+
+def _manifest_sizes(path: Path, manifest: dict[str, Any]) -> tuple[int, int, int, int]:
+    """The manifest's ``max_len``, ``num_interests``, ``dim`` and ``num_items``, each positive;
+    refuses a manifest without a tower name."""
+    max_len = _positive_int(path, manifest, "max_len")
+    num_interests = _positive_int(path, manifest, "num_interests")
+    dim = _positive_int(path, manifest, "dim")
+    num_items = _positive_int(path, manifest, "num_items")
+    if not isinstance(manifest.get("tower"), str) or not manifest["tower"]:
+        raise ArtifactError(f"{path / MANIFEST}: tower must be a tower name, found {manifest.get('tower')!r}")
+    return max_len, num_interests, dim, num_items
+
+
+def _attribute_embeddings(path: Path, listed: set[str], side: SideVocab, dim: int) -> np.ndarray | None:
+    """The item tower's attribute embeddings ``[attributes + 1, dim]``, when the manifest lists them."""
+    if ATTRIBUTE_EMBEDDINGS_FILE not in listed:
+        return None
+    return load_vectors(path / ATTRIBUTE_EMBEDDINGS_FILE, len(side.attributes) + 1, dim)
+
+
+def _user_tower(
+    path: Path, manifest: dict[str, Any], xla: bool, reuse: ModelArtifact | None, shared: set[str]
+) -> tuple[UserVectorsFn, InterestWeightsFn | None]:
+    """``reuse``'s tower endpoints when this folder's tower files are the ones it was loaded from
+    (``shared``), else the folder's own (:func:`_load_tower`)."""
+    if reuse is not None and _tower_files(manifest) <= shared and _tower_files(manifest):
+        return reuse.user_vectors, reuse.interest_weights
+    return _load_tower(path, manifest, xla)
+
+
+def _load_side(path: Path) -> SideVocab:
+    """The side features the tower reads (``side_vocab.json``; none without it)."""
+    if not (path / SIDE_FILE).is_file():
+        return SideVocab()
+    try:
+        return SideVocab.load(path / SIDE_FILE)
+    except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path / SIDE_FILE} is not a valid side-feature vocabulary: {e}") from e
+
+
+def _check_item_counts(path: Path, manifest: dict[str, Any], num_items: int, catalogue_items: int) -> None:
+    """Refuses a catalogue of another size than ``num_items``, or a ``tower_items`` (set to
+    ``num_items`` when the manifest has none) outside the items the tower can know."""
+    if num_items != catalogue_items:
+        raise ArtifactError(
+            f"{path}: the manifest says {num_items} items, the catalogue has {catalogue_items}"
+        )
+    tower_items = manifest.setdefault("tower_items", num_items)
+    # Only a catalogue change (which names the version it changed) adds items the tower lacks.
+    least = 1 if "previous_version" in manifest else num_items
+    if (
+        isinstance(tower_items, bool)
+        or not isinstance(tower_items, int)
+        or not least <= tower_items <= num_items
+    ):
+        raise ArtifactError(
+            f"{path / MANIFEST}: tower_items must be in {least}..{num_items}, found {tower_items!r}"
+        )
 
 
 def _load_tower(

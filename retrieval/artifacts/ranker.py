@@ -181,14 +181,10 @@ def save_ranker(
         raise ValueError(f"the ranker has {kwargs['num_items']} items, the vocabulary {len(vocab)}")
     if num_attributes and (attributes is None or attributes.num_attributes != num_attributes):
         raise ValueError(f"the ranker reads {num_attributes} attributes: give the attribute table it used")
-    # The options that changed meaning across formats are written out, whatever the defaults.
-    explicit: dict[str, Any] = {"retrieval_score": bool(model.retrieval_score)}
-    if "context_size" in model.get_config():
-        explicit["context_size"] = int(model.context_size)
     meta = {
         "ranker": name,
         "ranker_format": RANKER_FORMAT,
-        "ranker_kwargs": {**dict(kwargs), **explicit},
+        "ranker_kwargs": {**dict(kwargs), **_explicit_kwargs(model)},
         "model_version": model_version,
         "num_items": len(vocab),
         "max_len": int(kwargs["max_len"]),
@@ -207,6 +203,14 @@ def save_ranker(
         if metrics is not None:
             (tmp / METRICS_FILE).write_text(json.dumps(dict(metrics), indent=2))
     return read_manifest(Path(out), KIND, verify=False)
+
+
+def _explicit_kwargs(model: Ranker) -> dict[str, Any]:
+    """The options that changed meaning across formats, written out whatever the defaults."""
+    explicit: dict[str, Any] = {"retrieval_score": bool(model.retrieval_score)}
+    if "context_size" in model.get_config():
+        explicit["context_size"] = int(model.context_size)
+    return explicit
 
 
 def load_ranker(
@@ -229,6 +233,21 @@ def load_ranker(
     path = Path(path)
     manifest = read_manifest(path, KIND, verify=verify)
     listed = set(manifest.get("files", {}))
+    vocab = _load_vocab(path, manifest, listed)
+    if model is not None:
+        _check_model(path, manifest, vocab, model)
+    name, kwargs = _ranker_kwargs(path, manifest, len(vocab))
+    attributes = _load_attributes(path, manifest, listed, len(vocab))
+    num_unclicked = _num_unclicked(path, manifest, listed)
+    from retrieval.artifacts.ranker_scorer import RankerScorer
+
+    scorer = RankerScorer(_rebuild(path, name, kwargs), attributes, num_unclicked > 0, xla=xla)
+    return LoadedRanker(path, manifest, vocab, scorer, num_unclicked)
+
+
+def _load_vocab(path: Path, manifest: dict[str, Any], listed: set[str]) -> ItemVocab:
+    """The ranker's item vocabulary, checked against the manifest's digest; refuses a folder
+    whose manifest does not list the vocabulary and the weights."""
     for required in (VOCAB_FILE, WEIGHTS_FILE):
         if required not in listed:
             raise ArtifactError(f"{path} is incomplete: {required} is not listed in the manifest")
@@ -238,15 +257,27 @@ def load_ranker(
         raise ArtifactError(f"{path / VOCAB_FILE} is not a valid vocabulary: {e}") from e
     if manifest.get("vocab_sha256") != vocab_digest(vocab):
         raise ArtifactError(f"{path / MANIFEST}: vocab_sha256 does not match {VOCAB_FILE}")
-    if model is not None:
-        expected = model if isinstance(model, ItemVocab) else model.vocab
-        check_same_vocab(path, vocab, expected)
-        if not isinstance(model, ItemVocab) and model.version != manifest.get("model_version"):
-            # Same ids, another retriever: usable, but the candidates it was trained on differ.
-            log.warning(
-                "%s was trained against model %s, now reranking for model %s (same vocabulary)",
-                path, manifest.get("model_version"), model.version,
-            )  # fmt: skip
+    return vocab
+
+
+def _check_model(
+    path: Path, manifest: dict[str, Any], vocab: ItemVocab, model: ModelArtifact | ItemVocab
+) -> None:
+    """Refuses a ranker trained on another vocabulary than ``model``'s; warns when it was trained
+    against another version of the model with the same vocabulary."""
+    expected = model if isinstance(model, ItemVocab) else model.vocab
+    check_same_vocab(path, vocab, expected)
+    if not isinstance(model, ItemVocab) and model.version != manifest.get("model_version"):
+        # Same ids, another retriever: usable, but the candidates it was trained on differ.
+        log.warning(
+            "%s was trained against model %s, now reranking for model %s (same vocabulary)",
+            path, manifest.get("model_version"), model.version,
+        )  # fmt: skip
+
+
+def _ranker_kwargs(path: Path, manifest: dict[str, Any], num_items: int) -> tuple[str, dict[str, Any]]:
+    """The ranker's name and constructor arguments (a format-1 artifact's as it was trained),
+    checked against the vocabulary's ``num_items``."""
     kwargs = manifest.get("ranker_kwargs")
     name = manifest.get("ranker")
     if not isinstance(kwargs, dict) or not isinstance(name, str):
@@ -258,14 +289,16 @@ def load_ranker(
         raise ArtifactError(
             f"{path / MANIFEST}: ranker_format {ranker_format!r}; this code reads 1 and {RANKER_FORMAT}"
         )
-    if kwargs.get("num_items") != len(vocab):
+    if kwargs.get("num_items") != num_items:
         raise ArtifactError(
-            f"{path / MANIFEST}: the ranker has {kwargs.get('num_items')} items, {VOCAB_FILE} {len(vocab)}"
+            f"{path / MANIFEST}: the ranker has {kwargs.get('num_items')} items, {VOCAB_FILE} {num_items}"
         )
-    attributes = _load_attributes(path, manifest, listed, len(vocab))
-    num_unclicked = _num_unclicked(path, manifest, listed)
+    return name, kwargs
+
+
+def _rebuild(path: Path, name: str, kwargs: dict[str, Any]) -> Ranker:
+    """The ranker ``name`` built from ``kwargs`` with the folder's weights."""
     from rankers import build_ranker
-    from retrieval.artifacts.ranker_scorer import RankerScorer
 
     try:
         ranker = build_ranker(name, **kwargs)
@@ -277,8 +310,7 @@ def load_ranker(
             f"{path}: cannot rebuild ranker {name!r} from its weights: {type(e).__name__}: "
             f"{text[0][:300] if text else ''}"
         ) from e
-    scorer = RankerScorer(ranker, attributes, num_unclicked > 0, xla=xla)
-    return LoadedRanker(path, manifest, vocab, scorer, num_unclicked)
+    return ranker
 
 
 def _num_unclicked(path: Path, manifest: dict[str, Any], listed: set[str]) -> int:

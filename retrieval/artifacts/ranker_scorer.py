@@ -149,6 +149,29 @@ class RankerScorer:
             ValueError: mismatched lengths or shapes, an id outside ``0..num_items``, or no (or a
                 non-finite) retrieval score for a ranker that reads them.
         """
+        present, cand, history = self._dense_ids(histories, candidates)
+        batch, width = cand.shape
+        out = np.full((batch, width), -np.inf, np.float32)
+        if not batch or not width:
+            return out
+        inputs: dict[str, np.ndarray] = {"history": history, "candidates": cand.astype(np.int32)}
+        if self.uses_unclicked:
+            inputs["unclicked"] = self._unclicked(unclicked, batch)
+        if self.uses_scores:
+            inputs["retrieval_scores"] = _retrieval_scores(retrieval_scores, cand, present)
+        if self.context_width:
+            inputs["context"] = context_of(cand, self.context_width)
+        step = self._rows_per_call(width)
+        for start in range(0, batch, step):
+            out[start : start + step] = self._run({k: v[start : start + step] for k, v in inputs.items()})
+        out[~present] = -np.inf
+        return out
+
+    def _dense_ids(
+        self, histories: Sequence[np.ndarray], candidates: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where the candidates hold an item, the candidates with PAD elsewhere (int64 ``[B, C]``),
+        and the histories padded to ``max_len``; refuses shapes or ids that do not fit."""
         candidates = np.asarray(candidates)
         if candidates.ndim != 2 or len(candidates) != len(histories):
             raise ValueError(
@@ -162,36 +185,18 @@ class RankerScorer:
                 raise ValueError(f"{name} hold id {int(ids.max())}, beyond the {self.num_items} items")
             if ids.size and ids.min() < 0:
                 raise ValueError(f"{name} hold a negative id")
-        batch, width = cand.shape
-        out = np.full((batch, width), -np.inf, np.float32)
-        if not batch or not width:
-            return out
-        inputs: dict[str, np.ndarray] = {"history": history, "candidates": cand.astype(np.int32)}
-        if self.uses_unclicked:
-            if unclicked is not None and len(unclicked) != batch:
-                raise ValueError(f"unclicked has {len(unclicked)} rows for {batch} histories")
-            rows = list(unclicked) if unclicked is not None else [np.zeros(0, np.int32)] * batch
-            longest = max([len(u) for u in rows] + [1])
-            shown = pad_left(rows, longest)
-            if shown.size and (shown.max() > self.num_items or shown.min() < 0):
-                raise ValueError(f"unclicked ids must be in 0..{self.num_items}")
-            inputs["unclicked"] = shown
-        if self.uses_scores:
-            if retrieval_scores is None:
-                raise ValueError("this ranker reads the retriever's scores: pass retrieval_scores [B, C]")
-            scores = np.asarray(retrieval_scores, np.float32)
-            if scores.shape != cand.shape:
-                raise ValueError(f"retrieval_scores is {list(scores.shape)}, candidates {list(cand.shape)}")
-            if not np.isfinite(scores[present]).all():
-                raise ValueError("retrieval_scores must be finite for every candidate")
-            inputs["retrieval_scores"] = np.where(present, scores, 0.0).astype(np.float32)
-        if self.context_width:
-            inputs["context"] = context_of(cand, self.context_width)
-        step = self._rows_per_call(width)
-        for start in range(0, batch, step):
-            out[start : start + step] = self._run({k: v[start : start + step] for k, v in inputs.items()})
-        out[~present] = -np.inf
-        return out
+        return present, cand, history
+
+    def _unclicked(self, unclicked: Sequence[np.ndarray] | None, batch: int) -> np.ndarray:
+        """The ``unclicked`` input: each row left-padded to the longest (none = one empty slot)."""
+        if unclicked is not None and len(unclicked) != batch:
+            raise ValueError(f"unclicked has {len(unclicked)} rows for {batch} histories")
+        rows = list(unclicked) if unclicked is not None else [np.zeros(0, np.int32)] * batch
+        longest = max([len(u) for u in rows] + [1])
+        shown = pad_left(rows, longest)
+        if shown.size and (shown.max() > self.num_items or shown.min() < 0):
+            raise ValueError(f"unclicked ids must be in 0..{self.num_items}")
+        return shown
 
     def _rows_per_call(self, width: int) -> int:
         """Rows one call scores: at most ``MAX_CELLS`` cells."""
@@ -212,3 +217,18 @@ class RankerScorer:
                 padded = {k: tf.constant(pad_to(v, (size, widths[k] or 0))) for k, v in inputs.items()}
                 return self.compiled(padded)[:rows, :width]
         return self.concrete({k: tf.constant(v) for k, v in inputs.items()}).numpy()
+
+
+def _retrieval_scores(
+    retrieval_scores: np.ndarray | None, cand: np.ndarray, present: np.ndarray
+) -> np.ndarray:
+    """The ``retrieval_scores`` input, float32 ``[B, C]`` (0 where no item); refuses missing,
+    misshapen or non-finite scores of candidates."""
+    if retrieval_scores is None:
+        raise ValueError("this ranker reads the retriever's scores: pass retrieval_scores [B, C]")
+    scores = np.asarray(retrieval_scores, np.float32)
+    if scores.shape != cand.shape:
+        raise ValueError(f"retrieval_scores is {list(scores.shape)}, candidates {list(cand.shape)}")
+    if not np.isfinite(scores[present]).all():
+        raise ValueError("retrieval_scores must be finite for every candidate")
+    return np.where(present, scores, 0.0).astype(np.float32)

@@ -299,10 +299,7 @@ def train_ranker(
     attributes = data.attributes if config.attributes else None
     model, kwargs = _build(config, data, attributes)
     uses_unclicked = config.ranker in UNCLICKED_RANKERS and config.unclicked != "none"
-    keys = {"unclicked": uses_unclicked, "scores": model.retrieval_score, "context": model.context_size > 0}
-    table = None if attributes is None else tf.constant(attributes.table, tf.int32)
-    train_set = _dataset(data.train, table, keys, config.batch_size, config.seed)
-    valid_set = _dataset(data.valid, table, keys, 4 * config.batch_size, None) if len(data.valid) else None
+    train_set, valid_set = _datasets(config, data, model, attributes, uses_unclicked)
     blend = _start_blend(config, model, data, valid_set is not None)
     model.compile(optimizer=keras.optimizers.Adam(config.learning_rate), jit_compile=False)
     # Scores lists with the model's current weights (the scorer's graph reads its variables).
@@ -316,13 +313,7 @@ def train_ranker(
         config.ranker, len(data.train), data.train.candidates.shape[1], len(data.valid),
         kwargs["num_attributes"],
     )  # fmt: skip
-    started = time.perf_counter()
-    model.fit(train_set, epochs=config.epochs, callbacks=[validation], verbose=verbose, shuffle=False)
-    seconds = time.perf_counter() - started
-    if validation.best_weights is not None:
-        model.set_weights(validation.best_weights)
-    if validation.best_blend is not None:
-        model.set_blend(*validation.best_blend)
+    seconds = _fit(model, train_set, validation, config.epochs, verbose)
     scorer = RankerScorer(model, attributes, uses_unclicked)
     metrics = _metrics(config, data, model, scorer, validation, seconds)
     if out is not None:
@@ -331,6 +322,36 @@ def train_ranker(
             attributes=attributes, config=config.to_dict(), metrics=metrics.to_dict(), overwrite=overwrite,
         )  # fmt: skip
     return TrainedRanker(config.ranker, model, kwargs, scorer, metrics)
+
+
+def _datasets(
+    config: RankerConfig,
+    data: RankingData,
+    model: Ranker,
+    attributes: AttributeTable | None,
+    uses_unclicked: bool,
+) -> tuple[tf.data.Dataset, tf.data.Dataset | None]:
+    """The training batches (shuffled) and the validation batches (``None`` without validation
+    examples), with the optional inputs ``model`` reads."""
+    keys = {"unclicked": uses_unclicked, "scores": model.retrieval_score, "context": model.context_size > 0}
+    table = None if attributes is None else tf.constant(attributes.table, tf.int32)
+    train_set = _dataset(data.train, table, keys, config.batch_size, config.seed)
+    valid_set = _dataset(data.valid, table, keys, 4 * config.batch_size, None) if len(data.valid) else None
+    return train_set, valid_set
+
+
+def _fit(
+    model: Ranker, train_set: tf.data.Dataset, validation: _Validation, epochs: int, verbose: int | str
+) -> float:
+    """Trains ``model`` and keeps the best validated weights and blend; returns the training seconds."""
+    started = time.perf_counter()
+    model.fit(train_set, epochs=epochs, callbacks=[validation], verbose=verbose, shuffle=False)
+    seconds = time.perf_counter() - started
+    if validation.best_weights is not None:
+        model.set_weights(validation.best_weights)
+    if validation.best_blend is not None:
+        model.set_blend(*validation.best_blend)
+    return seconds
 
 
 def _build(

@@ -125,16 +125,19 @@ def shuffled_batches(
             continue
         (x_all, y_all), order = gather()
         full = len(order) - len(order) % batch_size
-        for start in range(0, full, batch_size):
-            rows = order[start : start + batch_size]
-            yield {k: v[rows] for k, v in x_all.items()}, y_all[rows]
+        yield from _in_batches((x_all, y_all), order[:full], batch_size)
         rest = order[full:]
         xs, ys, held = [{k: v[rest] for k, v in x_all.items()}], [y_all[rest]], len(rest)
     if held:
-        (x_all, y_all), order = gather()
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            yield {k: v[rows] for k, v in x_all.items()}, y_all[rows]
+        yield from _in_batches(*gather(), batch_size)
+
+
+def _in_batches(examples: Batch, order: np.ndarray, batch_size: int) -> Iterator[Batch]:
+    """The rows ``order`` picks from ``examples``, ``batch_size`` at a time (the last holds the rest)."""
+    x, y = examples
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        yield {k: v[rows] for k, v in x.items()}, y[rows]
 
 
 def epoch_examples(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -489,3 +490,42 @@ def wait_for_queued(server: native.NativeServer, rows: int) -> None:
     while server.counters()["queued"] < rows and time.monotonic() < deadline:
         time.sleep(0.005)
     assert server.counters()["queued"] == rows
+
+
+EXIT_WITHOUT_STOP = """
+import threading, time
+import grpc
+import numpy as np
+from retrieval.api import RetrievalClient
+from retrieval.serving.native import NativeServer
+
+entered = threading.Event()
+
+def kernel(histories, fetch):
+    entered.set()
+    time.sleep(0.01)  # wakes while the interpreter exits
+    ids = np.arange(1, 4, dtype=np.int64).reshape(1, 1, 3).repeat(len(histories), axis=0)
+    return ids, -ids.astype(np.float32)
+
+def call():
+    try:
+        client.retrieve(["a"], 2)
+    except grpc.RpcError:
+        pass  # the server stops under it
+
+server = NativeServer(kernel, ["a", "b", "c", "d"], max_len=2)
+client = RetrievalClient(f"127.0.0.1:{server.start()}", retries=0)
+threading.Thread(target=call, daemon=True).start()
+print(entered.wait(10))
+"""
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_an_interpreter_exiting_with_a_batch_in_the_kernel_stops_the_server_first(round_: int) -> None:
+    """Without the stop at exit, the batcher's thread woke in a finalizing interpreter and the
+    process crashed (SIGSEGV or SIGABRT: 12 exits in 12 here)."""
+    built()
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_WITHOUT_STOP], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr[-2000:]

@@ -662,14 +662,16 @@ def run_killed(argv: list[str], watch: Path, delay: float | None, version: str) 
 
 def start_state(tmp_path: Path, mode: str) -> tuple[Path, list[str], Path]:
     """An index of "model-v1" at ``tmp_path/index`` (a folder, or a published root), the tool's
-    arguments to replace it with one of "model-v2", and the folder its temporary folder goes to."""
+    arguments to replace it with one of "model-v2" (the fake model is loaded: ``--model`` names a
+    folder that exists, as the tool checks first), and the folder its temporary folder goes to."""
     old_model = FakeModel.make(2000, "model-v1")
     out = tmp_path / "index"
+    args = ["--model", str(tmp_path), "--out", str(out), "--num-users", "20"]
     if mode == "folder":
         save_index(build_index_from_model(old_model), out, old_model)
-        return out, ["--model", "m", "--out", str(out), "--overwrite", "--num-users", "20"], tmp_path
+        return out, [*args, "--overwrite"], tmp_path
     publish(out, lambda folder: save_index(build_index_from_model(old_model), folder, old_model))
-    return out, ["--model", "m", "--out", str(out), "--publish", "--num-users", "20"], out / "versions"
+    return out, [*args, "--publish"], out / "versions"
 
 
 @pytest.fixture(scope="module")

@@ -153,13 +153,7 @@ def heavy_flood(
         ]
         peak = [idle_rss]
         sampler = threading.Thread(target=_sample, args=(lambda: rss_kb(pid) / 1024, peak, stop))
-        for thread in [*flooders, sampler]:
-            thread.start()
-        time.sleep(0.5)
-        loaded = _probe(server.address, cheap, seconds)
-        stop.set()
-        for thread in [*flooders, sampler]:
-            thread.join()
+        loaded = _probe_under(server.address, cheap, seconds, [*flooders, sampler], stop)
     finally:
         server.stop()
     ratio = loaded["p99"] / idle["p99"]
@@ -210,6 +204,26 @@ def _flood(
                 codes.append(e.code().name)
                 trailers: dict[str, str] = dict(e.trailing_metadata() or ())  # type: ignore[arg-type]
                 stop.wait(int(trailers.get("grpc-retry-pushback-ms", "50")) / 1000)
+
+
+def _probe_under(
+    address: str,
+    cheap: Sequence[retrieval_pb2.RetrieveRequest],
+    seconds: float,
+    load: Sequence[threading.Thread],
+    stop: threading.Event,
+) -> dict[str, float]:
+    """:func:`_probe` half a second into a ``load`` of threads that run until ``stop`` is set
+    (started here, stopped and joined once the probe is done)."""
+    for thread in load:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        return _probe(address, cheap, seconds)
+    finally:
+        stop.set()
+        for thread in load:
+            thread.join()
 
 
 def _probe(address: str, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds: float) -> dict[str, float]:
@@ -309,13 +323,7 @@ def costly_flood(
             threading.Thread(target=_flood, args=(server.address, payload, stop, codes, "Retrieve"))
             for _ in range(8)
         ]
-        for thread in flooders:
-            thread.start()
-        time.sleep(0.5)
-        loaded = _probe(server.address, cheap, seconds)
-        stop.set()
-        for thread in flooders:
-            thread.join()
+        loaded = _probe_under(server.address, cheap, seconds, flooders, stop)
     finally:
         server.stop()
     ratio = loaded["p50"] / idle["p50"]

@@ -15,11 +15,12 @@ Run for real, each in a fresh folder:
 * ``--help`` of every command the docs name: ``mitt COMMAND`` (through ``python -m retrieval.cli``,
   the program the ``mitt`` script runs) and ``python tools/NAME.py`` (the scripts, including the
   older names the benchmark page records); ``mitt --help``;
-* every ``mitt train`` and ``mitt train-ranker`` command (and their ``tools/`` forms) with
-  ``--print-config`` appended: the whole configuration (preset, ``--config`` file, flags, every
-  ``--set``) is resolved and checked, without TensorFlow or data, against a data root laid out
-  like the public datasets'. A ``> FILE`` redirection writes the output where a later command of
-  the same block reads it, and a code block titled ``title="NAME"`` is written to ``NAME`` first.
+* every ``mitt train``, ``mitt train-ranker`` and ``mitt build-index`` command (and their
+  ``tools/`` forms) with ``--print-config`` appended: the whole configuration (preset,
+  ``--config`` file, flags, every ``--set``) is resolved and checked, without TensorFlow, FAISS
+  or data, against a data root laid out like the public datasets'. A ``> FILE`` redirection
+  writes the output where a later command of the same block reads it, and a code block titled
+  ``title="NAME"`` is written to ``NAME`` first.
   A command whose ``--config`` file exists nowhere (written by an earlier training run) is only
   checked;
 * Python blocks: compiled, and every ``from MODULE import NAME`` resolved statically (griffe) to
@@ -55,7 +56,7 @@ from tests.helpers import REPO_ROOT
 DOCS = REPO_ROOT / "docs"
 PAGES = sorted([REPO_ROOT / "README.md", *DOCS.rglob("*.md")])
 CLI = [sys.executable, "-m", "retrieval.cli"]
-RUN_WITH_PRINT_CONFIG = {"train", "train-ranker"}
+RUN_WITH_PRINT_CONFIG = {"train", "train-ranker", "build-index"}
 """Commands whose whole configuration --print-config resolves and checks without TensorFlow or data."""
 
 TOOL_SCRIPTS = {

@@ -106,6 +106,25 @@ def test_round_robin_and_diversity_equal_the_oracle(
         np.testing.assert_allclose([s for _, s, _ in got.items], expected.scores, rtol=1e-5)
 
 
+def test_retrieve_takes_a_query_or_its_fields(client: RetrievalClient, retriever: Retriever) -> None:
+    """One definition of a request (Query): the client and the retriever take it whole or build it
+    from a history, k and fields by name, and answer both the same."""
+    fields: dict[str, Any] = {"merge": "diversity", "diversity_lambda": 0.3, "exclude": ["item02"]}
+    query = Query(["item01", "item07"], 4, **fields)
+    whole, by_fields = client.retrieve(query), client.retrieve(["item01", "item07"], 4, **fields)
+    assert_same(whole.items, by_fields.items)
+    assert_same(whole.items, retriever.retrieve(query).items)
+    assert_same(whole.items, retriever.retrieve(history=["item01", "item07"], k=4, **fields).items)
+    assert len(whole.items) == 4 and "item02" not in {item for item, _, _ in whole.items}
+    assert len(client.retrieve(["item01"]).items) == 10  # k defaults to 10 on both sides
+    assert len(retriever.retrieve(["item01"]).items) == 10
+    for retrieve in (client.retrieve, retriever.retrieve):
+        with pytest.raises(TypeError, match="a Query alone"):
+            retrieve(query, 3)
+        with pytest.raises(TypeError, match="bogus"):
+            retrieve(["item01"], 3, bogus=True)
+
+
 def test_diversity_with_lambda_zero_is_the_default_merge(client: RetrievalClient) -> None:
     history = ["item01", "item07", "item22"]
     assert_same(client.retrieve(history, 10, merge="diversity").items, client.retrieve(history, 10).items)

@@ -24,6 +24,7 @@ from .errors import (
     shorten,
 )
 from .types import (
+    DEFAULT_K,
     DEFAULT_RERANK_CANDIDATES,
     EXPLAIN_TOP,
     ID_BYTES,
@@ -41,9 +42,11 @@ from .types import (
     Query,
     Rerank,
     Retrieved,
+    as_query,
 )
 
 __all__ = [
+    "DEFAULT_K",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_RERANK_CANDIDATES",
@@ -73,6 +76,7 @@ __all__ = [
     "RetrievalError",
     "Retrieved",
     "Unavailable",
+    "as_query",
     "channel_target",
     "check_sizes",
     "largest_request_bytes",

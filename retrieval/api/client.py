@@ -22,7 +22,7 @@ from retrieval.api.convert import (
     request_from_query,
     result_from_response,
 )
-from retrieval.api.types import MergeStrategy, Query, Rerank, Retrieved
+from retrieval.api.types import Query, Retrieved, as_query
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 M = TypeVar("M", bound=Message)
@@ -173,40 +173,19 @@ class RetrievalClient:
         self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
-    def retrieve(
-        self,
-        history: Sequence[str],
-        k: int = 10,
-        timestamps: Sequence[int] | None = None,
-        actions: Sequence[str] | None = None,
-        *,
-        merge: MergeStrategy | str = MergeStrategy.MAX_SCORE,
-        diversity_lambda: float = 0.0,
-        per_interest_k: int = 0,
-        exclude: Sequence[str] = (),
-        allow: Sequence[str] = (),
-        return_interests: bool = False,
-        user_id: str = "",
-        category: str = "",
-        request_time: int = 0,
-        rerank: Rerank | None = None,
-        explain: bool = False,
-    ) -> Retrieved:
-        """Top-``k`` items for a history of external ids (oldest first).
+    def retrieve(self, history: Query | Sequence[str], k: int | None = None, **fields: Any) -> Retrieved:
+        """Top-``k`` items for one user: a :class:`Query`, or a history of external ids (oldest
+        first) with ``k`` (default 10) and any other :class:`Query` field by name (:func:`as_query`).
 
         With ``timestamps`` and/or ``actions`` (one per history event) the history is sent as
-        events carrying that side information. The other options are those of
-        :meth:`retrieval.serving.retriever.Retriever.retrieve`; ``merge`` may also be a name
-        (``"max_score"``, ``"round_robin"``, ``"diversity"``).
+        events carrying that side information.
 
         Example:
+            >>> client.retrieve(["B0001", "B0042"], k=10).items[0]
             >>> client.retrieve(["B0001", "B0042"], 10, rerank=Rerank("dstn", unclicked=["B0007"]))
+            >>> client.retrieve(Query(["B0001"], k=5, merge="diversity", diversity_lambda=0.3))
         """
-        query = Query(
-            history, k, timestamps, actions, merge, diversity_lambda,  # type: ignore[arg-type]
-            per_interest_k, exclude, allow, return_interests, user_id, category, request_time, rerank,
-            explain,
-        )  # fmt: skip
+        query = as_query(history, k, **fields)
         response = self._call(self._stub.Retrieve, self._sized(request_from_query(query)))
         return result_from_response(response)
 

@@ -36,6 +36,9 @@ ID_BYTES = 64
 """Item id length (bytes) the default message limits are sized for: a request at every list
 limit with ids this long fits; one with longer ids fits shorter lists."""
 
+DEFAULT_K = 10
+"""Items a query asks for when it does not say."""
+
 DEFAULT_RERANK_CANDIDATES = 200
 """Candidates a rerank scores when the request does not say (at least ``k``)."""
 
@@ -104,16 +107,40 @@ class Rerank:
 
 @dataclass(frozen=True)
 class Query:
-    """One user's request; see :meth:`Retriever.retrieve` for the meaning of each field.
+    """One user's request: what :meth:`RetrievalClient.retrieve
+    <retrieval.api.client.RetrievalClient.retrieve>` sends and :meth:`Retriever.retrieve
+    <retrieval.serving.retriever.Retriever.retrieve>` answers (both take a ``Query``, or its
+    fields by name through :func:`as_query`).
 
-    ``merge`` may be given by name (``"round_robin"``); it is stored as a :class:`MergeStrategy`.
+    Attributes:
+        history: external item ids, oldest first (unknown ids are skipped and counted).
+        k: number of items wanted, ``1..MAX_K``.
+        timestamps: per history event, for models trained with side features (``gap_prev``,
+            ``gap_now``); ignored by models without them.
+        actions: per history event, for models trained with the ``action`` side feature;
+            ignored by models without it.
+        merge: how the K interests' lists become one (see ``index.merge``); may be given by
+            name (``"round_robin"``), stored as a :class:`MergeStrategy`.
+        diversity_lambda: ``λ >= 0`` of the DIVERSITY merge (0 = max-score); only with it.
+        per_interest_k: candidates per interest, ``k..MAX_PER_INTEREST_K``; 0 = ``k``.
+        exclude: external ids never to return (besides the history); unknown ids ignored.
+        allow: when non-empty, the only external ids that may be returned; unknown ids ignored.
+        return_interests: also return the user's ``[K, d]`` interest vectors.
+        user_id: for the log only.
+        category: when non-empty, only items with this attribute (e.g. a genre) are returned
+            (with ``allow``: items in both).
+        request_time: seconds since the epoch the items are asked for, for models with the
+            ``gap_now`` feature (0 = now, by the server's clock).
+        rerank: score the retrieved candidates with a ranker and return its best ``k``.
+        explain: also return what made each interest (:class:`Explanations`): per interest,
+            the history events with the largest weights in the user tower.
 
     Raises:
         ValueError: an unknown merge name.
     """
 
     history: Sequence[str]
-    k: int
+    k: int = DEFAULT_K
     timestamps: Sequence[int] | None = None
     actions: Sequence[str] | None = None
     merge: MergeStrategy = MergeStrategy.MAX_SCORE
@@ -134,6 +161,28 @@ class Query:
             if self.merge not in names:
                 raise ValueError(f"unknown merge strategy {self.merge!r}; choose from {names}")
             object.__setattr__(self, "merge", MergeStrategy(self.merge))
+
+
+def as_query(history: Query | Sequence[str], k: int | None = None, **fields: Any) -> Query:
+    """The query a ``retrieve`` call asks for: a :class:`Query` given whole, or built from a
+    history, ``k`` (default :data:`DEFAULT_K`) and any other of its fields by name.
+
+    Example:
+        >>> as_query(["B0001", "B0042"], 5, merge="round_robin").merge
+        <MergeStrategy.ROUND_ROBIN: 'round_robin'>
+        >>> as_query(Query(["B0001"], k=3)).k
+        3
+
+    Raises:
+        TypeError: a :class:`Query` with more fields beside it, or a field :class:`Query` does
+            not have.
+        ValueError: an unknown merge name.
+    """
+    if isinstance(history, Query):
+        if k is not None or fields:
+            raise TypeError("give a Query alone, or a history with k and the other fields by name")
+        return history
+    return Query(history, DEFAULT_K if k is None else k, **fields)
 
 
 @dataclass(frozen=True)

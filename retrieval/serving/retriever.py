@@ -31,6 +31,7 @@ from retrieval.api.types import (
     Query,
     Rerank,
     Retrieved,
+    as_query,
 )
 from retrieval.artifacts.categories import Categories
 from retrieval.artifacts.changes import CatalogueChanges, changed_attributes
@@ -218,57 +219,14 @@ class Retriever:
             rankers=tuple(sorted(self.rankers)),
         )
 
-    def retrieve(
-        self,
-        history: Sequence[str],
-        k: int,
-        timestamps: Sequence[int] | None = None,
-        actions: Sequence[str] | None = None,
-        *,
-        merge: MergeStrategy = MergeStrategy.MAX_SCORE,
-        diversity_lambda: float = 0.0,
-        per_interest_k: int = 0,
-        exclude: Sequence[str] = (),
-        allow: Sequence[str] = (),
-        return_interests: bool = False,
-        user_id: str = "",
-        category: str = "",
-        request_time: int = 0,
-        rerank: Rerank | None = None,
-        explain: bool = False,
-    ) -> Retrieved:
-        """Top-``k`` items for one user.
-
-        Args:
-            history: external item ids, oldest first (unknown ids are skipped and counted).
-            k: number of items wanted, ``1..MAX_K``.
-            timestamps: per history event, for models trained with side features (``gap_prev``,
-                ``gap_now``); ignored by models without them.
-            actions: per history event, for models trained with the ``action`` side feature;
-                ignored by models without it.
-            merge: how the K interests' lists become one (see ``index.merge``).
-            diversity_lambda: ``λ >= 0`` of the DIVERSITY merge (0 = max-score); only with it.
-            per_interest_k: candidates per interest, ``k..MAX_PER_INTEREST_K``; 0 = ``k``.
-            exclude: external ids never to return (besides the history); unknown ids ignored.
-            allow: when non-empty, the only external ids that may be returned; unknown ids ignored.
-            category: when non-empty, only items with this attribute (e.g. a genre) are returned
-                (with ``allow``: items in both).
-            request_time: seconds since the epoch the items are asked for, for models with the
-                ``gap_now`` feature (0 = now, by the server's clock).
-            return_interests: also return the user's ``[K, d]`` interest vectors.
-            user_id: for the log only.
-            rerank: score the retrieved candidates with a ranker and return its best ``k``.
-            explain: also return what made each interest (:class:`Explanations`): per interest,
-                the history events with the largest weights in the user tower.
+    def retrieve(self, history: Query | Sequence[str], k: int | None = None, **fields: Any) -> Retrieved:
+        """Top-``k`` items for one user: a :class:`Query` (whose fields say what each option
+        does), or a history with ``k`` (default 10) and any other field by name (:func:`as_query`).
 
         Raises:
             InvalidArgument: an argument out of range (the message says which and why).
         """
-        query = Query(
-            history, k, timestamps, actions, merge, diversity_lambda, per_interest_k,
-            exclude, allow, return_interests, user_id, category, request_time, rerank, explain,
-        )  # fmt: skip
-        return self.retrieve_many([query])[0]
+        return self.retrieve_many([as_query(history, k, **fields)])[0]
 
     def retrieve_many(self, queries: Sequence[Query], deadline: float | None = None) -> list[Retrieved]:
         """Answers several users with one user-tower call and one index search per group of

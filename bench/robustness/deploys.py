@@ -298,7 +298,7 @@ def _publication_order(root: Path, published: dict[str, str]) -> tuple[bool, set
     whether ``current`` is the last version and each add-items version changed the version
     before it (version names sort in publication order), the items removed after the last
     deploy, and the items ``current`` has removed."""
-    from retrieval.artifacts.model import load_catalogue
+    from retrieval.artifacts import load_catalogue
     from retrieval.storage import read_manifest, resolve_current
 
     order = sorted(published)

@@ -37,8 +37,7 @@ from bench.data import REPO, dataset_file
 from bench.robustness.deploys import Case
 from bench.robustness.processes import tool_command, tool_env
 from bench.robustness.soak import Version, build_versions
-from retrieval.api import RetrievalClient
-from retrieval.api.convert import SERVICE_NAME
+from retrieval.api import SERVICE_NAME, RetrievalClient
 
 log = logging.getLogger("bench.robustness")
 
@@ -253,7 +252,7 @@ def killed_worker(version: Version, work: Path) -> Case:
 def stopped_worker(version: Version, work: Path) -> Case:
     """SIGSTOP of worker 1: the supervisor must log it and kill it within the heartbeat's
     timeout (and a second), and its replacement must answer every new connection."""
-    from retrieval.serving.group import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
+    from retrieval.serving import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 
     history = _history(version)
     with ServedGroup(work, "--model", str(version.model), "--index", str(version.index)) as group:
@@ -281,7 +280,7 @@ def stuck_stop(version: Version, work: Path, signals: int) -> Case:
     """SIGTERM (``signals`` times, 0.5 s apart) to a supervisor one of whose workers is stopped:
     once, it must exit 0 within ``--grace`` + :data:`STOP_MARGIN` (+1 s), the stopped worker
     killed; twice, it must exit 1 within 2 s of the second signal, no worker left."""
-    from retrieval.serving.stopping import STOP_MARGIN
+    from retrieval.serving import STOP_MARGIN
 
     grace = 2.0
     args = ["--model", str(version.model), "--index", str(version.index), "--grace", str(grace)]

@@ -15,7 +15,16 @@ from .admission import (
 )
 from .auth import PERMISSIONS, AccessFile, Identity
 from .batching import MicroBatcher
-from .group import GroupError, GroupOptions, ServingGroup, default_processes, hold_ports, serve_group
+from .group import (
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_TIMEOUT,
+    GroupError,
+    GroupOptions,
+    ServingGroup,
+    default_processes,
+    hold_ports,
+    serve_group,
+)
 from .logs import LOG_FORMATS, configure_logging
 from .memory import MemoryTrimmer, resident_bytes, trimmer
 from .metrics import BasicAuth, GroupMetrics, Metrics
@@ -32,12 +41,16 @@ from .reload import (
 )
 from .retriever import Retriever
 from .server import RetrievalServer, RetrievalServicer, TlsFiles, create_server, serve_forever, status_for
+from .stopping import STOP_MARGIN
 from .tls import CertificateFiles
 from .worker import WorkerLink
 
 __all__ = [
+    "HEARTBEAT_INTERVAL",
+    "HEARTBEAT_TIMEOUT",
     "LOG_FORMATS",
     "PERMISSIONS",
+    "STOP_MARGIN",
     "AccessControl",
     "AccessFile",
     "AccessLog",

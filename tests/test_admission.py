@@ -115,9 +115,22 @@ def test_the_issues_costly_calls_are_heavy_and_an_ordinary_one_costs_about_one()
 
 
 def test_a_lone_heavy_call_runs_whatever_its_cost_and_cheap_calls_never_wait() -> None:
-    admission = Admission(limits())
-    with admission.admit(100.0), admission.admit(1.0), admission.admit(1.0):
-        pass  # no deadlock, no refusal: 100 > max_cost but it is alone; cheap ones pass beside it
+    """100 > max_cost, but alone it is admitted at once; two cheap calls run beside it."""
+    admission = Admission(limits(max_wait=30.0))
+    inside: list[tuple[int, float, int]] = []
+
+    def calls() -> None:
+        with admission.admit(100.0), admission.admit(1.0), admission.admit(1.0):
+            inside.append((admission._heavy, admission._heavy_cost, admission._cheap))
+
+    started = time.monotonic()
+    thread = threading.Thread(target=calls)
+    thread.start()
+    thread.join(10.0)
+    assert not thread.is_alive(), "a lone heavy call (or a cheap one beside it) waited"
+    assert time.monotonic() - started < 10.0
+    assert inside == [(1, 100.0, 2)]  # all three in at once: one heavy of 100 units, two cheap
+    assert (admission._heavy, admission._heavy_cost, admission._cheap) == (0, 0.0, 0)  # all left
 
 
 def test_heavy_calls_wait_for_room_then_are_refused_with_a_retry_hint() -> None:

@@ -141,8 +141,16 @@ def test_a_client_with_retries_waits_for_the_pushback(retriever: Retriever) -> N
     server, port = create_server(retriever, port=0, access=AccessControl(rate_limit=RateLimiter(4, 1)))
     try:
         with RetrievalClient(f"127.0.0.1:{port}", retries=0, timeout=30) as plain:
-            refusal(plain)  # the bucket is empty
+            _, _, refused = refusal(plain)  # the bucket is empty
+        pushback = pushback_ms(refused) / 1000
+        assert pushback > 0.1  # 4 calls a second: the next token is ~250 ms away
         with RetrievalClient(f"127.0.0.1:{port}", retries=2, timeout=30) as client:
-            client.model_info()  # refused, retried after the pushback (~250 ms), answered
+            started = time.monotonic()
+            info = client.model_info()  # refused, retried after the pushback, answered
+            waited = time.monotonic() - started
+        assert info.model_version
+        # Retried at once, it would be refused again (the bucket refills at 4 a second) and, out
+        # of retries, fail: answered means it waited, and no sooner than the token came back.
+        assert waited >= 0.5 * pushback, (waited, pushback)
     finally:
         server.stop(None)

@@ -19,9 +19,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(if $(wildcard ../shared/data),MITT_DATA="$${MITT_DATA:-$(abspath ../shared/data)}" )$(BIN)/python tools/demo.py $(DEMO_ARGS)
 
-## Lint, type-check and run the whole test suite.
-test: $(STAMP) lint
-	$(BIN)/pytest -q
+## Lint, type-check, build the native engine and run the whole test suite (the 20 slowest listed).
+test: $(STAMP) lint native
+	$(BIN)/pytest -q --durations=20
 
 ## The edit loop: every test not marked slow or network, no lint (`make test` runs them all).
 test-fast: $(STAMP)

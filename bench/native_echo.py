@@ -20,6 +20,15 @@ Requests are ``--requests`` random histories of 50 of the items, k = 50. Each ro
 p50/p99 latency, errors and the CPU milliseconds per request of the server process and the
 client; the kernels alone (no gRPC) are timed at batches of 1 and 32, in CPU time. Prints a
 Markdown table and writes ``results.json`` and ``table.md`` to ``--out``.
+
+``--kernel`` times the real kernel instead (:class:`retrieval.serving.native_kernel.NativeKernel`:
+the user tower and the FAISS search of :mod:`bench.serving`'s deployment, ``--items`` of them,
+built and cached as that benchmark builds it) on the ML-100K users' histories with k = 50, at
+batches of 1, 8 and 32, in CPU milliseconds per request of this one-threaded process, beside
+the Python engine's ``retrieve_many`` of the same requests (lookup, tower, search, merge and
+answers, no gRPC) and its ``retrieve_many`` alone::
+
+    python -m bench.native_echo --kernel --items 1000000
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from bench.context import commit, load_average, machine
-from bench.data import REPO
+from bench.data import REPO, add_data_root_argument, dataset_file
 from bench.serving import load, start
 from retrieval.api import MAX_BATCH
 from retrieval.api.v1 import retrieval_pb2
@@ -137,6 +146,61 @@ def kernel_ms(name: str, items: int, dim: int, batch: int, rounds: int = 20) -> 
     return (time.process_time() - started) * 1000 / (rounds * batch)
 
 
+def kernel_inputs(kernel: Any, sent: Sequence[retrieval_pb2.RetrieveRequest]) -> list[tuple[np.ndarray, int]]:
+    """Per request, what the C++ side hands the kernel for it: its known history, the last
+    ``max_len`` ids left-padded (int32 ``[max_len]``), and its fetch (k + its excluded ids)."""
+    model = kernel.retriever.model
+    rows = []
+    for request in sent:
+        dense = model.vocab.lookup(list(request.history))
+        known = dense[(dense > 0) & (dense <= model.tower_items)][-model.max_len :]
+        row = np.zeros(model.max_len, np.int32)
+        row[model.max_len - len(known) :] = known
+        rows.append((row, request.k + len(np.unique(dense[dense > 0]))))
+    return rows
+
+
+def kernel_cpu_ms(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU ms per request of the real kernel and of the Python engine at batches 1, 8 and 32."""
+    import faiss
+
+    from bench.serving import build_artifacts
+    from bench.serving import requests as user_requests
+    from retrieval.api import query_from_request
+    from retrieval.serving import NativeKernel, Retriever
+
+    faiss.omp_set_num_threads(1)
+    data = args.data or dataset_file("ml100k", args.data_root)
+    model_dir, index_dir = build_artifacts(args.artifacts, args.items, data, 3)
+    sent = user_requests(data, K)
+    retriever = Retriever.from_dirs(model_dir, index_dir)
+    kernel = NativeKernel(retriever)
+    rows = kernel_inputs(kernel, sent)
+    queries = [query_from_request(r) for r in sent]
+    none = np.zeros(0, np.int32)
+
+    def search(start: int, batch: int) -> None:
+        chunk = [rows[(start + i) % len(rows)] for i in range(batch)]
+        histories = np.stack([h for h, _ in chunk])
+        fetch = np.array([f for _, f in chunk], np.int32)
+        kernel.search(histories, fetch, np.full(batch, -1, np.int32), [], None, False, none)
+
+    def engine(start: int, batch: int) -> None:
+        retriever.retrieve_many([queries[(start + i) % len(queries)] for i in range(batch)])
+
+    out: dict[str, Any] = {"items": args.items, "requests": len(sent)}
+    for name, work in (("kernel", search), ("python engine retrieve_many", engine)):
+        for batch in (1, 8, 32):
+            rounds = max(1, args.kernel_requests // batch)
+            work(0, batch)  # warm-up (the tower traces once per batch size)
+            started = time.process_time()
+            for r in range(rounds):
+                work(r * batch, batch)
+            out[f"{name} at {batch}"] = round((time.process_time() - started) * 1000 / (rounds * batch), 4)
+            log.info("%s at %d: %.4f CPU ms per request", name, batch, out[f"{name} at {batch}"])
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"  # the servers' BLAS
     sent = requests(args.items, args.requests)
@@ -216,6 +280,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--out", type=Path, default=REPO / "runs" / "bench-native-echo", help="default %(default)s"
     )
+    p.add_argument("--kernel", action="store_true", help="time the real kernel (see above) instead")
+    p.add_argument("--kernel-requests", type=int, default=2000, help="requests per batch size (--kernel)")
+    p.add_argument(
+        "--artifacts",
+        type=Path,
+        default=REPO / "runs" / "bench-serving",
+        help="where bench.serving caches its deployment (--kernel; default %(default)s)",
+    )
+    p.add_argument("--data", type=Path, help="ML-100K folder (--kernel; default: ml100k in --data-root)")
+    add_data_root_argument(p)
     p.add_argument("--serve", choices=KERNELS, help=argparse.SUPPRESS)  # run a native server
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -231,6 +305,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve(args.serve, args.port, args.items, args.dim)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.kernel:
+        measured = {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "commit": commit(),
+            "machine": machine(),
+            "load_average": load_average(),
+            "command": "python -m bench.native_echo " + " ".join(sys.argv[1:]),
+            "cpu_ms_per_request": kernel_cpu_ms(args),
+        }
+        (args.out / "kernel.json").write_text(json.dumps(measured, indent=2))
+        print(json.dumps(measured, indent=2))
+        return 0
     results = run(args)
     text = table(results)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))

@@ -29,6 +29,7 @@ from .logs import LOG_FORMATS, configure_logging
 from .memory import MemoryTrimmer, resident_bytes, trimmer
 from .metrics import BasicAuth, GroupMetrics, Metrics
 from .native import NativeEngineMissing, NativeServer, native_module
+from .native_kernel import NativeKernel, NativeServable, native_servable
 from .ratelimit import RateLimiter
 from .reload import (
     DeploymentWatcher,
@@ -70,6 +71,8 @@ __all__ = [
     "MicroBatcher",
     "ModelSize",
     "NativeEngineMissing",
+    "NativeKernel",
+    "NativeServable",
     "NativeServer",
     "Overloaded",
     "RateLimiter",
@@ -88,6 +91,7 @@ __all__ = [
     "hold_ports",
     "load_deployment",
     "native_module",
+    "native_servable",
     "open_deployment",
     "query_cost",
     "refuse_version",

@@ -14,7 +14,7 @@ import numpy as np
 
 from index import VectorIndex
 from index.merge import strategy
-from index.multi_interest import search_interests
+from index.multi_interest import SearchResult, search_interests
 from retrieval.api.errors import DeadlineExceeded, InvalidArgument, shorten
 from retrieval.api.types import (
     DEFAULT_RERANK_CANDIDATES,
@@ -397,18 +397,12 @@ class Retriever:
         found: dict[int, _Found] = {}
         for (merge, lam, fetch, _), members in groups.items():
             started = time.perf_counter()
-            result = search_interests(
-                self.index,
+            result = self.search_group(
                 encoded[members],
                 max(rows[i].depth for i in members),
-                exclude=[rows[i].exclude for i in members],
-                allow=rows[members[0]].allow,
-                merge=None
-                if merge is MergeStrategy.MAX_SCORE
-                else strategy(merge, self.categories.codes, lam),
-                per_interest_k=fetch,
-                # DIVERSITY ranks by each item's best score over all interests: score exactly.
-                item_vectors=self.model.item_embeddings if merge is MergeStrategy.DIVERSITY else None,
+                [rows[i].exclude for i in members],
+                rows[members[0]].allow,
+                (merge, lam, fetch),
             )
             if self.observe_search is not None:
                 self.observe_search(time.perf_counter() - started)
@@ -416,6 +410,41 @@ class Retriever:
                 kept = np.flatnonzero(result.ids[row] >= 0)[: rows[i].depth]
                 found[i] = (result.ids[row][kept], result.scores[row][kept], result.interests[row][kept])
         return found
+
+    def search_group(
+        self,
+        encoded: np.ndarray,
+        depth: int,
+        exclude: Sequence[np.ndarray],
+        allow: np.ndarray | None,
+        search: tuple[MergeStrategy, float, int],
+    ) -> SearchResult:
+        """One index search and merge of rows sharing a search: what :meth:`retrieve_many` runs
+        per group of rows, and the native engine's kernel for a row it cannot merge from one
+        batched search (:mod:`retrieval.serving.native_kernel`).
+
+        Args:
+            encoded: float32 ``[B, K, d]`` the rows' interests.
+            depth: items wanted per row.
+            exclude: per row, sorted unique int64 dense ids never returned.
+            allow: sorted unique int64 dense ids, the only ones returned; ``None`` = every item.
+            search: the merge, its diversity λ and each interest's depth (0 = ``depth``).
+
+        Returns:
+            ``[B, depth]`` items per row, best first (``index.multi_interest.SearchResult``).
+        """
+        merge, lam, fetch = search
+        return search_interests(
+            self.index,
+            encoded,
+            depth,
+            exclude=exclude,
+            allow=allow,
+            merge=None if merge is MergeStrategy.MAX_SCORE else strategy(merge, self.categories.codes, lam),
+            per_interest_k=fetch,
+            # DIVERSITY ranks by each item's best score over all interests: score exactly.
+            item_vectors=self.model.item_embeddings if merge is MergeStrategy.DIVERSITY else None,
+        )
 
     def _answer(
         self,

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from retrieval.api.client import RetrievalClient
+from retrieval.api.errors import PermissionDenied, Unauthenticated
 from retrieval.api.types import Query
 from retrieval.cli import serve as serve_cli
 from retrieval.serving.access import AccessControl
@@ -140,12 +141,14 @@ def test_tokens_are_checked_and_each_method_needs_its_permission(
         assert (
             denied.value.details() == "identity 'team-b' may not call Retrieve (needs permission 'retrieve')"
         )
+        assert isinstance(denied.value, PermissionDenied)
         with (
             RetrievalClient(address, retries=0, token="wrong") as client,
             pytest.raises(grpc.RpcError) as refused,
         ):
             client.model_info()
         assert refused.value.details() == "invalid bearer token"
+        assert isinstance(refused.value, Unauthenticated)
         monkeypatch.setenv("MITT_TOKEN", "token-a")  # the client's default token
         with RetrievalClient(address, retries=0) as client:
             assert_same(client.retrieve(["item05"], 4).items, expected)

@@ -14,7 +14,7 @@ import pytest
 
 from index.merge import diversity, round_robin
 from retrieval.api.client import RetrievalClient
-from retrieval.api.types import MAX_BATCH, MAX_FILTER_IDS, MAX_PER_INTEREST_K, MergeStrategy, Query
+from retrieval.api.types import MAX_BATCH, MAX_FILTER_IDS, MAX_PER_INTEREST_K, MergeStrategy, ModelInfo, Query
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.artifacts.model import ModelArtifact
@@ -263,6 +263,7 @@ def test_batch_size_is_bounded(client: RetrievalClient, size: int, message: str)
 
 def test_model_info_describes_model_and_index(client: RetrievalClient, retriever: Retriever) -> None:
     info = client.model_info()
+    assert isinstance(info, ModelInfo)  # a dataclass, as retrieve() answers one
     assert (info.model_version, info.num_interests, info.dim, info.max_len, info.num_items) == (
         "model-v1",
         3,
@@ -270,14 +271,20 @@ def test_model_info_describes_model_and_index(client: RetrievalClient, retriever
         8,
         NUM_ITEMS,
     )
-    assert (info.index.backend, info.index.factory, info.index.is_exact, info.index.count) == (
-        "faiss",
-        "Flat",
-        True,
-        NUM_ITEMS,
+    assert (info.tower, info.side_features, info.rankers, info.reload_refusals, info.last_refusal) == (
+        retriever.model.manifest.get("tower", ""),
+        (),
+        (),
+        0,
+        "",
     )
-    assert info.index.recall == pytest.approx(0.987) and info.index.recall_k == 50
-    assert info.start_time.ToNanoseconds() == pytest.approx(retriever.start_time * 1e9, abs=1e3)
+    index = dict(info.index)
+    assert index.pop("recall") == pytest.approx(0.987) and index.pop("recall_k") == 50
+    assert index == {"backend": "faiss", "factory": "Flat", "search_params": "", "is_exact": True, "count": NUM_ITEMS}
+    assert info.start_time == pytest.approx(retriever.start_time, abs=1e-6)
+    # The same dataclass the server answered from: the message carries every field.
+    served = retriever.model_info()
+    assert dataclasses.replace(info, index=served.index, start_time=served.start_time) == served
 
 
 def test_query_tool_passes_the_options(client: RetrievalClient, capsys: pytest.CaptureFixture[str]) -> None:

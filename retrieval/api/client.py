@@ -19,20 +19,18 @@ from retrieval.api.convert import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
     SERVICE_NAME,
+    model_info_from_message,
     request_from_query,
     result_from_response,
 )
-from retrieval.api.types import Query, Retrieved, as_query
+from retrieval.api.errors import REQUEST_ID, RetrievalError, error_from_call, trailer
+from retrieval.api.types import ModelInfo, Query, Retrieved, as_query
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 M = TypeVar("M", bound=Message)
 
 TOKEN_ENV = "MITT_TOKEN"
 """The environment variable a client reads its bearer token from when given none."""
-
-REQUEST_ID = "x-request-id"
-"""The metadata key of a call's request id: sent by the caller (optional), returned by a server
-that keeps an access log in the call's trailing metadata."""
 
 
 def service_config(retries: int) -> str:
@@ -94,7 +92,9 @@ def channel_target(address: str | Sequence[str]) -> str:
 
 
 class RetrievalClient:
-    """Calls a retrieval server; failed calls raise ``grpc.RpcError`` (``.code()``, ``.details()``).
+    """Calls a retrieval server; a failed call raises the :mod:`~retrieval.api.errors` class of
+    its status (a ``grpc.RpcError``, with ``.code()`` and ``.details()`` as gRPC's own, and the
+    server's retry pushback and request id).
 
     With several replicas' addresses the client spreads calls over them round-robin and
     retries a call refused by one (a replica going down costs no failed request beyond those
@@ -214,14 +214,24 @@ class RetrievalClient:
             )
         return request
 
-    def model_info(self) -> retrieval_pb2.ModelInfo:
-        """The server's ``ModelInfo``: model version and shape, index description, start time."""
-        info: retrieval_pb2.ModelInfo = self._call(
-            self._stub.GetModelInfo, retrieval_pb2.GetModelInfoRequest()
-        )
-        return info
+    def model_info(self) -> ModelInfo:
+        """What the server serves: model version and shape, index description, start time,
+        refused versions, the access file's state."""
+        message = self._call(self._stub.GetModelInfo, retrieval_pb2.GetModelInfoRequest())
+        return model_info_from_message(message)
 
     def _call(self, method: grpc.UnaryUnaryMultiCallable[Any, Any], request: Message) -> Any:
+        """``method(request)`` within :attr:`timeout` (:meth:`_attempts`).
+
+        Raises:
+            RetrievalError: the call failed; the class of its status (:func:`error_from_call`).
+        """
+        try:
+            return self._attempts(method, request)
+        except grpc.RpcError as e:
+            raise error_from_call(e) from e
+
+    def _attempts(self, method: grpc.UnaryUnaryMultiCallable[Any, Any], request: Message) -> Any:
         """``method(request)`` within :attr:`timeout`. A call still refused UNAVAILABLE after the
         channel's own retries (a server or worker that died with the call, a connection that
         failed) is sent once more, waiting for the channel to reconnect, within what is left of
@@ -237,10 +247,17 @@ class RetrievalClient:
         return method(request, timeout=left, metadata=self._metadata, wait_for_ready=True)
 
     def health(self) -> str:
-        """The service's health status name, e.g. ``"SERVING"`` or ``"NOT_SERVING"``."""
-        response = self._health.Check(
-            health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=self.timeout
-        )
+        """The service's health status name, e.g. ``"SERVING"`` or ``"NOT_SERVING"``.
+
+        Raises:
+            RetrievalError: the check failed (UNAVAILABLE: not listening).
+        """
+        try:
+            response = self._health.Check(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=self.timeout
+            )
+        except grpc.RpcError as e:
+            raise error_from_call(e) from e
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
     def wait_until_serving(self, timeout: float = 10.0) -> None:
@@ -275,7 +292,8 @@ class RetrievalClient:
 
 
 def request_id(error: grpc.RpcError) -> str | None:
-    """The id a server with an access log gave a failed call (the line to look for in its log).
+    """The id a server with an access log gave a failed call (the line to look for in its log):
+    a :class:`RetrievalError`'s ``request_id``, or the trailer of an error gRPC raised.
 
     Example:
         >>> try:
@@ -283,8 +301,7 @@ def request_id(error: grpc.RpcError) -> str | None:
         ... except grpc.RpcError as e:
         ...     print(e.code(), request_id(e))
     """
+    if isinstance(error, RetrievalError):
+        return error.request_id
     trailing = getattr(error, "trailing_metadata", None)  # a failed call's error is also its grpc.Call
-    for key, value in (trailing() if callable(trailing) else None) or ():
-        if key == REQUEST_ID:
-            return str(value)
-    return None
+    return trailer((trailing() if callable(trailing) else None) or (), REQUEST_ID)

@@ -3,15 +3,13 @@ of ``proto/retrieval.proto``."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import DecodeError, Message
 
-from retrieval.api.errors import (
-    InvalidArgument,
-)
+from retrieval.api.errors import InvalidArgument
 from retrieval.api.types import (
     EXPLAIN_TOP,
     ID_BYTES,
@@ -274,6 +272,35 @@ def model_info_message(info: ModelInfo) -> retrieval_pb2.ModelInfo:
         rankers=list(info.rankers),
         reload_refusals=info.reload_refusals,
         last_refusal=info.last_refusal,
+    )
+
+
+def model_info_from_message(message: retrieval_pb2.ModelInfo) -> ModelInfo:
+    """The inverse of :func:`model_info_message`: ``index`` holds the ``IndexInfo`` fields,
+    ``recall`` and ``recall_k`` only when the index was measured (``recall_k`` > 0)."""
+    index = message.index
+    described: dict[str, Any] = {
+        "backend": index.backend,
+        "factory": index.factory,
+        "search_params": index.search_params,
+        "is_exact": index.is_exact,
+        "count": index.count,
+    }
+    if index.recall_k:
+        described.update(recall=index.recall, recall_k=index.recall_k)
+    return ModelInfo(
+        model_version=message.model_version,
+        tower=message.tower,
+        num_interests=message.num_interests,
+        dim=message.dim,
+        max_len=message.max_len,
+        num_items=message.num_items,
+        index=described,
+        side_features=tuple(message.side_features),
+        start_time=message.start_time.ToNanoseconds() / 1e9,
+        rankers=tuple(message.rankers),
+        reload_refusals=message.reload_refusals,
+        last_refusal=message.last_refusal,
     )
 
 

@@ -15,21 +15,28 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import grpc
 from google.protobuf.json_format import MessageToJson
 
-from retrieval.api import Explanations, MergeStrategy, Rerank, RetrievalClient, Retrieved
+from retrieval.api import (
+    Explanations,
+    MergeStrategy,
+    Query,
+    Rerank,
+    RetrievalClient,
+    RetrievalError,
+    Retrieved,
+    model_info_message,
+)
 from retrieval.cli.dispatch import missing_library
 from retrieval.cli.inputs import flag_inputs, missing_inputs
+from retrieval.cli.startup import command_parser, refuse
 from retrieval.storage import ArtifactError
 
 __all__ = ["main", "parse_args"]
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = command_parser(prog, __doc__)
     p.add_argument("--address", default="127.0.0.1:50051", help="server host:port (default %(default)s)")
     p.add_argument("--history", nargs="+", metavar="ID", help="external item ids, oldest first")
     p.add_argument("--k", type=int, default=10, help="items wanted (default %(default)s)")
@@ -86,6 +93,25 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
     return args
 
 
+def query_of(args: argparse.Namespace) -> Query:
+    """The query the flags ask for."""
+    rerank = None if args.rerank is None else Rerank(args.rerank, args.rerank_candidates, args.unclicked)
+    return Query(
+        args.history,
+        args.k,
+        merge=args.merge,
+        diversity_lambda=args.diversity_lambda,
+        per_interest_k=args.per_interest_k,
+        exclude=args.exclude,
+        allow=args.allow,
+        return_interests=args.interests,
+        user_id=args.user_id,
+        category=args.category,
+        rerank=rerank,
+        explain=args.explain,
+    )
+
+
 def load_titles(model_dir: Path) -> dict[str, str]:
     """External id -> title from a model folder's vocabulary (no TensorFlow needed)."""
     from retrieval.artifacts import read_model_vocab  # only with --titles: reads a model folder
@@ -140,41 +166,24 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         line = missing_library(e, "--titles (reading a model folder)", "serve")
         if line is None:
             raise
-        print(f"error: {line}", file=sys.stderr)
-        return 2
+        return refuse(line)
     except ArtifactError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     try:
         client = RetrievalClient(
             args.address, args.timeout, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key
         )
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     with client:
         try:
-            if args.info:
-                print(MessageToJson(client.model_info(), always_print_fields_with_no_presence=True))
+            if args.info:  # the message's JSON: field names as in the .proto's JSON mapping
+                info = model_info_message(client.model_info())
+                print(MessageToJson(info, always_print_fields_with_no_presence=True))
                 return 0
-            result = client.retrieve(
-                args.history,
-                args.k,
-                merge=args.merge,
-                diversity_lambda=args.diversity_lambda,
-                per_interest_k=args.per_interest_k,
-                exclude=args.exclude,
-                allow=args.allow,
-                return_interests=args.interests,
-                user_id=args.user_id,
-                category=args.category,
-                rerank=None
-                if args.rerank is None
-                else Rerank(args.rerank, args.rerank_candidates, args.unclicked),
-                explain=args.explain,
-            )
-        except grpc.RpcError as e:
-            print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+            result = client.retrieve(query_of(args))
+        except RetrievalError as e:
+            print(f"error: {e.code().name}: {e.message}", file=sys.stderr)
             return 1
     interests = None if result.interests is None else result.interests.tolist()
     if args.json:

@@ -33,6 +33,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from retrieval.api.convert import SERVICE_NAME
+from retrieval.api.errors import PUSHBACK
 from retrieval.serving.access_log import AccessLog
 from retrieval.serving.admission import CallLimit, Overloaded
 from retrieval.serving.auth import OPEN_SERVICES, AccessDenied, AccessFile, Identity, Unauthenticated
@@ -42,9 +43,6 @@ from retrieval.serving.ratelimit import RateLimiter
 
 Behavior = Callable[[Any, grpc.ServicerContext], Any]
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
-
-PUSHBACK = "grpc-retry-pushback-ms"
-"""The trailer gRPC retry policies (and :class:`~retrieval.api.RetrievalClient`) wait before a retry."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from retrieval.api.client import REQUEST_ID
+from retrieval.api.errors import REQUEST_ID
 from retrieval.api.v1 import retrieval_pb2
 
 logger = logging.getLogger("retrieval.access")

@@ -29,7 +29,6 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from retrieval.api.client import REQUEST_ID
 from retrieval.api.convert import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -40,14 +39,7 @@ from retrieval.api.convert import (
     query_from_request,
     response_from_result,
 )
-from retrieval.api.errors import (
-    DeadlineExceeded,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    RetrievalError,
-    Unavailable,
-)
+from retrieval.api.errors import REQUEST_ID, DeadlineExceeded, InvalidArgument, RetrievalError
 from retrieval.api.types import MAX_BATCH, Query, Retrieved
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.serving.access import (
@@ -673,28 +665,22 @@ MAX_DETAILS = 1024
 """Longest status message: gRPC carries it in a trailer, and one over the peer's metadata limit
 (8 KiB by default) would turn the status into RESOURCE_EXHAUSTED."""
 
-_STATUS: dict[type[RetrievalError], grpc.StatusCode] = {
-    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Unavailable: grpc.StatusCode.UNAVAILABLE,
-    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
+SERVER_FAULTS = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+"""Statuses the server never answers with an error's own message: internals stay in its log."""
 
 
 def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
     """The gRPC status code and details to answer ``error`` with.
 
-    Domain errors and access refusals keep their message; anything else is a bug: it becomes
-    INTERNAL with a generic message (internals stay out of responses) and its traceback goes
-    to the log.
+    Domain errors (:class:`RetrievalError`: each class has its status) and access refusals keep
+    their message; anything else is a bug: it becomes INTERNAL with a generic message
+    (internals stay out of responses) and its traceback goes to the log.
     """
     if isinstance(error, AccessDenied):
         return error.code, str(error)
-    for error_type, code in _STATUS.items():
-        if isinstance(error, error_type):
-            details = str(error)
-            return code, details if len(details) <= MAX_DETAILS else details[: MAX_DETAILS - 3] + "..."
+    if isinstance(error, RetrievalError) and error.code() not in SERVER_FAULTS:
+        details = str(error)
+        return error.code(), details if len(details) <= MAX_DETAILS else details[: MAX_DETAILS - 3] + "..."
     logger.error("internal error while serving a request", exc_info=error)
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}), see the server log"
 

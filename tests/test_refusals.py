@@ -225,19 +225,34 @@ def test_an_access_file_change_not_applied_is_counted_and_shown(
                 ("retrieval_access_file_stale", ())
             ]
 
-        reader.model_info()
+        def shown() -> tuple[str, str]:
+            """GetModelInfo.access_file_error as an admin and as the reader see it."""
+            with RetrievalClient(address, retries=0, token="ops-token") as ops:
+                return ops.model_info().access_file_error, reader.model_info().access_file_error
+
+        assert reader.model_info().access_file_error == ""
         assert seen() == (0, 0)
         access_file.unlink()  # deleted: the last good file stays in force, visibly
         for _ in range(3):
             reader.model_info()
         assert seen() == (1, 1) and identities.stale is not None and "No such file" in identities.stale
+        assert shown() == (
+            f"{access_file}: No such file or directory",
+            "access.toml: No such file or directory",
+        )
         # A revocation written into a file that does not parse: still the last good file.
         access_file.write_text(ACCESS.replace('["reader-token"]', '["revoked"') + "\n[broken\n")
         reader.model_info()
         assert seen() == (2, 1) and "Unclosed array" in (identities.stale or "")
+        whole, public = shown()
+        assert whole == identities.stale and whole.startswith(f"{access_file}: ")
+        assert public == public_refusal(whole) and public.startswith("access.toml: ")
+        assert str(tmp_path) not in public
         access_file.write_text(ACCESS.replace('"reader-token"', '"new-reader-token"'))
         assert code_of(reader.model_info).code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[union-attr]
         assert seen() == (2, 0) and identities.stale is None
+        with RetrievalClient(address, retries=0, token="ops-token") as ops:
+            assert ops.model_info().access_file_error == ""
     assert len([r for r in caplog.records if "not reloaded" in r.getMessage()]) == 2  # once per change
 
 

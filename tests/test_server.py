@@ -35,6 +35,7 @@ from retrieval.api.types import MAX_HISTORY, MAX_K, Query, Retrieved
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model, load_index, save_index
 from retrieval.artifacts.model import ModelArtifact
+from retrieval.serving.access import AccessControl
 from retrieval.serving.addresses import host_addresses, join_host_port
 from retrieval.serving.group import hold_ports
 from retrieval.serving.retriever import Retriever
@@ -345,5 +346,27 @@ def test_a_server_binds_every_address_of_its_host_or_fails(retriever: Retriever)
         for _, address in addresses:  # each one answers, on the same port
             with RetrievalClient(join_host_port(address, port), retries=0) as client:
                 assert client.retrieve(["item01"], 2).model_version == "model-v1"
+    finally:
+        server.stop(None)
+
+
+def test_the_health_port_binds_every_address_of_its_host_or_fails(retriever: Retriever) -> None:
+    """The plaintext health port too: with ``127.0.0.1:P`` taken, gRPC started ``localhost:P``'s
+    health port on ``[::1]`` alone (or failed without naming the address). Now the start fails
+    naming it, and leaves nothing serving; on a free port every address answers probes."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(
+            OSError, match=rf"cannot serve the health port on localhost:{port}: .*127\.0\.0\.1:{port}"
+        ):
+            create_server(retriever, host="localhost", port=0, access=AccessControl(health_port=port))
+    server, _ = create_server(retriever, host="localhost", port=0, access=AccessControl(health_port=0))
+    try:
+        assert server.health_port is not None
+        for _, address in host_addresses("localhost"):  # each one answers, on the same port
+            with RetrievalClient(join_host_port(address, server.health_port), retries=0) as probe:
+                assert probe.health() == "SERVING"
     finally:
         server.stop(None)

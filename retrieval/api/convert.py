@@ -272,6 +272,7 @@ def model_info_message(info: ModelInfo) -> retrieval_pb2.ModelInfo:
         rankers=list(info.rankers),
         reload_refusals=info.reload_refusals,
         last_refusal=info.last_refusal,
+        access_file_error=info.access_file_error,
     )
 
 
@@ -301,6 +302,7 @@ def model_info_from_message(message: retrieval_pb2.ModelInfo) -> ModelInfo:
         rankers=tuple(message.rankers),
         reload_refusals=message.reload_refusals,
         last_refusal=message.last_refusal,
+        access_file_error=message.access_file_error,
     )
 
 

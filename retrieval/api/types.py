@@ -196,6 +196,9 @@ class ModelInfo:
         reload_refusals: deployment versions the server refused (failed to load, warm up or
             answer) since it started.
         last_refusal: why the latest one was refused, one line, at most 300 characters.
+        access_file_error: why the access file's last change was not applied (unparsable,
+            deleted, unreadable) while the identities read before stay in force; ``""`` when
+            they are the file's, or the server has none.
     """
 
     model_version: str
@@ -210,6 +213,7 @@ class ModelInfo:
     rankers: tuple[str, ...] = ()
     reload_refusals: int = 0
     last_refusal: str = ""
+    access_file_error: str = ""
 
 
 @dataclass(frozen=True)

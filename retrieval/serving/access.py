@@ -35,6 +35,7 @@ from grpc_health.v1 import health_pb2_grpc
 from retrieval.api.convert import SERVICE_NAME
 from retrieval.api.errors import PUSHBACK
 from retrieval.serving.access_log import AccessLog
+from retrieval.serving.addresses import bind_every_address
 from retrieval.serving.admission import CallLimit, Overloaded
 from retrieval.serving.auth import OPEN_SERVICES, AccessDenied, AccessFile, Identity, Unauthenticated
 from retrieval.serving.health import HealthServicer
@@ -274,21 +275,30 @@ def peer_host(peer: str) -> str:
     return address.rpartition(":")[0].strip("[]") or address
 
 
-def start_health_server(health_servicer: HealthServicer, host: str, port: int) -> tuple[grpc.Server, int]:
-    """Serves ``health_servicer`` alone, in plaintext, on ``host:port`` (0 picks a port).
+def start_health_server(
+    health_servicer: HealthServicer, host: str, port: int, reuse_port: bool = False
+) -> tuple[grpc.Server, int]:
+    """Serves ``health_servicer`` alone, in plaintext, on ``port`` (0 picks one) of every address
+    ``host`` resolves to, as the main port is (:func:`~retrieval.serving.addresses.bind_every_address`).
+    ``reuse_port``: share the port with the other workers of a serving group; without it, a port
+    already served is refused.
 
     Returns:
         ``(started server, bound port)``.
 
     Raises:
-        OSError: the port cannot be bound.
+        OSError: an address cannot be bound; nothing is left serving.
     """
     # Few threads: probes call Check, and Watch streams hold none.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health"))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health"),
+        options=[("grpc.so_reuseport", int(reuse_port))],
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as e:  # grpcio's "Failed to bind to address"
-        raise OSError(f"cannot serve the health port on {host}:{port}: {e}") from None
+        bound = bind_every_address(server, host, port, what="the health port")
+    except OSError:
+        server.stop(None)
+        raise
     server.start()
     return server, bound

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import errno
 import socket
+from typing import TYPE_CHECKING
 
-__all__ = ["host_addresses", "join_host_port"]
+if TYPE_CHECKING:
+    import grpc
+
+__all__ = ["bind_every_address", "host_addresses", "join_host_port"]
 
 _LOOPBACKS = ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"))
 
@@ -44,6 +48,41 @@ def host_addresses(host: str) -> list[tuple[socket.AddressFamily, str]]:
     if name == "localhost":
         found += [(family, address) for family, address in _LOOPBACKS if _has_address(family, address)]
     return list(dict.fromkeys(found))
+
+
+def bind_every_address(
+    server: grpc.Server,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
+    what: str = "gRPC",
+) -> int:
+    """Binds ``server`` to ``port`` on every address ``host`` resolves to (:func:`host_addresses`),
+    the same port on each (``port`` 0: the one the first bind picked); returns the port.
+
+    Raises:
+        OSError: an address cannot be bound (``cannot serve <what> on host:port: ...``, naming
+            the address): grpcio would have served the others alone.
+    """
+    try:
+        addresses = host_addresses(host)
+    except OSError as e:
+        raise OSError(f"cannot serve {what} on {host}:{port}: {e.strerror or e}") from None
+    for _, address in addresses:
+        target = join_host_port(address, port)
+        try:
+            if credentials is None:
+                bound = server.add_insecure_port(target)
+            else:
+                bound = server.add_secure_port(target, credentials)
+        except RuntimeError:  # grpcio's "Failed to bind to address"
+            bound = 0
+        if not bound:  # older grpcio answers 0 instead of raising
+            which = "" if target == f"{host}:{port}" else f" ({target})"
+            cause = f"the address is in use or not available{which}"
+            raise OSError(f"cannot serve {what} on {host}:{port}: {cause}")
+        port = bound
+    return port
 
 
 def join_host_port(address: str, port: int) -> str:

@@ -50,7 +50,7 @@ from retrieval.serving.access import (
     start_health_server,
 )
 from retrieval.serving.access_log import model_version, request_id
-from retrieval.serving.addresses import host_addresses, join_host_port
+from retrieval.serving.addresses import bind_every_address
 from retrieval.serving.admission import (
     Admission,
     AdmissionLimits,
@@ -191,9 +191,15 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     def _model_info(
         self, request: retrieval_pb2.GetModelInfoRequest, context: grpc.ServicerContext, caller: Identity
     ) -> retrieval_pb2.ModelInfo:
-        info = self._slot.model_info()
+        identities = self._access.identities
+        stale = "" if identities is None else identities.stale or ""
+        info = dataclasses.replace(self._slot.model_info(), access_file_error=stale)
         if "admin" not in caller.permissions:
-            info = dataclasses.replace(info, last_refusal=public_refusal(info.last_refusal))
+            info = dataclasses.replace(
+                info,
+                last_refusal=public_refusal(info.last_refusal),
+                access_file_error=public_refusal(info.access_file_error),
+            )
         return model_info_message(info)
 
     def _compute(
@@ -523,9 +529,15 @@ def create_server(
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-    bound = _bind(server, host, port, None if tls is None else tls.credentials())
+    bound = bind_every_address(server, host, port, None if tls is None else tls.credentials())
     health_port = access.health_port
-    health_server = None if health_port is None else start_health_server(health_servicer, host, health_port)
+    health_server = None
+    if health_port is not None:
+        try:
+            health_server = start_health_server(health_servicer, host, health_port, reuse_port)
+        except OSError:
+            server.stop(None)
+            raise
     running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)
     running.set_serving(serving)  # before the port answers: no probe sees the status change
     server.start()
@@ -535,36 +547,6 @@ def create_server(
 def _depth(metrics: Metrics | None, queue: str) -> Callable[[int], None] | None:
     """What sets ``retrieval_queue_depth{queue}``; ``None`` without metrics."""
     return None if metrics is None else metrics.queue.labels(queue).set
-
-
-def _bind(server: grpc.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
-    """Binds ``server`` to ``port`` on every address ``host`` resolves to
-    (:func:`~retrieval.serving.addresses.host_addresses`), the same port on each (``port`` 0:
-    the one the first bind picked); returns the port.
-
-    Raises:
-        OSError: an address cannot be bound; the message names it (grpcio would have served the
-            others alone).
-    """
-    try:
-        addresses = host_addresses(host)
-    except OSError as e:
-        raise OSError(f"cannot serve gRPC on {host}:{port}: {e.strerror or e}") from None
-    for _, address in addresses:
-        target = join_host_port(address, port)
-        try:
-            if credentials is None:
-                bound = server.add_insecure_port(target)
-            else:
-                bound = server.add_secure_port(target, credentials)
-        except RuntimeError:  # grpcio's "Failed to bind to address"
-            bound = 0
-        if not bound:  # older grpcio answers 0 instead of raising
-            which = "" if target == f"{host}:{port}" else f" ({target})"
-            cause = f"the address is in use or not available{which}"
-            raise OSError(f"cannot serve gRPC on {host}:{port}: {cause}")
-        port = bound
-    return port
 
 
 def serve_forever(
@@ -699,10 +681,11 @@ _EXCEPTION = re.compile(r"\w+(Error|Exception)")
 
 
 def public_refusal(reason: str, limit: int = 160) -> str:
-    """A refused version's reason as a caller without the ``admin`` permission sees it in
-    ``GetModelInfo.last_refusal``: absolute paths cut to their last part, and what a library
-    said left out (the reason's ``part: part`` chain is cut after an exception's type, or after
-    the first phrase of three words or more, where our messages quote a library's)."""
+    """A refused version's reason (or why the access file is stale) as a caller without the
+    ``admin`` permission sees it in ``GetModelInfo.last_refusal`` (``access_file_error``):
+    absolute paths cut to their last part, and what a library said left out (the reason's
+    ``part: part`` chain is cut after an exception's type, or after the first phrase of three
+    words or more, where our messages quote a library's)."""
     text = _ABSOLUTE_PATH.sub(lambda path: Path(path.group()).name or "/", reason)
     kept: list[str] = []
     for part in text.split(": "):

@@ -179,7 +179,7 @@ class IndexInfo(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., factory: _Optional[str] = ..., search_params: _Optional[str] = ..., is_exact: _Optional[bool] = ..., recall: _Optional[float] = ..., recall_k: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_version", "tower", "num_interests", "dim", "max_len", "num_items", "index", "side_features", "start_time", "rankers", "reload_refusals", "last_refusal")
+    __slots__ = ("model_version", "tower", "num_interests", "dim", "max_len", "num_items", "index", "side_features", "start_time", "rankers", "reload_refusals", "last_refusal", "access_file_error")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOWER_FIELD_NUMBER: _ClassVar[int]
     NUM_INTERESTS_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,7 @@ class ModelInfo(_message.Message):
     RANKERS_FIELD_NUMBER: _ClassVar[int]
     RELOAD_REFUSALS_FIELD_NUMBER: _ClassVar[int]
     LAST_REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_FILE_ERROR_FIELD_NUMBER: _ClassVar[int]
     model_version: str
     tower: str
     num_interests: int
@@ -204,4 +205,5 @@ class ModelInfo(_message.Message):
     rankers: _containers.RepeatedScalarFieldContainer[str]
     reload_refusals: int
     last_refusal: str
-    def __init__(self, model_version: _Optional[str] = ..., tower: _Optional[str] = ..., num_interests: _Optional[int] = ..., dim: _Optional[int] = ..., max_len: _Optional[int] = ..., num_items: _Optional[int] = ..., index: _Optional[_Union[IndexInfo, _Mapping]] = ..., side_features: _Optional[_Iterable[str]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rankers: _Optional[_Iterable[str]] = ..., reload_refusals: _Optional[int] = ..., last_refusal: _Optional[str] = ...) -> None: ...
+    access_file_error: str
+    def __init__(self, model_version: _Optional[str] = ..., tower: _Optional[str] = ..., num_interests: _Optional[int] = ..., dim: _Optional[int] = ..., max_len: _Optional[int] = ..., num_items: _Optional[int] = ..., index: _Optional[_Union[IndexInfo, _Mapping]] = ..., side_features: _Optional[_Iterable[str]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rankers: _Optional[_Iterable[str]] = ..., reload_refusals: _Optional[int] = ..., last_refusal: _Optional[str] = ..., access_file_error: _Optional[str] = ...) -> None: ...

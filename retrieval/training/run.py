@@ -46,7 +46,7 @@ from retrieval.training.callbacks import (
     load_checkpoint,
     run_folder,
 )
-from retrieval.training.config import Config, TrainConfig
+from retrieval.training.config import Budget, Config, TrainConfig
 from retrieval.training.distribute import (
     GlobalBatchTask,
     fit_under,
@@ -54,7 +54,7 @@ from retrieval.training.distribute import (
     wait_for_workers,
 )
 from retrieval.training.examples import mask_items
-from retrieval.training.inputs import open_training_data
+from retrieval.training.inputs import TrainingData, open_training_data
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import RetrievalTask, build_task
 from retrieval.training.model import TwoTowerModel, build_model, export_user_tower, item_table, scoring_table
@@ -319,31 +319,92 @@ def _train(
     """:func:`train` once the outputs are settled."""
     keras.utils.set_random_seed(config.train.seed)
     data = open_training_data(config, frame)
-    t, max_len, replicas = config.train, config.model.max_len, int(strategy.num_replicas_in_sync)
+    model = _built_model(config, data, strategy)
+    plan = _plan(config, data, model.objective, int(strategy.num_replicas_in_sync))
+    task, rate = _compile(model, config, data, plan, strategy)
+    run = _start_run(config, data, model, task.variables, rate, plan.budget, where, strategy, tensorboard)
+    if run.first_round < plan.budget.rounds and not (run.early is not None and run.early.stopped):
+        _fit(model, config, data, plan, run, strategy, verbose)
+    elif run.early is not None:  # the run had already finished training: export its best weights
+        run.early.restore_best(model)
+    result = _result(model, config, data, plan, run)
+    metrics = result.to_dict()
+    save_model(model, config, data.vocab, data.side, metrics, where.out, overwrite, data.item_attributes)
+    remove_folder(where.run)  # the artifact is complete: the checkpoints are done with
+    wait_for_workers(strategy)
+    return result
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a run trains: ``examples`` and ``steps`` per epoch of the data, its ``budget``, its
+    ``loss`` (:func:`trained_loss`) and the ``replicas`` sharing each batch."""
+
+    examples: int
+    steps: int
+    budget: Budget
+    loss: str
+    replicas: int
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The callbacks a run trains under (restored on resume) and the round it starts from."""
+
+    validation: FullRankingValidation
+    early: EarlyStopping | None
+    timer: EpochTimer
+    checkpoint: EpochCheckpoint
+    callbacks: list[keras.callbacks.Callback]
+    first_round: int
+
+
+def _built_model(config: Config, data: TrainingData, strategy: tf.distribute.Strategy) -> TwoTowerModel:
+    """The configured two-tower model with its objective set, built in the strategy's scope."""
     # Variables (weights, optimizer slots, the sampler's seed counters) are created in the
     # strategy's scope: mirrored on every replica.
     with strategy.scope():
         model = build_model(config.model, data.vocab.num_embeddings, data.side, data.attribute_table())
-        model.set_objective(t.objective)
-    examples = data.num_examples(model.objective, max_len)
+        model.set_objective(config.train.objective)
+    return model
+
+
+def _plan(config: Config, data: TrainingData, objective: str, replicas: int) -> _Plan:
+    """The run's examples, steps, budget and loss, logged; refuses data without examples."""
+    t = config.train
+    examples = data.num_examples(objective, config.model.max_len)
     if not examples:
         raise ValueError(f"{config.data.path}: no training examples (every user needs >= 2 training events)")
     loss = trained_loss(t, data.vocab.num_embeddings)
     log.info(
         "%d users, %d items, %d training examples (objective %s, loss %s%s), %d replica(s)",
-        data.users, len(data.vocab), examples, model.objective, loss,
+        data.users, len(data.vocab), examples, objective, loss,
         "" if loss == t.loss else f": {t.num_negatives} negatives cover the catalogue", replicas,
     )  # fmt: skip
     steps = -(-examples // t.batch_size)  # per epoch of the data
-    budget = t.budget(steps)
-    with strategy.scope():
-        task = build_training_task(t, data.train_counts(), data.target_counts(model.objective, max_len))
-        model.task = task if replicas == 1 else GlobalBatchTask(task)
-        # XLA off: it has no kernel for the candidate sampler, and compiled steps ran slower on CPU.
-        rate = make_schedule(t, budget.schedule_steps, replicas)
-        model.compile(optimizer=make_optimizer(t, rate), jit_compile=False)
+    return _Plan(examples, steps, t.budget(steps), loss, replicas)
 
-    validation = FullRankingValidation(data, max_len, budget.validate_every, budget.round_steps)
+
+def _compile(
+    model: TwoTowerModel, config: Config, data: TrainingData, plan: _Plan, strategy: tf.distribute.Strategy
+) -> tuple[RetrievalTask, float | WarmupDecay]:
+    """Gives ``model`` its task and compiles it with the optimizer; returns both and the learning rate."""
+    t = config.train
+    with strategy.scope():
+        counts, as_targets = data.train_counts(), data.target_counts(model.objective, config.model.max_len)
+        task = build_training_task(t, counts, as_targets)
+        model.task = task if plan.replicas == 1 else GlobalBatchTask(task)
+        # XLA off: it has no kernel for the candidate sampler, and compiled steps ran slower on CPU.
+        rate = make_schedule(t, plan.budget.schedule_steps, plan.replicas)
+        model.compile(optimizer=make_optimizer(t, rate), jit_compile=False)
+    return model.task, rate
+
+
+def _stoppers(
+    config: Config, data: TrainingData, rate: float | WarmupDecay, budget: Budget
+) -> tuple[EarlyStopping | None, Cooldown | None]:
+    """Early stopping (``train.patience``, not under ``loo-refit``) and the cooldown of a plateau schedule."""
+    t = config.train
     cooldown = None
     if isinstance(rate, WarmupDecay) and rate.kind == "plateau":
         cooldown = Cooldown(rate, t.cooldown_fraction, budget.schedule_steps, budget.round_steps)
@@ -352,93 +413,141 @@ def _train(
         log.info("data.protocol=loo-refit has no validation: train.patience is not used, the budget is fixed")
     elif t.patience > 0:
         early = EarlyStopping(f"val_{data.shown[0]}", t.patience, cooldown)
+    return early, cooldown
+
+
+def _start_run(
+    config: Config,
+    data: TrainingData,
+    model: TwoTowerModel,
+    variables: list[Any],
+    rate: float | WarmupDecay,
+    budget: Budget,
+    where: _Outputs,
+    strategy: tf.distribute.Strategy,
+    tensorboard: Path | None,
+) -> _Run:
+    """The run's callbacks, restored from ``where.restore`` on resume (with the model and the
+    task's ``variables``), else a new run folder."""
+    validation = FullRankingValidation(data, config.model.max_len, budget.validate_every, budget.round_steps)
+    early, cooldown = _stoppers(config, data, rate, budget)
     state: dict[str, Any] = {}
     if where.restore is not None:
-        with strategy.scope():  # the optimizer's variables are built here
-            state, best_weights = load_checkpoint(where.restore, model, model.task.variables)
-        validation.history = list(state["validation"])
-        if early is not None and state.get("early_stopping"):
-            early.set_state(state["early_stopping"])
-            early.best_weights = best_weights
-        if cooldown is not None and state.get("cooldown"):
-            cooldown.set_state(state["cooldown"])
-        done = int(state["epoch"])  # Keras' epochs: the budget's rounds
-        step = done * budget.round_steps
-        log.info("resuming %s after epoch %d (step %d)", where.restore.parent, done, step)
+        state = _restore(where.restore, model, variables, strategy, validation, early, cooldown, budget)
     else:
         where.run.mkdir(parents=True, exist_ok=True)
         config.save(where.run / "config.json")
-    first_round = int(state.get("epoch", 0))
-    first_step = first_round * budget.round_steps
     timer = EpochTimer(state.get("epoch_seconds", []))
     checkpoint = EpochCheckpoint(
-        where.run / "checkpoint", model.task.variables, validation, early, state, timer, cooldown
+        where.run / "checkpoint", variables, validation, early, state, timer, cooldown
     )
     ends = [c for c in (early, cooldown) if c is not None]
     callbacks: list[keras.callbacks.Callback] = [timer, validation, *ends, checkpoint]
     if tensorboard is not None:
         callbacks.append(TensorBoardLogger(tensorboard))
+    return _Run(validation, early, timer, checkpoint, callbacks, int(state.get("epoch", 0)))
 
-    if first_round < budget.rounds and not (early is not None and early.stopped):
-        # Data epochs back to back, from the one the run stopped in (a round may end mid-epoch).
-        first_epoch, last_epoch = first_step // steps, -(-budget.steps // steps)
-        dataset = data.batches(model.objective, max_len, t.batch_size, t.seed, first_epoch, last_epoch)
-        dataset = dataset.skip(first_step - first_epoch * steps)
-        if model.objective == "cloze":  # fresh masks every step, seeded by (run seed, step)
-            mask_id = model.user_tower.mask_id
 
-            def mask(step: Any, batch: tuple[Any, ...]) -> tuple[Any, ...]:
-                seed = tf.stack([tf.constant(t.seed, tf.int64), step])
-                masked = mask_items(batch[0], batch[1], mask_id, t.mask_ratio, seed=seed)
-                return (*masked, *batch[2:])  # and the batch's sample weight, when it has one
+def _restore(
+    checkpoint: Path,
+    model: TwoTowerModel,
+    variables: list[Any],
+    strategy: tf.distribute.Strategy,
+    validation: FullRankingValidation,
+    early: EarlyStopping | None,
+    cooldown: Cooldown | None,
+    budget: Budget,
+) -> dict[str, Any]:
+    """Loads ``checkpoint`` into the model, the task's ``variables`` and the callbacks; returns its state."""
+    with strategy.scope():  # the optimizer's variables are built here
+        state, best_weights = load_checkpoint(checkpoint, model, variables)
+    validation.history = list(state["validation"])
+    if early is not None and state.get("early_stopping"):
+        early.set_state(state["early_stopping"])
+        early.best_weights = best_weights
+    if cooldown is not None and state.get("cooldown"):
+        cooldown.set_state(state["cooldown"])
+    done = int(state["epoch"])  # Keras' epochs: the budget's rounds
+    step = done * budget.round_steps
+    log.info("resuming %s after epoch %d (step %d)", checkpoint.parent, done, step)
+    return state
 
-            dataset = dataset.enumerate(start=first_step).map(mask, tf.data.AUTOTUNE)
-        options = tf.data.Options()
-        # Every worker reads the whole input and keeps its replicas' share of each global batch
-        # (a generator cannot be split by files), so the batches are the single-device ones.
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-        dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
-        with fit_under(strategy, model):
-            model.fit(
-                dataset,
-                epochs=budget.rounds,
-                initial_epoch=first_round,
-                steps_per_epoch=budget.round_steps,
-                callbacks=callbacks,
-                verbose=verbose,
-                shuffle=False,  # the data orders every epoch itself (seeded)
-            )
-    elif early is not None:  # the run had already finished training: export its best weights
-        early.restore_best(model)
 
-    artifact = live_artifact(model, data.vocab, max_len, data.side, validation.tower)
-    steps_trained = len(checkpoint.losses) * budget.round_steps
+def _fit(
+    model: TwoTowerModel,
+    config: Config,
+    data: TrainingData,
+    plan: _Plan,
+    run: _Run,
+    strategy: tf.distribute.Strategy,
+    verbose: int | str,
+) -> None:
+    """Fits ``model`` from the run's first round to the budget's last (early stopping may end it sooner)."""
+    dataset = _dataset(model, config.train, data, config.model.max_len, plan, run.first_round)
+    with fit_under(strategy, model):
+        model.fit(
+            dataset,
+            epochs=plan.budget.rounds,
+            initial_epoch=run.first_round,
+            steps_per_epoch=plan.budget.round_steps,
+            callbacks=run.callbacks,
+            verbose=verbose,
+            shuffle=False,  # the data orders every epoch itself (seeded)
+        )
+
+
+def _dataset(
+    model: TwoTowerModel, t: TrainConfig, data: TrainingData, max_len: int, plan: _Plan, first_round: int
+) -> tf.data.Dataset:
+    """The training batches from ``first_round`` on, masked afresh every step for ``cloze``."""
+    steps, budget = plan.steps, plan.budget
+    first_step = first_round * budget.round_steps
+    # Data epochs back to back, from the one the run stopped in (a round may end mid-epoch).
+    first_epoch, last_epoch = first_step // steps, -(-budget.steps // steps)
+    dataset = data.batches(model.objective, max_len, t.batch_size, t.seed, first_epoch, last_epoch)
+    dataset = dataset.skip(first_step - first_epoch * steps)
+    if model.objective == "cloze":  # fresh masks every step, seeded by (run seed, step)
+        mask_id = model.user_tower.mask_id
+
+        def mask(step: Any, batch: tuple[Any, ...]) -> tuple[Any, ...]:
+            seed = tf.stack([tf.constant(t.seed, tf.int64), step])
+            masked = mask_items(batch[0], batch[1], mask_id, t.mask_ratio, seed=seed)
+            return (*masked, *batch[2:])  # and the batch's sample weight, when it has one
+
+        dataset = dataset.enumerate(start=first_step).map(mask, tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    # Every worker reads the whole input and keeps its replicas' share of each global batch
+    # (a generator cannot be split by files), so the batches are the single-device ones.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _result(model: TwoTowerModel, config: Config, data: TrainingData, plan: _Plan, run: _Run) -> TrainResult:
+    """What the run measured: the exported weights' validation and test metrics, losses, times, steps."""
+    artifact = live_artifact(model, data.vocab, config.model.max_len, data.side, run.validation.tower)
+    early, budget = run.early, plan.budget
+    steps_trained = len(run.checkpoint.losses) * budget.round_steps
     best_round = early.best_epoch if early is not None else None
-    result = TrainResult(
-        validation=_exported_validation(validation.history, early),
-        validation_per_epoch=validation.history,
+    return TrainResult(
+        validation=_exported_validation(run.validation.history, early),
+        validation_per_epoch=run.validation.history,
         protocol=data.protocol,
         test=data.evaluate(artifact, "test"),
         baseline_popularity_test=data.baseline("test"),
-        train_loss_per_epoch=checkpoint.losses,
-        train_seconds=round(checkpoint.seconds, 1),
-        train_seconds_per_epoch=[round(x, 3) for x in timer.seconds],  # validation excluded
-        train_examples=examples,
+        train_loss_per_epoch=run.checkpoint.losses,
+        train_seconds=round(run.checkpoint.seconds, 1),
+        train_seconds_per_epoch=[round(x, 3) for x in run.timer.seconds],  # validation excluded
+        train_examples=plan.examples,
         objective=model.objective,
-        loss=loss,
-        replicas=replicas,
-        epochs_trained=steps_trained // steps,
+        loss=plan.loss,
+        replicas=plan.replicas,
+        epochs_trained=steps_trained // plan.steps,
         best_epoch=best_round,
         stopped_early=bool(early is not None and early.stopped),
-        steps_per_epoch=steps,
+        steps_per_epoch=plan.steps,
         steps_trained=steps_trained,
         best_step=None if best_round is None else best_round * budget.round_steps,
     )
-    metrics = result.to_dict()
-    save_model(model, config, data.vocab, data.side, metrics, where.out, overwrite, data.item_attributes)
-    remove_folder(where.run)  # the artifact is complete: the checkpoints are done with
-    wait_for_workers(strategy)
-    return result
 
 
 def _exported_validation(history: list[dict[str, float]], early: EarlyStopping | None) -> dict[str, float]:

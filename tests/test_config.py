@@ -27,7 +27,6 @@ from retrieval.config import (
 )
 from retrieval.ranking.config import RankerConfig
 from retrieval.training.config import (
-    BLOCKS,
     DATA_FORMATS,
     FUSIONS,
     LOSSES,
@@ -87,7 +86,7 @@ def test_save_and_load_round_trip(tmp_path) -> None:
 
 OPTIONS = {
     DataConfig: {"format", "protocol", "timestamp_unit"},
-    ModelConfig: {"tower", "fusion", "similarity", "block"},
+    ModelConfig: {"tower", "fusion", "similarity"},
     TrainConfig: {"objective", "loss", "sampler", "interest_selection", "lr_schedule", "lr_scaling"},
     RankerConfig: {"item_init", "unclicked", "retrieval_fit"},
 }
@@ -166,7 +165,6 @@ def test_the_option_tuples_are_the_literals_values() -> None:
     from retrieval.training.protocols import TRAINING_PROTOCOLS as VALIDATION_PROTOCOLS
     from retrieval.training.schedules import LR_SCHEDULES
     from towers.side import FUSIONS as TOWER_FUSIONS
-    from towers.transformer import BLOCKS as TOWER_BLOCKS
 
     types = field_types(TrainConfig)
     assert TASK_LOSSES == LOSSES == literal_values(types["loss"])
@@ -180,7 +178,6 @@ def test_the_option_tuples_are_the_literals_values() -> None:
     assert (*FORMATS, "prepared") == DATA_FORMATS
     # towers/ imports nothing from retrieval, so it keeps its own tuple: the two must agree.
     assert TOWER_FUSIONS == FUSIONS == literal_values(field_types(ModelConfig)["fusion"])
-    assert TOWER_BLOCKS == BLOCKS == literal_values(field_types(ModelConfig)["block"])
     # One vocabulary of protocol names: a training run is scored as the evaluation protocol of its name.
     assert PROTOCOLS == ("loo", "loo-sampled", "comirec")
     assert set(TRAINING_PROTOCOLS) - set(PROTOCOLS) == {"loo-refit"}

@@ -70,8 +70,6 @@ class BSARecTower(FrequencyTower):
         side_features: dict[str, int] | None = None,
         filter_alpha: float = 0.7,
         filter_cutoff: int = 3,
-        ffn_multiplier: int = 1,
-        block: str = "pre_ln",
         **kwargs: Any,
     ) -> None:
         if not 0.0 <= filter_alpha <= 1.0:
@@ -86,8 +84,6 @@ class BSARecTower(FrequencyTower):
             dropout,
             fusion,
             side_features,
-            ffn_multiplier,
-            block,
             **kwargs,
         )
 
@@ -99,7 +95,6 @@ class BSARecTower(FrequencyTower):
             self.filter_alpha,
             self.filter_cutoff,
             self.dropout_rate,
-            **self.block_options(),
         )
 
     def get_config(self) -> dict[str, Any]:

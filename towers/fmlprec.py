@@ -45,4 +45,4 @@ class FMLPRecTower(FrequencyTower):
     def make_block(self) -> SequenceBlock:
         if self.fusion not in self.fusions:  # the tower's constructor calls this: refused when built
             raise ValueError("fmlprec has no attention for NOVA's side information: use sum, concat or gated")
-        return FilterBlock(self.dim, self.max_len, self.dropout_rate, **self.block_options())
+        return FilterBlock(self.dim, self.max_len, self.dropout_rate)

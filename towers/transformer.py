@@ -11,23 +11,16 @@ from towers.base import RecencyPositionEmbedding, UserTower, sequence_mask
 from towers.item import ItemTower
 from towers.side import SideInformation
 
-BLOCKS = ("pre_ln", "ligr")
-"""How a block joins its mixing and feed-forward outputs to the stream (``ModelConfig.block``):
-``pre_ln`` adds them (``x + f(LN(x))``, a GELU feed-forward); ``ligr`` gates each addition by
-``sigmoid(W x)`` and uses a SwiGLU feed-forward (LiGR, arXiv 2502.03417, as in eSASRec)."""
-
 
 @keras.saving.register_keras_serializable(package="towers")
 class SequenceBlock(keras.layers.Layer):
-    """``x + mix(LN(x))`` then ``x + FFN(LN(x))`` (pre-layer-norm): the part every sequence
-    block shares; subclasses choose :meth:`mix`, how positions exchange information.
+    """``x + mix(LN(x))`` then ``x + FFN(LN(x))`` (pre-layer-norm, a GELU feed-forward of width
+    ``dim``, as in SASRec): the part every sequence block shares; subclasses choose :meth:`mix`,
+    how positions exchange information.
 
     Args:
         dim: the stream's width ``d``.
         dropout: on the mixing's and the feed-forward's outputs and inside the feed-forward.
-        ffn_multiplier: the feed-forward's hidden width, times ``dim`` (SASRec's is 1).
-        style: one of :data:`BLOCKS`; ``ligr`` adds ``x + sigmoid(W x) * f(LN(x))`` and its
-            feed-forward is ``W_out (silu(W_gate h) * W_up h)``.
 
     Call:
         x: ``[B, L, d]``; attention_mask: bool ``[B, L, L]``, True where query i may attend to
@@ -36,31 +29,18 @@ class SequenceBlock(keras.layers.Layer):
         ``[B, heads, L, L]``, or None for a block without attention, with ``return_attention=True``).
     """
 
-    def __init__(
-        self, dim: int, dropout: float = 0.0, ffn_multiplier: int = 1, style: str = "pre_ln", **kwargs: Any
-    ) -> None:
+    def __init__(self, dim: int, dropout: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if style not in BLOCKS:
-            raise ValueError(f"unknown block style {style!r}: one of {BLOCKS}")
-        if ffn_multiplier < 1:
-            raise ValueError(f"ffn_multiplier must be >= 1, got {ffn_multiplier}")
         self.dim, self.dropout_rate = dim, dropout
-        self.ffn_multiplier, self.style = ffn_multiplier, style
         self.norm1 = keras.layers.LayerNormalization(epsilon=1e-6)
         self.norm2 = keras.layers.LayerNormalization(epsilon=1e-6)
-        hidden, gated = ffn_multiplier * dim, style == "ligr"
-        self.ffn_in = keras.layers.Dense(hidden * (2 if gated else 1), activation=None if gated else "gelu")
+        self.ffn_in = keras.layers.Dense(dim, activation="gelu")
         self.ffn_out = keras.layers.Dense(dim)
-        self.gates = [keras.layers.Dense(dim, activation="sigmoid") for _ in range(2 if gated else 0)]
         self.dropout = keras.layers.Dropout(dropout)
 
     def build(self, input_shape: Any) -> None:
-        self.norm1.build(input_shape)
-        self.norm2.build(input_shape)
-        self.ffn_in.build(input_shape)
-        self.ffn_out.build((*input_shape[:-1], self.ffn_multiplier * self.dim))
-        for gate in self.gates:
-            gate.build(input_shape)
+        for layer in (self.norm1, self.norm2, self.ffn_in, self.ffn_out):
+            layer.build(input_shape)
         self.built = True
 
     def mix(self, h: Any, qk: Any, attention_mask: Any, keep: Any, training: bool) -> tuple[Any, Any]:
@@ -81,30 +61,13 @@ class SequenceBlock(keras.layers.Layer):
         qk = h if side is None else self.norm1(x + side)
         keep = ops.ones_like(x[:, :, :1]) if keep is None else keep
         h, scores = self.mix(h, qk, attention_mask, keep, training)
-        x = self._join(x, h, 0, training)
-        x = self._join(x, self._feed_forward(self.norm2(x), training), 1, training)
+        x = x + self.dropout(h, training=training)
+        h = self.ffn_out(self.dropout(self.ffn_in(self.norm2(x)), training=training))
+        x = x + self.dropout(h, training=training)
         return (x, scores) if return_attention else x
 
-    def _feed_forward(self, h: Any, training: bool) -> Any:
-        h = self.ffn_in(h)
-        if self.style == "ligr":  # SwiGLU
-            gate, up = ops.split(h, 2, axis=-1)
-            h = ops.silu(gate) * up
-        return self.ffn_out(self.dropout(h, training=training))
-
-    def _join(self, x: Any, h: Any, part: int, training: bool) -> Any:
-        """``x + dropout(h)``, the addition gated by ``sigmoid(W x)`` under ``ligr``."""
-        h = self.dropout(h, training=training)
-        return x + (self.gates[part](x) * h if self.gates else h)
-
     def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "dim": self.dim,
-            "dropout": self.dropout_rate,
-            "ffn_multiplier": self.ffn_multiplier,
-            "style": self.style,
-        }
+        return {**super().get_config(), "dim": self.dim, "dropout": self.dropout_rate}
 
 
 @keras.saving.register_keras_serializable(package="towers")
@@ -121,7 +84,7 @@ class TransformerBlock(SequenceBlock):
     """
 
     def __init__(self, dim: int, num_heads: int, dropout: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(dim, dropout, **kwargs)  # ffn_multiplier, style: SequenceBlock's
+        super().__init__(dim, dropout, **kwargs)
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
@@ -149,8 +112,6 @@ class TransformerTower(UserTower):
         max_len: longest input read.
         num_interests: must be 1 (accepted so that every tower takes the same arguments).
         num_blocks, num_heads, dropout: the stack.
-        ffn_multiplier, block: each block's feed-forward width (times ``dim``) and style, one
-            of :data:`BLOCKS` (see :class:`SequenceBlock`).
         fusion: one of ``towers.side.FUSIONS``.
         side_features: per-event feature name -> vocabulary size (``towers.side.EVENT_FEATURES``);
             the item tower's attributes join the side information whenever it has them.
@@ -169,8 +130,6 @@ class TransformerTower(UserTower):
         dropout: float = 0.2,
         fusion: str = "none",
         side_features: dict[str, int] | None = None,
-        ffn_multiplier: int = 1,
-        block: str = "pre_ln",
         **kwargs: Any,
     ) -> None:
         if num_interests != 1:
@@ -181,7 +140,6 @@ class TransformerTower(UserTower):
         super().__init__(item_tower, max_len, 1, **kwargs)
         self.num_blocks, self.num_heads, self.dropout_rate = num_blocks, num_heads, dropout
         self.fusion, self.side_features = fusion, dict(side_features or {})
-        self.ffn_multiplier, self.block = ffn_multiplier, block  # make_block reads them
         self.side_info = SideInformation(fusion, self.dim, self.side_features, item_tower.num_attributes > 0)
         self.positions = RecencyPositionEmbedding(max_len, self.dim)
         self.input_dropout = keras.layers.Dropout(dropout)
@@ -199,11 +157,7 @@ class TransformerTower(UserTower):
 
     def make_block(self) -> SequenceBlock:
         """One block of the stack (the hook a tower overrides to mix positions otherwise)."""
-        return TransformerBlock(self.dim, self.num_heads, self.dropout_rate, **self.block_options())
-
-    def block_options(self) -> dict[str, Any]:
-        """The :class:`SequenceBlock` arguments every block of this tower shares."""
-        return {"ffn_multiplier": self.ffn_multiplier, "style": self.block}
+        return TransformerBlock(self.dim, self.num_heads, self.dropout_rate)
 
     def embed_items(self, items: Any) -> Any:
         """Item representations ``[B, L, d]`` (see :meth:`SideInformation.items`)."""
@@ -268,6 +222,28 @@ class TransformerTower(UserTower):
             "dropout": self.dropout_rate,
             "fusion": self.fusion,
             "side_features": self.side_features,
-            "ffn_multiplier": self.ffn_multiplier,
-            "block": self.block,
         }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> UserTower:
+        return super().from_config(without_removed_options(config))
+
+
+REMOVED_OPTIONS = {"ffn_multiplier": 1, "block": "pre_ln"}
+"""Options of the transformer towers taken out (``model.ffn_multiplier``, ``model.block``:
+measured without gain), each with the value every tower had unless it was set."""
+
+
+def without_removed_options(config: dict[str, Any]) -> dict[str, Any]:
+    """A tower's saved ``config`` without :data:`REMOVED_OPTIONS`, so that a Keras file saved
+    while they existed loads.
+
+    Raises:
+        ValueError: ``config`` sets a removed option to another value: no code builds it now.
+    """
+    changed = {k: config[k] for k, v in REMOVED_OPTIONS.items() if k in config and config[k] != v}
+    if changed:
+        raise ValueError(
+            f"{changed}: options removed from the transformer blocks (only {REMOVED_OPTIONS} load)"
+        )
+    return {k: v for k, v in config.items() if k not in REMOVED_OPTIONS}

@@ -3,7 +3,6 @@
 from .attention import attention_for_history, plot_user_attention, user_history
 from .callbacks import run_folder
 from .config import (
-    BLOCKS,
     DATA_FORMATS,
     FUSIONS,
     INTEREST_SELECTIONS,
@@ -31,7 +30,6 @@ from .run import TrainResult, save_model, train
 from .streaming import streaming_dataset
 
 __all__ = [
-    "BLOCKS",
     "DATA_FORMATS",
     "FUSIONS",
     "INTEREST_SELECTIONS",

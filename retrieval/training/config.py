@@ -38,8 +38,6 @@ DataFormat = Literal["movielens", "s3rec", "sasrec", "table", "recbole", "prepar
 """``DataConfig.format``: the loaders' formats (:data:`retrieval.data.loaders.FORMATS`) and ``prepared``."""
 Fusion = Literal["none", "sum", "concat", "gated", "nova"]
 """``ModelConfig.fusion``: how sasrec and bert4rec fuse side information (``towers.side.FUSIONS``)."""
-Block = Literal["pre_ln", "ligr"]
-"""``ModelConfig.block``: how a transformer block adds to its stream (``towers.transformer.BLOCKS``)."""
 Similarity = Literal["dot", "cosine"]
 """``ModelConfig.similarity``: how a user vector scores an item (:mod:`retrieval.training.model`)."""
 Objective = Literal["last", "all_positions", "cloze"]
@@ -62,7 +60,6 @@ TRAINING_PROTOCOLS: tuple[TrainingProtocol, ...] = typing.get_args(TrainingProto
 DATA_FORMATS: tuple[DataFormat, ...] = typing.get_args(DataFormat)
 FUSIONS: tuple[Fusion, ...] = typing.get_args(Fusion)
 SIMILARITIES: tuple[Similarity, ...] = typing.get_args(Similarity)
-BLOCKS: tuple[Block, ...] = typing.get_args(Block)
 OBJECTIVES: tuple[Objective, ...] = typing.get_args(Objective)
 LOSSES: tuple[Loss, ...] = typing.get_args(Loss)
 SAMPLERS: tuple[Sampler, ...] = typing.get_args(Sampler)
@@ -136,11 +133,6 @@ class ModelConfig:
     ``cosine`` (both vectors scaled to unit length: the user tower's interests, and the item
     vectors the loss scores and the index holds; the history the tower reads is not scaled).
     Cosine logits lie in [-1, 1], so train it with a ``train.temperature`` well below 1.
-
-    ``ffn_multiplier`` and ``block`` shape every block of the transformer towers (sasrec,
-    bert4rec, fmlprec, bsarec): the feed-forward's hidden width in multiples of ``dim``, and
-    ``pre_ln`` (``x + f(LN(x))``, GELU feed-forward) or ``ligr`` (each addition gated by
-    ``sigmoid(W x)``, SwiGLU feed-forward: the LiGR layers of eSASRec).
     """
 
     tower: Tower = "sa"
@@ -159,8 +151,6 @@ class ModelConfig:
     filter_alpha: Share = 0.7  # bsarec: the filter's share of the mixing (BSARec's α)
     filter_cutoff: PositiveInt = 3  # bsarec: rFFT frequencies the low-pass keeps (<= max_len // 2 + 1)
     similarity: Similarity = "dot"  # or "cosine": unit-length interests and item vectors
-    ffn_multiplier: PositiveInt = 1  # transformer towers: feed-forward hidden width / dim
-    block: Block = "pre_ln"  # transformer towers: or "ligr" (gated residuals, SwiGLU)
 
     def __post_init__(self) -> None:
         check_fields(self)

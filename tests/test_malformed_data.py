@@ -3,10 +3,10 @@ exception and never data silently read as something else.
 
 Hand-written cases for each kind of damage (truncated lines, wrong column counts, non-numeric or
 out-of-range fields, non-UTF-8 bytes, empty files, users without items, duplicates) in every
-format (MovieLens, S3-Rec, SASRec pairs, CSV and Parquet tables under any column names, RecBole
-atomic files), then a seeded property test that damages valid files at random (truncation,
-flipped and inserted bytes) and checks that each either loads or is refused with a DataError
-that names the file.
+format (MovieLens, S3-Rec, SASRec pairs, CSV and Parquet tables under any column names and
+timestamp units, RecBole atomic files), then a seeded property test that damages valid files at
+random (truncation, flipped and inserted bytes) and checks that each either loads or is refused
+with a DataError that names the file.
 """
 
 from __future__ import annotations
@@ -87,7 +87,13 @@ def refused(load: Callable[[], Interactions], pattern: str) -> str:
         # non-numeric, not quite integers, out of range
         ("u.data", "1\t10\t4.0\t881250949\n", r"u\.data, line 1: rating '4\.0' is not an integer"),
         ("u.data", "1\t10\t4\t881_250_949\n", r"u\.data, line 1: timestamp '881_250_949' is not an integer"),
+        ("u.data", "1\t10\t4\t1\n1\t20\t4\t1.5\n", r"u\.data, line 2: timestamp '1\.5' is not an integer"),
         ("u.data", "1\tten\t4\t881250949\n", r"u\.data, line 1: item 'ten' is not an integer"),
+        (
+            "u.data",
+            "1\t10\t4\t1\n\n1\tx\t4\t2\n",
+            r"u\.data, line 3: item 'x' is not an integer",
+        ),  # blank counted
         ("u.data", "1\t10\t4\t9223372036854775808\n", r"u\.data, line 1: timestamp .* is not an integer"),
         ("u.data", b"1\t1\xb20\t4\t881250949\n", r"u\.data, line 1: item '1²0' is not an integer"),
         ("u.data", b"\xef\xbb\xbf1\t10\t4\t881250949\n", r"u\.data, line 1: user .* is not an integer"),
@@ -109,8 +115,10 @@ def refused(load: Callable[[], Interactions], pattern: str) -> str:
             r"u\.genre, line 3: genre index 1 already used on line 2",
         ),
         ("u.genre", "unknown|0\nAction|2\n", r"u\.genre: genre indices must run 0\.\.1"),
+        ("u.genre", "unknown|0\nAction|one\n", r"u\.genre, line 2: genre index 'one' is not an integer"),
         # item lines
         ("u.item", "10|Ten (1995)|x||http://x|0|1\n", r"u\.item, line 1: expected 8 fields .*found 7"),
+        ("u.item", "10|Ten|x||u|0|0|1\n\n20|Twenty|x||u|0|1\n", r"u\.item, line 3: expected 8 fields"),
         ("u.item", "10|Ten|x||u|0|1|yes\n", r"u\.item, line 1: genre flags must be 0 or 1"),
         ("u.item", "1 0|Ten|x||u|0|1|0\n", r"u\.item, line 1: movie id '1 0' is not an integer"),
     ],
@@ -165,6 +173,8 @@ def test_movielens_files_are_latin_1_so_any_byte_is_text(tmp_path: Path) -> None
         ),
         ("Toy.txt", "1 10 20\n2 3", None),  # a truncated last line is still a user with an item
         ("Toy.txt", "1 10 20\n2 20 3x\n", r"Toy\.txt, line 2: item id '3x' is not a number"),
+        ("Toy.txt", "1 10 20\n2 20\n\n3 20 x5\n", r"Toy\.txt, line 4: item id 'x5' is not a number"),
+        ("Toy.txt", "1 10 20\nu2 20\n", r"Toy\.txt, line 2: user id 'u2' is not a number"),
         ("Toy.txt", "1 10 2.5\n", r"Toy\.txt, line 1: item id '2\.5' is not a number"),
         ("Toy.txt", "1 10 20\n1 30\n", r"Toy\.txt, line 2: user 1 already has a line \(line 1\)"),
         (
@@ -221,8 +231,14 @@ def test_s3rec(tmp_path: Path, name: str, content: str | bytes, pattern: str | N
         ("user,item,timestamp\nu,a,1,extra\n", r"log\.csv, line 2: expected 3 fields .*found 4"),
         ('user,item,timestamp\nu,"a,1\nv,b,2\n', r"log\.csv, line 2: expected 3 fields .*found 2"),
         ("user,item,timestamp,user\nu,a,1,v\n", r"log\.csv, line 1: column\(s\) 'user' repeated"),
-        ("\n\nuser,item\nu,a\n", r"log\.csv, line 3: missing column\(s\) timestamp"),
+        ("\n\nuser,item\nu,a\n", r"log\.csv, line 3: missing column\(s\) timestamp; found: user, item"),
         ("user,item,timestamp\nu,a,soon\n", r"log\.csv, line 2: timestamp 'soon' is not an integer"),
+        ("user,item,timestamp\nu,a,1.5\n", r"log\.csv, line 2: timestamp '1\.5' is not an integer"),
+        # A quoted title over two lines and a blank line: the bad row starts on line 5.
+        (
+            'user,item,timestamp,title\nu,a,1,"Multi\nline"\n\nu,b,soon,B\n',
+            r"log\.csv, line 5: timestamp 'soon' is not an integer",
+        ),
         ("user,item,timestamp\nu,a,1e30\n", r"log\.csv, line 2: timestamp '1e30' is not an integer"),
         ("user,item,timestamp\nu,a,9223372036854775808\n", r"line 2: timestamp '9223372036854775808' is not"),
         ("user,item,timestamp\nu,a,-99999999999999999999\n", r"line 2: timestamp .* is not an integer"),
@@ -231,6 +247,7 @@ def test_s3rec(tmp_path: Path, name: str, content: str | bytes, pattern: str | N
         ("user,item,timestamp\nu,a,0x10\n", r"log\.csv, line 2: timestamp '0x10' is not an integer"),
         ("user,item,timestamp\nu,a,1\nu,b,9007199254740993.0\n", r"line 3: timestamp '9007199254740993\.0'"),
         ("user,item,timestamp\nu,a,1\n,b,2\n", r"log\.csv, line 3: empty user id"),
+        ("user,item,timestamp\nu, ,1\n", r"log\.csv, line 2: empty item id"),
         (b"user,item,timestamp\nu,\xe9t\xe9,1\n", r"log\.csv, line 2: not UTF-8 text \(byte 0xe9"),
         (
             "user,item,timestamp\nu," + "x" * 200_000 + ",1\n",
@@ -261,6 +278,10 @@ def test_csv_integers_are_exact(tmp_path: Path) -> None:
         (
             pd.DataFrame({"user": ["u", "v"], "item": ["a", "b"], "timestamp": [1.0, float("nan")]}),
             r"row 2: timestamp",
+        ),
+        (
+            pd.DataFrame({"user": ["u", "v"], "item": ["a", "b"], "timestamp": [1.0, 2.5]}),
+            r"log\.parquet, row 2: timestamp '2\.5' is not an integer",
         ),
         (
             pd.DataFrame({"user": ["u"], "item": ["a"], "timestamp": [True]}),
@@ -331,6 +352,7 @@ def test_sasrec(tmp_path: Path, content: str | bytes, pattern: str) -> None:
             "user_id:token\titem_id\n1\t10\n",
             r"x\.inter, line 1: header field 'item_id' is not NAME:TYPE",
         ),
+        ("x.inter", "user_id:token\titem_id:str\n1\t2\n", r"header field 'item_id:str' is not NAME:TYPE"),
         (
             "x.inter",
             "user_id:token\tuser_id:float\n1\t10\n",
@@ -342,13 +364,20 @@ def test_sasrec(tmp_path: Path, content: str | bytes, pattern: str) -> None:
             r"x\.inter, line 3: expected 2 fields .*found 1",
         ),
         ("x.inter", "user_id:token\titem_id:token\n1\t10\n \t20\n", r"x\.inter, line 3: empty user id"),
+        ("x.inter", "user_id:token\titem_id:token\n\n1\t\n", r"x\.inter, line 3: empty item id"),
         (
             "x.inter",
             "user_id:token\titem_id:token\ttimestamp:float\n1\t10\tsoon\n",
             r"x\.inter, line 2: timestamp 'soon' is not an integer",
         ),
+        (
+            "x.inter",
+            "user_id:token\titem_id:token\ttimestamp:float\n1\t2\t1.5\n",
+            r"x\.inter, line 2: timestamp '1\.5' is not an integer",
+        ),
         ("x.inter", b"user_id:token\titem_id:token\n1\t\xe9\n", r"x\.inter, line 2: not UTF-8 text"),
         ("x.inter", "", r"x\.inter: empty file"),
+        ("x.inter", "user_id:token\titem_id:token\n", r"x\.inter: empty file \(no rows\)"),
         (
             "x.item",
             "item_id:token\ttitle:token\n10\tTen\n10\tAgain\n",
@@ -356,43 +385,92 @@ def test_sasrec(tmp_path: Path, content: str | bytes, pattern: str) -> None:
         ),
         ("x.item", "item_id:token\ttitle:token\n10\n", r"x\.item, line 2: expected 2 fields .*found 1"),
         ("x.item", "item_id:token\ttitle:token\n\tTen\n", r"x\.item, line 2: empty item id"),
+        ("x.item", "id:token\tclass:token\n2\ta\n", r"x\.item, line 1: no field 'item_id' \(the item id"),
     ],
 )
 def test_recbole(tmp_path: Path, name: str, content: str | bytes, pattern: str) -> None:
     refused(lambda: load_recbole(folder(tmp_path, RECBOLE, **{name: content}) / "x.inter"), pattern)
 
 
+MAPPING = {"user": "uid", "item": "product_id", "timestamp": "ts"}
+
+
 @pytest.mark.parametrize(
-    ("content", "columns", "pattern"),
+    ("content", "columns", "unit", "pattern"),
     [
         (
             "uid,sku,ts\nc1,a,1\n",
             {"user": "customer"},
-            r"shop\.csv, line 1: no column 'customer' \(data\.columns",
+            "iso",
+            r"shop\.csv, line 1: no column 'customer' \(data\.columns\.user\); found: uid, sku, ts",
         ),
+        # Without a mapping, a missing column says how to name yours.
+        (
+            "uid,item,timestamp\nc1,a,1\n",
+            {},
+            "s",
+            r"line 1: missing column\(s\) user; .*data\.columns\.user=COLUMN",
+        ),
+        ("uid,product_id,ts\nc1,a,1\n,b,2\n", MAPPING, "s", r"shop\.csv, line 3: empty user id"),
+        (
+            "uid,sku,ts\nc1,a,2024-05-01\nc1,,2024-05-02\n",
+            SHOP_COLUMNS,
+            "iso",
+            r"shop\.csv, line 3: empty item id",
+        ),
+        ("uid,product_id,ts\nc1,a,1\nc1,b,1,2\n", MAPPING, "s", r"shop\.csv, line 3: expected 3 fields"),
+        (
+            "uid,sku,ts\nc1,a,2024-05-01,x\n",
+            SHOP_COLUMNS,
+            "iso",
+            r"shop\.csv, line 2: expected 3 fields \(uid, sku, ts\)",
+        ),
+        (
+            "uid,product_id,ts\nc1,a,1\nc1,b,x\n",
+            MAPPING,
+            "s",
+            r"shop\.csv, line 3: timestamp 'x' is not an integer",
+        ),
+        # timestamps the unit does not read
+        (
+            "user,item,timestamp\nu,a,2024-05-01\n",
+            {},
+            "s",
+            r"line 2: timestamp '2024-05-01' is not an integer .*: give --timestamp-unit iso$",
+        ),
+        ("user,item,timestamp\nu,a,1.5\n", {}, "ms", r"line 2: timestamp '1\.5' is not an integer"),
+        (
+            "user,item,timestamp\nu,a,2024-13-01\n",
+            {},
+            "iso",
+            r"line 2: timestamp '2024-13-01' is not an ISO-8601 date and time",
+        ),
+        (
+            "user,item,timestamp\nu,a,1700000000\n",
+            {},
+            "iso",
+            r"line 2: timestamp '1700000000' is not an ISO-8601 date",
+        ),
+        ("user,item,timestamp\nu,a,\n", {}, "iso", r"line 2: timestamp '' is not an ISO-8601 date"),
         (
             "uid,sku,ts\nc1,a,2024-05-01\nc1,b,May 2\n",
             SHOP_COLUMNS,
+            "iso",
             r"line 3: timestamp 'May 2' is not an ISO-8601",
         ),
         (
             "uid,sku,ts\nc1,a,2024-05-01\nc1,b,1714600000\n",
             SHOP_COLUMNS,
+            "iso",
             r"line 3: timestamp '1714600000' is not",
-        ),
-        ("uid,sku,ts\nc1,a,2024-05-01\nc1,,2024-05-02\n", SHOP_COLUMNS, r"shop\.csv, line 3: empty item id"),
-        (
-            "uid,sku,ts\nc1,a,2024-05-01,x\n",
-            SHOP_COLUMNS,
-            r"shop\.csv, line 2: expected 3 fields \(uid, sku, ts\)",
         ),
     ],
 )
-def test_tables_under_their_own_names(
-    tmp_path: Path, content: str, columns: dict[str, str], pattern: str
+def test_tables_under_their_own_names_and_units(
+    tmp_path: Path, content: str, columns: dict[str, str], unit: str, pattern: str
 ) -> None:
     path = folder(tmp_path, {"shop.csv": content}) / "shop.csv"
-    refused(lambda: load_table(path, columns, "iso"), pattern)
+    refused(lambda: load_table(path, columns, unit), pattern)
 
 
 # --- documented skips ---------------------------------------------------------------------------

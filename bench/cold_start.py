@@ -38,13 +38,12 @@ import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.context import commit, load_average, machine
+from bench.context import load_average, measured, run_meta
 from bench.data import add_data_root_argument
 from bench.quality import DEFAULT_SEEDS, Dataset, Run, mean_std, resolve_dataset, run_config, run_one
 from retrieval.artifacts import ModelArtifact, cold_vectors, encode_histories, load_model
@@ -418,12 +417,7 @@ def warm_table(groups: Sequence[Mapping[str, Any]], popularity: Mapping[str, flo
 def markdown(report: Mapping[str, Any]) -> str:
     """``results.md``: where and how it ran, then per dataset its cold and warm tables."""
     meta = report["meta"]
-    lines = [
-        f"Measured {meta['date']} at commit `{meta['commit']}` on {meta['machine']} (load average "
-        f"{meta['load_start']} at the start, {meta['load_end']} at the end).",
-        "",
-        f"```bash\n{meta['command']}\n```",
-    ]
+    lines = measured(meta)
     for name, info in report["datasets"].items():
         groups = [g for g in report["groups"] if g["dataset"] == name]
         if not groups:
@@ -485,11 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command (``python -m bench.cold_start``)."""
     args = parse_args(argv)
     meta: dict[str, Any] = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit(),
-        "command": f"python -m bench.cold_start {shlex.join(args.argv)}",
-        "machine": machine(),
-        "load_start": load_average(2),
+        **run_meta(f"python -m bench.cold_start {shlex.join(args.argv)}"),
         "hold_out": args.hold_out,
         "split_seed": args.split_seed,
     }

@@ -6,7 +6,10 @@ import contextlib
 import os
 import platform
 import subprocess
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,3 +38,27 @@ def machine() -> str:
 def load_average(digits: int = 1) -> str:
     """The 1, 5 and 15 minute load averages, e.g. ``1.9, 2.0, 2.1``: other jobs inflate the times."""
     return ", ".join(f"{x:.{digits}f}" for x in os.getloadavg())
+
+
+def run_meta(command: str, load_start: str | None = None) -> dict[str, Any]:
+    """A report's ``meta`` as its benchmark starts: ``date`` (UTC), ``commit``, ``command``,
+    ``machine`` and ``load_start`` (:func:`load_average` now, unless taken earlier); the
+    benchmark adds ``load_end`` when it ends, and its own settings."""
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(),
+        "command": command,
+        "machine": machine(),
+        "load_start": load_average(2) if load_start is None else load_start,
+    }
+
+
+def measured(meta: Mapping[str, Any]) -> list[str]:
+    """The first lines of a report's ``results.md``, from its :func:`run_meta` and ``load_end``:
+    when, where and under what load it was measured, then the command."""
+    return [
+        f"Measured {meta['date']} at commit `{meta['commit']}` on {meta['machine']} (load average "
+        f"{meta['load_start']} at the start, {meta['load_end']} at the end: other jobs inflate the times).",
+        "",
+        f"```bash\n{meta['command']}\n```",
+    ]

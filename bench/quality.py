@@ -45,14 +45,13 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 
-from bench.context import commit, load_average, machine
+from bench.context import load_average, measured, run_meta
 from bench.data import add_data_root_argument, dataset_file
 from retrieval.artifacts import load_model
 from retrieval.config import apply_overrides
@@ -563,10 +562,7 @@ def markdown(report: Mapping[str, Any]) -> str:
     """``results.md``: where and how it was measured, then :func:`tables`."""
     meta = report["meta"]
     lines = [
-        f"Measured {meta['date']} at commit `{meta['commit']}` on {meta['machine']} (load average "
-        f"{meta['load_start']} at the start, {meta['load_end']} at the end).",
-        "",
-        f"```bash\n{meta['command']}\n```",
+        *measured(meta),
         "",
         "Test split. Each cell is the mean ± sample standard deviation over the seeds (`seeds`: how "
         "many; they vary training only, the split is fixed). `train s`: training wall seconds, the "
@@ -859,11 +855,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     meta: dict[str, Any] = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit(),
-        "command": "python -m bench.quality " + shlex.join(args.argv),
-        "machine": machine(),
-        "load_start": load_average(2),
+        **run_meta("python -m bench.quality " + shlex.join(args.argv)),
         "seeds": args.seeds,
         "folds": args.folds,
         "epochs": args.epochs,

@@ -7,12 +7,11 @@ import dataclasses
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import bench.peers
-from bench.context import commit, load_average, machine
+from bench.context import load_average, run_meta
 from bench.data import add_data_root_argument, dataset_file
 from bench.peers.envs import DEFAULT_CACHE, PEER_ENVS, ensure_env, find_torch_wheel
 from bench.peers.ours import ours_worker
@@ -38,11 +37,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, An
         args.interests, args.negatives, args.peer_minutes, tuple(args.set), not args.no_presets,
     )  # fmt: skip
     meta: dict[str, Any] = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit(),
-        "command": "python -m bench.peers " + " ".join(argv),
-        "machine": machine(),
-        "load_start": load_start,
+        **run_meta("python -m bench.peers " + " ".join(argv), load_start),
         **dataclasses.asdict(settings),
     }
     results = []

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.context import measured
 from bench.peers.evaluation import SELECT_BY
 from bench.peers.plan import PAIRS
 
@@ -139,10 +140,7 @@ def _context(meta: Mapping[str, Any]) -> list[str]:
     )
     overrides = f", then `--set {' '.join(meta['overrides'])}`." if meta.get("overrides") else "."
     return [
-        f"Measured {meta['date']} at commit `{meta['commit']}` on {meta['machine']} (load average "
-        f"{meta['load_start']} at the start, {meta['load_end']} at the end: other jobs inflate the times).",
-        "",
-        f"```bash\n{meta['command']}\n```",
+        *measured(meta),
         "",
         f"Data `{meta['data']}`{sliced}; every side: {budget}, batch {meta['batch_size']}, "
         f"d = {meta['dim']}, history {meta['max_len']}; scored at its best validation epoch (NDCG@10 "

@@ -72,39 +72,31 @@ def make_split(data: Any, protocol: str, seed: int = 42) -> BenchSplit:
     from retrieval.data import comirec_split, leave_one_out
 
     sequences = tuple(np.asarray(s, np.int64) for s in data.sequences)
-    if protocol == "loo":
-        loo = leave_one_out(data)
-        return BenchSplit(
-            protocol,
-            tuple(data.vocab.ids),
-            tuple(data.users),
-            sequences,
-            tuple(loo.train),
-            np.arange(len(sequences), dtype=np.int64),
-            loo.valid_users,
-            tuple(loo.valid_histories),
-            tuple(np.asarray([t]) for t in loo.valid_targets),
-            loo.test_users,
-            tuple(loo.test_histories),
-            tuple(np.asarray([t]) for t in loo.test_targets),
-        )
-    if protocol == "comirec":
+    parts: Any
+    if protocol == "loo":  # one target per evaluated user
+        parts = leave_one_out(data)
+        train_users = np.arange(len(sequences), dtype=np.int64)
+        valid_targets = tuple(np.asarray([t]) for t in parts.valid_targets)
+        test_targets = tuple(np.asarray([t]) for t in parts.test_targets)
+    elif protocol == "comirec":
         parts = comirec_split(sequences, seed)
-        return BenchSplit(
-            protocol,
-            tuple(data.vocab.ids),
-            tuple(data.users),
-            sequences,
-            tuple(parts.train),
-            parts.train_users,
-            parts.valid_users,
-            tuple(parts.valid_histories),
-            tuple(parts.valid_targets),
-            parts.test_users,
-            tuple(parts.test_histories),
-            tuple(parts.test_targets),
-        )
-    raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+        train_users, valid_targets, test_targets = parts.train_users, parts.valid_targets, parts.test_targets
+    else:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+    return BenchSplit(
+        protocol,
+        tuple(data.vocab.ids),
+        tuple(data.users),
+        sequences,
+        tuple(parts.train),
+        train_users,
+        parts.valid_users,
+        tuple(parts.valid_histories),
+        tuple(valid_targets),
+        parts.test_users,
+        tuple(parts.test_histories),
+        tuple(test_targets),
+    )
 
 
 def split_payload(split: BenchSplit) -> dict[str, Any]:

@@ -31,7 +31,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # DeepMatch is tf.keras (Kera
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
-from epochs import train_epochs  # beside this script, on its sys.path
+from epochs import runner_parser, train_epochs  # beside this script, on its sys.path
 
 MODELS = ("ComiRec-SA", "ComiRec-DR", "MIND", "YouTubeDNN")
 
@@ -110,22 +110,11 @@ def build_model(name: str, num_ids: int, args: argparse.Namespace, item_count: l
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, choices=MODELS)
-    p.add_argument("--split", type=Path, required=True, help="split.json written by python -m bench.peers")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=50)
+    p = runner_parser(__doc__, MODELS)
     p.add_argument("--interests", type=int, default=4)
     p.add_argument("--negatives", type=int, default=255)
     p.add_argument("--sampler", default="frequency", choices=["frequency", "uniform", "inbatch"])
     p.add_argument("--learning-rate", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument(
-        "--max-minutes", type=float, default=0.0, help="stop after the epoch passing this (0 = none)"
-    )
     args = p.parse_args(argv)
 
     split = json.loads(args.split.read_text())

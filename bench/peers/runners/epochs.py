@@ -1,13 +1,32 @@
-"""The epoch loop both peer runners share (standard library only: it runs in the peers' venvs,
-imported by the runner scripts beside it)."""
+"""What both peer runners share: their common flags and the epoch loop (standard library only:
+it runs in the peers' venvs, imported by the runner scripts beside it)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+
+def runner_parser(description: str | None, models: Sequence[str]) -> argparse.ArgumentParser:
+    """The flags ``python -m bench.peers`` gives every runner: the model, the split, the output
+    folder, the budget and sizes shared with our side, the seed and the time limit."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, choices=models)
+    p.add_argument("--split", type=Path, required=True, help="split.json written by python -m bench.peers")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=50)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument(
+        "--max-minutes", type=float, default=0.0, help="stop after the epoch passing this (0 = none)"
+    )
+    return p
 
 
 def train_epochs(

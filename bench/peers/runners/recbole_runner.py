@@ -34,7 +34,7 @@ from pathlib import Path
 os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # RecBole's torch.load of its own files
 
 import numpy as np
-from epochs import train_epochs  # beside this script, on its sys.path
+from epochs import runner_parser, train_epochs  # beside this script, on its sys.path
 
 MODELS = ("SASRec", "BERT4Rec")
 DATASET = "bench"
@@ -123,19 +123,8 @@ def split_report(dataset, parts: dict, max_len: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, choices=MODELS)
-    p.add_argument("--split", type=Path, required=True, help="split.json written by python -m bench.peers")
+    p = runner_parser(__doc__, MODELS)
     p.add_argument("--atomic", type=Path, required=True, help="folder holding bench/bench.inter")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=50)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument(
-        "--max-minutes", type=float, default=0.0, help="stop after the epoch passing this (0 = none)"
-    )
     args = p.parse_args(argv)
     args.out = args.out.resolve()
     args.atomic = args.atomic.resolve()

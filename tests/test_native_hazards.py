@@ -83,6 +83,7 @@ import numpy as np
 from retrieval.api import RetrievalClient
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.serving.native import NativeServer
+from retrieval.serving.native_kernel import NativeServable
 
 ITEMS = [f"i{n}" for n in range(8)]
 VECTORS = tf.constant(np.eye(8, dtype=np.float32))
@@ -93,19 +94,26 @@ class Echo(retrieval_pb2_grpc.RetrievalServiceServicer):
         return retrieval_pb2.RetrieveResponse(items=[retrieval_pb2.ScoredItem(item_id=request.history[0])])
 
 
-def kernel(histories, fetch):
-    # TensorFlow runs on the native batcher's thread: the interest is the last item's row.
-    interests = tf.gather(VECTORS, histories[:, -1] - 1)
-    scores = tf.matmul(interests, VECTORS, transpose_b=True).numpy()
-    order = np.argsort(-scores, axis=1, kind="stable")[:, : int(fetch.max())]
-    return (order + 1)[:, None, :].astype(np.int64), np.take_along_axis(scores, order, axis=1)[:, None, :]
+class Kernel:
+    def search(self, histories, fetch, *rest):
+        # TensorFlow runs on the native batcher's thread: the interest is the last item's row.
+        interests = tf.gather(VECTORS, histories[:, -1] - 1)
+        scores = tf.matmul(interests, VECTORS, transpose_b=True).numpy()
+        order = np.argsort(-scores, axis=1, kind="stable")[:, : int(fetch.max())]
+        ids = (order + 1)[:, None, :].astype(np.int64)
+        fetched = np.full(len(histories), order.shape[1], np.int32)
+        found = np.take_along_axis(scores, order, axis=1)[:, None, :]
+        return ids, found, fetched, interests.numpy()[:, None, :], None
 
 
 python_server = grpc.server(futures.ThreadPoolExecutor(4))
 retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(Echo(), python_server)
 python_port = python_server.add_insecure_port("127.0.0.1:0")
 python_server.start()
-native_server = NativeServer(kernel, ITEMS, max_len=4)
+servable = NativeServable(
+    Kernel(), ITEMS, 8, "v", 4, 1, 8, {}, np.arange(9), np.zeros((9, 8), np.float32), "unavailable", {}, False, b""
+)
+native_server = NativeServer(servable)
 native_port = native_server.start()
 with RetrievalClient(f"127.0.0.1:{python_port}", retries=0) as python_client:
     with RetrievalClient(f"127.0.0.1:{native_port}", retries=0) as native_client:

@@ -1,10 +1,11 @@
-"""The native engine's skeleton (issue 44, ``native/``): the vocabulary handover, the per-batch
-kernel call, the C++ merge against a numpy reference, errors, micro-batching, health,
-reflection and the stop path. Every test but the first two needs ``make native`` and skips
-without it."""
+"""The native engine's data plane (issue 44, ``native/``) with a toy kernel: the servable handover,
+the per-batch kernel call, the C++ merges against index.merge's, errors, micro-batching, health,
+reflection, the stop path and the hot swap. Every test but the first three needs ``make native``
+and skips without it (tests/test_native_parity.py compares it with the Python engine)."""
 
 from __future__ import annotations
 
+import inspect
 import re
 import socket
 import subprocess
@@ -25,6 +26,9 @@ from retrieval.api import RetrievalClient
 from retrieval.api.types import MAX_K, Query
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.serving import native
+from retrieval.serving.batching import MicroBatcher
+from retrieval.serving.config import BatchingConfig
+from retrieval.serving.native_kernel import NativeServable
 from tests.helpers import REPO_ROOT, connected
 
 NUM_ITEMS, DIM, NUM_INTERESTS, MAX_LEN = 60, 16, 3, 8
@@ -47,15 +51,76 @@ ITEM_VECTORS[0] = 0.0  # padding
 PROJECTIONS = _rng.normal(size=(NUM_INTERESTS, DIM, DIM)).astype(np.float32)
 
 
-def brute_force(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A toy tower (K projections of the history's mean item vector) and an exact search: per
-    row and interest the ``max(fetch)`` best items, best first (ties: smaller id)."""
+def toy_tower(histories: np.ndarray) -> np.ndarray:
+    """K projections of the history's mean item vector: float32 ``[B, K, d]``."""
     counts = np.maximum((histories > 0).sum(axis=1, keepdims=True), 1)
     mean = ITEM_VECTORS[histories].sum(axis=1) / counts  # [B, d]
-    interests = np.einsum("bd,kde->bke", mean, PROJECTIONS)  # [B, K, d]
-    scores = (interests @ ITEM_VECTORS[1:].T).astype(np.float32)  # [B, K, N]
+    return np.einsum("bd,kde->bke", mean, PROJECTIONS).astype(np.float32)
+
+
+def brute_force(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The toy tower and an exact search: per row and interest the ``max(fetch)`` best items,
+    best first (ties: smaller id)."""
+    scores = toy_tower(histories) @ ITEM_VECTORS[1:].T  # [B, K, N]
     order = np.argsort(-scores, axis=-1, kind="stable")[..., : int(fetch.max())]
     return (order + 1).astype(np.int64), np.take_along_axis(scores, order, axis=-1)
+
+
+Search = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+class ToyKernel:
+    """The engine's kernel over ``search(histories, fetch) -> (ids, scores)`` (by default
+    :func:`brute_force`; no filters: the tests here send none): the interests are the toy
+    tower's, and no row is ever short (each is said to be searched as deep as its shortest list)."""
+
+    def __init__(self, search: Search = brute_force) -> None:
+        self._search = search
+
+    def search(
+        self,
+        histories: np.ndarray,
+        fetch: np.ndarray,
+        allow_group: np.ndarray,
+        allows: Sequence[np.ndarray],
+        events: Any,
+        want_interests: bool,
+        explain_rows: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, None]:
+        ids, scores = self._search(histories, fetch)
+        fetched = (ids >= 0).sum(axis=2).min(axis=1).astype(np.int32)  # every list full: none short
+        interests = toy_tower(histories)
+        if ids.shape[1] != NUM_INTERESTS:  # a search answering for other interests than the tower's
+            interests = np.ones((len(histories), ids.shape[1], DIM), np.float32)
+        return ids, scores, fetched, interests, None
+
+    def alone(self, *args: Any) -> Any:
+        raise AssertionError("no row of these tests comes back short")
+
+    def rerank(self, *args: Any) -> Any:
+        raise AssertionError("these tests rerank nothing")
+
+
+def toy_servable(
+    kernel: Any = None, vocabulary: Sequence[str] = VOCAB, version: str = "v-native"
+) -> NativeServable:
+    """A servable of ``kernel`` (by default a :class:`ToyKernel`) over ``vocabulary``."""
+    return NativeServable(
+        kernel=kernel or ToyKernel(),
+        vocabulary=list(vocabulary),
+        tower_items=len(vocabulary),
+        model_version=version,
+        max_len=MAX_LEN,
+        num_interests=NUM_INTERESTS,
+        num_items=len(vocabulary),
+        category_members={},
+        category_codes=np.arange(len(vocabulary) + 1, dtype=np.int64),
+        item_vectors=np.zeros((len(vocabulary) + 1, DIM), np.float32),
+        explanation="unavailable",
+        rankers={},
+        side_features=False,
+        model_info=retrieval_pb2.ModelInfo(model_version=version).SerializeToString(),
+    )
 
 
 def reference(
@@ -86,12 +151,13 @@ def assert_answers(got: list[tuple[str, float, int]], expected: list[tuple[str, 
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., native.NativeServer]]:
-    """Starts native servers on port 0 (``serve(kernel, **options)``); stops them at the end."""
+    """Starts native servers on port 0 (``serve(search, batching=..., limits=...)``); stops them
+    at the end."""
     built()
     servers: list[native.NativeServer] = []
 
-    def start(kernel: native.Kernel = brute_force, **options: Any) -> native.NativeServer:
-        server = native.NativeServer(kernel, VOCAB, max_len=MAX_LEN, model_version="v-native", **options)
+    def start(search: Search = brute_force, **options: Any) -> native.NativeServer:
+        server = native.NativeServer(toy_servable(ToyKernel(search)), **options)
         server.start()
         servers.append(server)
         return server
@@ -111,10 +177,15 @@ def address(server: native.NativeServer) -> str:
 def test_without_the_build_the_error_says_what_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "retrieval.serving._native", None)  # its import fails
     with pytest.raises(native.NativeEngineMissing) as raised:
-        native.NativeServer(brute_force, VOCAB, max_len=MAX_LEN)
+        native.NativeServer(toy_servable())
     message = str(raised.value)
     assert "\n" not in message and "`make native`" in message
     assert all(package in message for package in native.PACKAGES)
+
+
+def test_the_batch_queue_bound_is_the_python_engines() -> None:
+    default = inspect.signature(MicroBatcher).parameters["max_queue"].default
+    assert default == native.MAX_QUEUE
 
 
 def test_make_native_installs_the_packages_the_message_names() -> None:
@@ -268,23 +339,38 @@ def test_the_kernel_runs_on_one_thread_that_keeps_its_thread_locals(
             "per_interest_k must be 0 (= k) or between k (5) and 2000, got 3",
         ),
         (
-            {"history": ["item1"], "k": 5, "allow_ids": ["item2"]},
-            "UNIMPLEMENTED",
-            "the native engine does not answer allow_ids yet: serve with --engine python",
+            {"history": ["item1"], "k": 5, "category": "genre"},
+            "INVALID_ARGUMENT",
+            "unknown category 'genre': no item of the model has it",
         ),
         (
-            {"history": ["item1"], "k": 5, "merge": retrieval_pb2.ROUND_ROBIN},
-            "UNIMPLEMENTED",
-            "the native engine does not answer merge ROUND_ROBIN yet: serve with --engine python",
+            {"history": ["item1"], "k": 5, "rerank": retrieval_pb2.Rerank()},
+            "INVALID_ARGUMENT",
+            "rerank asked for, but the server has no ranker (tools/serve.py --ranker DIR)",
         ),
         (
-            {"events": [retrieval_pb2.Event(item_id="item1")], "k": 5},
-            "UNIMPLEMENTED",
-            "the native engine does not answer events yet: serve with --engine python",
+            {"history": ["item1"], "k": 5, "diversity_lambda": 0.5},
+            "INVALID_ARGUMENT",
+            "diversity_lambda is only used by the DIVERSITY merge, not MAX_SCORE",
+        ),
+        (
+            {"history": ["item1"], "k": 5, "diversity_lambda": -0.1, "merge": retrieval_pb2.DIVERSITY},
+            "INVALID_ARGUMENT",
+            "diversity_lambda must be a finite number >= 0, got -0.10000000149011612",
+        ),
+        (
+            {"history": ["item1"], "events": [retrieval_pb2.Event(item_id="item1")], "k": 5},
+            "INVALID_ARGUMENT",
+            "send the history either as history or as events, not both",
+        ),
+        (
+            {"history": ["item1"], "k": 5, "merge": 9},  # type: ignore[dict-item]
+            "INVALID_ARGUMENT",
+            "unknown merge strategy 9; use one of [0, 1, 2, 3]",
         ),
     ],
 )
-def test_bad_and_unanswered_requests_are_refused_naming_why(
+def test_bad_requests_are_refused_naming_why(
     serve: Callable[..., native.NativeServer], request_: dict[str, Any], code: str, message: str
 ) -> None:
     server = serve()
@@ -301,38 +387,59 @@ def test_bad_and_unanswered_requests_are_refused_naming_why(
     assert server.counters()["rows"] == 0  # nothing reached the kernel
 
 
+def five(ids: np.ndarray, scores: np.ndarray) -> tuple[Any, ...]:
+    """A search answer of ``ids`` and ``scores`` for one row (its interests all ones)."""
+    return ids, scores, np.zeros(1, np.int32), np.ones((1, ids.shape[1], DIM), np.float32), None
+
+
+class FirstAnswer(ToyKernel):
+    """Answers its first search with ``answer`` (raises it when it is an exception), then as a
+    :class:`ToyKernel`."""
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__()
+        self.answer, self.calls = answer, 0
+
+    def search(self, *args: Any) -> Any:
+        self.calls += 1
+        if self.calls > 1:
+            return super().search(*args)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
 @pytest.mark.parametrize(
     ("answer", "message"),
     [
         (ValueError("boom"), "the kernel raised ValueError: boom"),
-        ((np.ones((1, 2, 3), np.int64), np.ones((1, 2, 4), np.float32)), "must both be [1, K, n]"),
+        (five(np.ones((1, 2, 3), np.int64), np.ones((1, 2, 4), np.float32)), "must both be [1, K, n]"),
         (
-            (np.full((1, 1, 1), NUM_ITEMS + 1, np.int64), np.ones((1, 1, 1), np.float32)),
+            five(np.full((1, 1, 1), NUM_ITEMS + 1, np.int64), np.ones((1, 1, 1), np.float32)),
             "outside the vocabulary",
         ),
-        ((np.ones((1, 1, 1), np.int64), np.full((1, 1, 1), np.nan, np.float32)), "a NaN score for id 1"),
-        ("not arrays", "the kernel must return (ids int64 [B, K, n], scores float32 [B, K, n])"),
+        (five(np.ones((1, 1, 1), np.int64), np.full((1, 1, 1), np.nan, np.float32)), "a NaN score for id 1"),
+        ("not arrays", "the kernel's search must return (ids, scores, fetched, interests, weights)"),
+        (
+            five(np.ones((1, 1, 1), np.int64), np.ones((1, 1), np.float32)),
+            "the kernel's scores must be a 3-d array",
+        ),
     ],
 )
 def test_a_failing_kernel_fails_its_batch_internal_and_the_next_batch_is_served(
-    serve: Callable[..., native.NativeServer], answer: Any, message: str
+    answer: Any, message: str
 ) -> None:
-    calls = []
-
-    def kernel(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        calls.append(len(histories))
-        if len(calls) == 1:
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
-        return brute_force(histories, fetch)
-
-    server = serve(kernel)
-    with connected(address(server), retries=0) as client:
-        with pytest.raises(grpc.RpcError) as raised:
-            client.retrieve(["item1"], 3)
-        assert raised.value.code() == grpc.StatusCode.INTERNAL and message in str(raised.value.details())
-        assert_answers(client.retrieve(["item1"], 3).items, reference(["item1"], 3))
+    built()
+    server = native.NativeServer(toy_servable(FirstAnswer(answer)))
+    server.start()
+    try:
+        with connected(address(server), retries=0) as client:
+            with pytest.raises(grpc.RpcError) as raised:
+                client.retrieve(["item1"], 3)
+            assert raised.value.code() == grpc.StatusCode.INTERNAL and message in str(raised.value.details())
+            assert_answers(client.retrieve(["item1"], 3).items, reference(["item1"], 3))
+    finally:
+        server.stop(0)
     # An id outside the vocabulary or a NaN fails the calls that read it; the others the batch.
     answered = "vocabulary" in message or "NaN" in message
     assert server.counters()["kernel_errors"] == (0 if answered else 1)
@@ -341,7 +448,7 @@ def test_a_failing_kernel_fails_its_batch_internal_and_the_next_batch_is_served(
 def test_the_vocabulary_handover_refuses_a_repeated_id() -> None:
     built()
     with pytest.raises(ValueError, match="the vocabulary repeats the id 'item3'"):
-        native.NativeServer(brute_force, [*VOCAB, "item3"], max_len=MAX_LEN)
+        native.NativeServer(toy_servable(vocabulary=[*VOCAB, "item3"]))
 
 
 # --- serving ---------------------------------------------------------------------------------------------
@@ -357,7 +464,7 @@ def test_port_zero_health_and_reflection(serve: Callable[..., native.NativeServe
         taken.listen()
         busy = f"127.0.0.1:{taken.getsockname()[1]}"
         with pytest.raises(RuntimeError, match=f"cannot serve on {re.escape(busy)}"):
-            native.NativeServer(brute_force, VOCAB, max_len=MAX_LEN).start(busy)
+            native.NativeServer(toy_servable()).start(busy)
     with connected(address(server), retries=0) as client:
         assert client.health() == "SERVING"
     with grpc.insecure_channel(address(server)) as channel:
@@ -380,7 +487,7 @@ def test_concurrent_calls_are_answered_in_batches(
         time.sleep(0.005)  # calls pile up meanwhile: the next batch is bigger
         return brute_force(histories, fetch)
 
-    server = serve(slow, max_batch=8)
+    server = serve(slow, batching=BatchingConfig(max_batch=8))
     asked = queries(64, seed=round_)
     with connected(address(server), retries=0) as client, ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda query: client.retrieve(**query), asked))
@@ -433,7 +540,7 @@ def test_stop_without_grace_returns_and_ends_every_call(serve: Callable[..., nat
         release.wait(10)
         return brute_force(histories, fetch)
 
-    server = serve(held, max_batch=1)
+    server = serve(held, batching=BatchingConfig(max_batch=1))
     with RetrievalClient(address(server), retries=0, timeout=20) as client, ThreadPoolExecutor(6) as pool:
         calls = [pool.submit(client.retrieve, ["item1"], 3) for _ in range(6)]
         assert entered.wait(10)
@@ -465,7 +572,7 @@ def test_a_call_whose_deadline_passed_while_queued_costs_the_kernel_nothing(
         release.wait(10)
         return brute_force(histories, fetch)
 
-    server = serve(held, max_batch=1)
+    server = serve(held, batching=BatchingConfig(max_batch=1))
     hasty = RetrievalClient(address(server), retries=0, timeout=0.3)
     with (
         ThreadPoolExecutor(1) as pool,
@@ -498,14 +605,17 @@ import grpc
 import numpy as np
 from retrieval.api import RetrievalClient
 from retrieval.serving.native import NativeServer
+from retrieval.serving.native_kernel import NativeServable
 
 entered = threading.Event()
 
-def kernel(histories, fetch):
-    entered.set()
-    time.sleep(0.01)  # wakes while the interpreter exits
-    ids = np.arange(1, 4, dtype=np.int64).reshape(1, 1, 3).repeat(len(histories), axis=0)
-    return ids, -ids.astype(np.float32)
+class Kernel:
+    def search(self, histories, fetch, *rest):
+        entered.set()
+        time.sleep(0.01)  # wakes while the interpreter exits
+        ids = np.arange(1, 4, dtype=np.int64).reshape(1, 1, 3).repeat(len(histories), axis=0)
+        fetched = np.full(len(histories), 3, np.int32)
+        return ids, -ids.astype(np.float32), fetched, np.ones((len(histories), 1, 2), np.float32), None
 
 def call():
     try:
@@ -513,7 +623,11 @@ def call():
     except grpc.RpcError:
         pass  # the server stops under it
 
-server = NativeServer(kernel, ["a", "b", "c", "d"], max_len=2)
+servable = NativeServable(
+    Kernel(), ["a", "b", "c", "d"], 4, "v", 2, 1, 4, {}, np.arange(5), np.zeros((5, 2), np.float32),
+    "unavailable", {}, False, b"",
+)
+server = NativeServer(servable)
 client = RetrievalClient(f"127.0.0.1:{server.start()}", retries=0)
 threading.Thread(target=call, daemon=True).start()
 print(entered.wait(10))

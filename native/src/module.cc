@@ -1,7 +1,8 @@
-// The Python module `retrieval.serving._native`: NativeServer with a Python batch kernel.
+// The Python module `retrieval.serving._native`: NativeServer serving a Python servable
+// (retrieval.serving.native_kernel.NativeServable), whose kernel it calls once per batch.
 //
-// The kernel is called once per batch on the batcher's thread, which holds the GIL only for
-// that call (and to wrap and copy its arrays); every other step runs without it.
+// The kernel is called on the batcher's thread, which holds the GIL only for that call (and to
+// wrap and copy its arrays); every other step runs without it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -10,6 +11,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "server.h"
@@ -19,8 +22,8 @@ namespace nb = nanobind;
 namespace mitt::native {
 namespace {
 
-using Ids = nb::ndarray<const int64_t, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
-using Scores = nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+template <class T, size_t Dims>
+using Array = nb::ndarray<const T, nb::ndim<Dims>, nb::c_contig, nb::device::cpu>;
 
 // A NumPy array viewing `values`, which it owns from then on (freed with the array).
 template <class T>
@@ -30,10 +33,33 @@ nb::object Wrap(std::vector<T> values, std::initializer_list<size_t> shape) {
   return nb::cast(nb::ndarray<nb::numpy, T>(owned->data(), shape, owner));
 }
 
+// A NumPy copy of `values`.
+template <class T>
+nb::object Copy(const std::vector<T>& values) {
+  return Wrap(std::vector<T>(values), {values.size()});
+}
+
 // "TypeError: message" of the Python exception being handled.
 std::string Describe(const nb::python_error& e) {
-  return nb::cast<std::string>(nb::str(e.type().attr("__name__"))) + ": " +
-         nb::cast<std::string>(nb::str(e.value()));
+  return nb::cast<std::string>(nb::str(e.type().attr("__name__"))) + ": " + nb::cast<std::string>(nb::str(e.value()));
+}
+
+// `answer` as an array of T with `dims` dimensions, or std::runtime_error naming `what`.
+template <class T, size_t Dims>
+Array<T, Dims> Cast(nb::handle answer, const char* what) {
+  Array<T, Dims> array;
+  if (!nb::try_cast(answer, array)) {
+    throw std::runtime_error(std::string("the kernel's ") + what + " must be a " + std::to_string(Dims) +
+                             "-d array, got " + nb::cast<std::string>(nb::repr(answer)).substr(0, 200));
+  }
+  return array;
+}
+
+// A copy of an array's values.
+template <class A>
+auto Values(const A& array) {
+  using T = std::remove_const_t<std::remove_pointer_t<decltype(array.data())>>;
+  return std::vector<T>(array.data(), array.data() + array.size());
 }
 
 // The GIL for the batcher's thread, with one Python thread state kept from its first kernel
@@ -72,56 +98,186 @@ class BatcherGil {
   ThreadState& kept_;
 };
 
-// Calls `kernel(histories int32 [B, L], fetch int32 [B]) -> (ids int64 [B, K, n], scores
-// float32 [B, K, n])` with the GIL held; a Python exception or a bad answer becomes
-// std::runtime_error (the batch's calls fail INTERNAL with its message).
-KernelOutput CallPython(const nb::callable& kernel, KernelInput in) {
-  BatcherGil gil;
-  try {
-    const size_t batch = in.batch;
-    nb::object histories = Wrap(std::move(in.histories), {in.batch, in.width});
-    nb::object fetch = Wrap(std::move(in.fetch), {in.batch});
-    nb::object answer = kernel(histories, fetch);
-    Ids ids;
-    Scores scores;
-    nb::tuple pair;
-    if (!nb::try_cast(answer, pair) || pair.size() != 2 || !nb::try_cast(pair[0], ids) ||
-        !nb::try_cast(pair[1], scores)) {
-      throw std::runtime_error("the kernel must return (ids int64 [B, K, n], scores float32 [B, K, n]), got " +
-                               nb::cast<std::string>(nb::repr(answer)).substr(0, 200));
+// A Python servable's kernel (NativeKernel), with the arrays C++ reads in place (the item
+// vectors); Python references are dropped with the GIL, wherever the last call using them ends.
+class PythonKernel final : public Kernel {
+ public:
+  PythonKernel(nb::object kernel, nb::object item_vectors, bool side_features)
+      : kernel_(std::move(kernel)), item_vectors_(std::move(item_vectors)), side_features_(side_features) {}
+
+  ~PythonKernel() override {
+    if (_Py_IsFinalizing()) {  // the interpreter is going away with its objects: let them be
+      kernel_.release();
+      item_vectors_.release();
+      return;
     }
-    KernelOutput out{ids.shape(0), ids.shape(1), ids.shape(2), {}, {}};
-    if (scores.shape(0) != out.batch || scores.shape(1) != out.interests || scores.shape(2) != out.n ||
-        out.batch != batch) {
-      throw std::runtime_error("the kernel's ids [" + std::to_string(out.batch) + ", " + std::to_string(out.interests) +
-                               ", " + std::to_string(out.n) + "] and scores [" + std::to_string(scores.shape(0)) +
-                               ", " + std::to_string(scores.shape(1)) + ", " + std::to_string(scores.shape(2)) +
-                               "] must both be [" + std::to_string(batch) + ", K, n]");
-    }
-    out.ids.assign(ids.data(), ids.data() + ids.size());
-    out.scores.assign(scores.data(), scores.data() + scores.size());
-    return out;
-  } catch (const nb::python_error& e) {
-    throw std::runtime_error("the kernel raised " + Describe(e));
+    nb::gil_scoped_acquire gil;
+    kernel_.reset();
+    item_vectors_.reset();
   }
+
+  SearchOutput Search(SearchInput in) override {
+    BatcherGil gil;
+    try {
+      const size_t batch = in.batch;
+      nb::list allows;
+      for (const std::vector<int64_t>* allow : in.allows) allows.append(Copy(*allow));
+      nb::object events = nb::none();
+      if (side_features_) {
+        nb::list rows;
+        for (const Query* query : in.rows) {
+          if (!query->events) {
+            rows.append(nb::none());
+            continue;
+          }
+          std::vector<int64_t> positions(query->positions.begin(), query->positions.end());
+          rows.append(nb::make_tuple(Copy(query->timestamps), nb::cast(query->actions), query->request_time,
+                                     Copy(positions)));
+        }
+        events = rows;
+      }
+      const size_t explained = in.explain_rows.size();
+      nb::object answer = kernel_.attr("search")(
+          Wrap(std::move(in.histories), {in.batch, in.width}), Wrap(std::move(in.fetch), {batch}),
+          Wrap(std::move(in.allow_group), {batch}), allows, events, in.want_interests,
+          Wrap(std::move(in.explain_rows), {explained}));
+      nb::tuple parts;
+      if (!nb::try_cast(answer, parts) || parts.size() != 5) {
+        throw std::runtime_error("the kernel's search must return (ids, scores, fetched, interests, weights), got " +
+                                 nb::cast<std::string>(nb::repr(answer)).substr(0, 200));
+      }
+      const auto ids = Cast<int64_t, 3>(parts[0], "ids");
+      const auto scores = Cast<float, 3>(parts[1], "scores");
+      SearchOutput out;
+      out.batch = ids.shape(0);
+      out.interests = ids.shape(1);
+      out.n = ids.shape(2);
+      if (scores.shape(0) != out.batch || scores.shape(1) != out.interests || scores.shape(2) != out.n) {
+        throw std::runtime_error("the kernel's ids [" + std::to_string(out.batch) + ", " +
+                                 std::to_string(out.interests) + ", " + std::to_string(out.n) + "] and scores [" +
+                                 std::to_string(scores.shape(0)) + ", " + std::to_string(scores.shape(1)) + ", " +
+                                 std::to_string(scores.shape(2)) + "] must both be [" + std::to_string(batch) +
+                                 ", K, n]");
+      }
+      out.ids = Values(ids);
+      out.scores = Values(scores);
+      out.fetched = Values(Cast<int32_t, 1>(parts[2], "fetched"));
+      if (!parts[3].is_none()) {
+        const auto vectors = Cast<float, 3>(parts[3], "interests");
+        out.dim = vectors.shape(2);
+        out.vectors = Values(vectors);
+      }
+      if (!parts[4].is_none()) {
+        const auto weights = Cast<float, 3>(parts[4], "weights");
+        out.weight_width = weights.shape(2);
+        out.weights = Values(weights);
+      }
+      return out;
+    } catch (const nb::python_error& e) {
+      throw std::runtime_error("the kernel raised " + Describe(e));
+    }
+  }
+
+  std::vector<ScoredItem> Alone(const AloneInput& in) override {
+    BatcherGil gil;
+    try {
+      const Query& query = *in.query;
+      std::vector<float> interests(in.interests, in.interests + in.num_interests * in.dim);
+      nb::object allow = query.filtered ? Copy(query.allow) : nb::none();
+      nb::object answer =
+          kernel_.attr("alone")(Wrap(std::move(interests), {in.num_interests, in.dim}), query.depth,
+                                nb::make_tuple(MergeName(query.merge), query.lambda, query.per_interest_k),
+                                Copy(query.excluded), allow);
+      nb::tuple parts;
+      if (!nb::try_cast(answer, parts) || parts.size() != 3) {
+        throw std::runtime_error("the kernel's alone must return (ids, scores, interests)");
+      }
+      const auto ids = Cast<int64_t, 1>(parts[0], "ids");
+      const auto scores = Cast<float, 1>(parts[1], "scores");
+      const auto slots = Cast<int32_t, 1>(parts[2], "interests");
+      if (scores.shape(0) != ids.shape(0) || slots.shape(0) != ids.shape(0)) {
+        throw std::runtime_error("the kernel's alone returned ids, scores and interests of different lengths");
+      }
+      std::vector<ScoredItem> items;
+      for (size_t i = 0; i < ids.shape(0); ++i) items.push_back({ids.data()[i], scores.data()[i], slots.data()[i]});
+      return items;
+    } catch (const nb::python_error& e) {
+      throw std::runtime_error("the kernel raised " + Describe(e));
+    }
+  }
+
+  std::vector<float> Rerank(const RerankInput& in) override {
+    BatcherGil gil;
+    try {
+      nb::list histories;
+      for (const std::vector<int32_t>* history : in.histories) {
+        histories.append(Copy(std::vector<int64_t>(history->begin(), history->end())));
+      }
+      nb::object unclicked = nb::none();
+      if (in.with_unclicked) {
+        nb::list shown;
+        for (const std::vector<int64_t>* ids : in.unclicked) shown.append(Copy(*ids));
+        unclicked = shown;
+      }
+      nb::object answer = kernel_.attr("rerank")(in.ranker, histories,
+                                                 Wrap(std::vector<int64_t>(in.candidates), {in.rows, in.width}),
+                                                 Wrap(std::vector<float>(in.scores), {in.rows, in.width}), unclicked);
+      return Values(Cast<float, 2>(answer, "logits"));
+    } catch (const nb::python_error& e) {
+      throw std::runtime_error("the kernel raised " + Describe(e));
+    }
+  }
+
+ private:
+  nb::object kernel_;
+  nb::object item_vectors_;
+  const bool side_features_;
+};
+
+// The C++ servable of a Python NativeServable (the GIL held: it reads Python objects).
+std::shared_ptr<const Servable> MakeServable(nb::handle py) {
+  auto servable = std::make_shared<Servable>();
+  nb::object vectors = py.attr("item_vectors");
+  const auto table = Cast<float, 2>(vectors, "item_vectors");
+  servable->side_features = nb::cast<bool>(py.attr("side_features"));
+  servable->kernel = std::make_shared<PythonKernel>(nb::borrow(py.attr("kernel")), vectors, servable->side_features);
+  servable->item_vectors = table.data();
+  servable->item_rows = table.shape(0);
+  servable->dim = table.shape(1);
+  servable->vocabulary = std::make_unique<const Vocabulary>(nb::cast<std::vector<std::string>>(py.attr("vocabulary")));
+  servable->tower_items = nb::cast<uint32_t>(py.attr("tower_items"));
+  servable->model_version = nb::cast<std::string>(py.attr("model_version"));
+  servable->max_len = nb::cast<uint32_t>(py.attr("max_len"));
+  servable->num_interests = nb::cast<uint32_t>(py.attr("num_interests"));
+  servable->num_items = nb::cast<uint64_t>(py.attr("num_items"));
+  std::unordered_map<std::string, std::vector<int64_t>> members;
+  for (auto [name, ids] : nb::cast<nb::dict>(py.attr("category_members"))) {
+    members.emplace(nb::cast<std::string>(name), Values(Cast<int64_t, 1>(ids, "category members")));
+  }
+  auto codes = Values(Cast<int64_t, 1>(py.attr("category_codes"), "category codes"));
+  const size_t rows = servable->vocabulary->size() + 1;
+  if (servable->max_len < 1 || codes.size() < rows || servable->item_rows < rows) {
+    throw std::invalid_argument("the servable's max_len must be >= 1, and its category codes (" +
+                                std::to_string(codes.size()) + ") and item vectors (" +
+                                std::to_string(servable->item_rows) + ") must cover its " + std::to_string(rows) +
+                                " dense ids");
+  }
+  servable->categories = std::make_unique<const Categories>(std::move(members), std::move(codes));
+  servable->explanation = nb::cast<std::string>(py.attr("explanation"));
+  for (auto [name, info] : nb::cast<nb::dict>(py.attr("rankers"))) {
+    const auto pair = nb::cast<nb::tuple>(info);
+    servable->rankers[nb::cast<std::string>(name)] = {nb::cast<std::string>(pair[0]), nb::cast<uint32_t>(pair[1])};
+  }
+  return servable;
 }
 
-// NativeServer as Python owns it: the kernel lives as long as the server, and is released
-// (with the GIL) only after the server's threads have stopped.
+
+// NativeServer as Python owns it.
 class PyNativeServer {
  public:
-  PyNativeServer(nb::callable kernel, std::vector<std::string> vocabulary, EngineOptions engine, size_t max_batch,
-                 int64_t max_wait_us)
-      : kernel_(std::move(kernel)) {
-    if (max_batch < 1) throw std::invalid_argument("max_batch must be >= 1");
-    if (max_wait_us < 0) throw std::invalid_argument("max_wait_us must be >= 0");
-    if (engine.max_len < 1) throw std::invalid_argument("max_len must be >= 1");
-    auto table = std::make_shared<const Vocabulary>(std::move(vocabulary));
-    // The server never outlives kernel_ (a member declared before it), so a reference will do.
-    Kernel call = [fn = &kernel_](KernelInput in) { return CallPython(*fn, std::move(in)); };
-    server_ = std::make_unique<NativeServer>(std::move(table), std::move(call), std::move(engine),
-                                             BatchOptions{max_batch, std::chrono::microseconds(max_wait_us)});
-  }
+  PyNativeServer(nb::handle servable, ServerOptions options)
+      : server_(std::make_unique<NativeServer>(MakeServable(servable), Bytes(servable.attr("model_info")),
+                                               std::move(options))) {}
 
   ~PyNativeServer() {
     nb::gil_scoped_release release;  // the batcher's thread may be waiting for the GIL
@@ -130,18 +286,59 @@ class PyNativeServer {
 
   NativeServer& server() { return *server_; }
 
+  static std::string Bytes(nb::handle bytes) {
+    const auto view = nb::cast<nb::bytes>(bytes);
+    return std::string(view.c_str(), view.size());
+  }
+
  private:
-  nb::callable kernel_;
   std::unique_ptr<NativeServer> server_;
 };
+
+template <class T>
+T Field(const nb::dict& values, const char* name) {
+  if (!values.contains(name)) throw std::invalid_argument(std::string("the engine's options lack ") + name);
+  return nb::cast<T>(values[name]);
+}
+
+ServerOptions OptionsOf(const nb::dict& py) {
+  ServerOptions options;
+  const auto limits = Field<nb::dict>(py, "limits");
+  options.limits = {Field<uint32_t>(limits, "max_k"),          Field<uint32_t>(limits, "max_history"),
+                    Field<uint32_t>(limits, "max_per_interest_k"), Field<uint32_t>(limits, "max_filter_ids"),
+                    Field<uint32_t>(limits, "max_batch"),      Field<uint32_t>(limits, "max_user_id"),
+                    Field<uint32_t>(limits, "max_name"),       Field<uint32_t>(limits, "default_rerank_candidates")};
+  const auto units = Field<nb::dict>(py, "cost");
+  options.units = {Field<double>(units, "id_unit"),          Field<double>(units, "candidate_unit"),
+                   Field<double>(units, "diversity_steps"),  Field<double>(units, "diversity_candidates"),
+                   Field<double>(units, "round_robin_picks"), Field<double>(units, "rerank_unit"),
+                   Field<double>(units, "explain_units"),    options.limits.default_rerank_candidates};
+  const auto admission = Field<nb::dict>(py, "admission");
+  options.admission = {Field<double>(admission, "cheap_cost"),   Field<double>(admission, "batch_cost"),
+                       Field<uint64_t>(admission, "cheap_bytes"), Field<double>(admission, "max_cost"),
+                       Field<uint32_t>(admission, "max_waiting"), Field<double>(admission, "heavy_wait"),
+                       Field<double>(admission, "chunk_cost"),   Field<uint64_t>(admission, "max_memory_bytes")};
+  options.batching = {Field<size_t>(py, "max_batch"), std::chrono::microseconds(Field<int64_t>(py, "max_wait_us")),
+                      options.admission.batch_cost, Field<size_t>(py, "max_queue")};
+  options.max_queued = Field<uint32_t>(py, "max_queued");
+  options.max_request_bytes = Field<int>(py, "max_request_bytes");
+  options.max_response_bytes = Field<int>(py, "max_response_bytes");
+  options.explain_top = Field<size_t>(py, "explain_top");
+  const auto printable = Field<nb::bytes>(py, "printable");
+  options.printable.assign(static_cast<const uint8_t*>(printable.data()),
+                           static_cast<const uint8_t*>(printable.data()) + printable.size());
+  if (options.batching.max_batch < 1 || options.batching.max_wait.count() < 0 || options.max_queued < 1 ||
+      options.batching.max_queue < 1) {
+    throw std::invalid_argument("max_batch, max_queued and max_queue must be >= 1 and max_wait_us >= 0");
+  }
+  return options;
+}
 
 }  // namespace
 }  // namespace mitt::native
 
 NB_MODULE(_native, m) {
   using mitt::native::Counters;
-  using mitt::native::EngineOptions;
-  using mitt::native::Limits;
   using mitt::native::PyNativeServer;
   m.doc() = "The native engine (native/): a C++ gRPC data plane calling a Python kernel once per batch.";
   // A server still referenced when the interpreter exits (retrieval.serving.native stops it at
@@ -151,22 +348,28 @@ NB_MODULE(_native, m) {
   nb::class_<PyNativeServer>(m, "NativeServer")
       .def(
           "__init__",
-          [](PyNativeServer* self, nb::callable kernel, std::vector<std::string> vocabulary, size_t max_len,
-             std::string model_version, nb::dict limits, size_t max_batch, int64_t max_wait_us) {
-            Limits parsed{nb::cast<uint32_t>(limits["max_k"]),          nb::cast<uint32_t>(limits["max_history"]),
-                          nb::cast<uint32_t>(limits["max_per_interest_k"]), nb::cast<uint32_t>(limits["max_filter_ids"]),
-                          nb::cast<uint32_t>(limits["max_batch"]),      nb::cast<uint32_t>(limits["max_user_id"])};
-            new (self) PyNativeServer(std::move(kernel), std::move(vocabulary),
-                                      EngineOptions{max_len, std::move(model_version), parsed}, max_batch, max_wait_us);
+          [](PyNativeServer* self, nb::handle servable, nb::dict options) {
+            new (self) PyNativeServer(servable, mitt::native::OptionsOf(options));
           },
-          nb::arg("kernel"), nb::arg("vocabulary"), nb::arg("max_len"), nb::arg("model_version"), nb::arg("limits"),
-          nb::arg("max_batch"), nb::arg("max_wait_us"))
+          nb::arg("servable"), nb::arg("options"))
       .def(
           "start", [](PyNativeServer& self, const std::string& address) { return self.server().Start(address); },
           nb::arg("address"), nb::call_guard<nb::gil_scoped_release>())
       .def(
           "stop", [](PyNativeServer& self, double grace) { self.server().Stop(grace); }, nb::arg("grace"),
           nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "swap",
+          [](PyNativeServer& self, nb::handle servable) {
+            auto next = mitt::native::MakeServable(servable);
+            std::string info = PyNativeServer::Bytes(servable.attr("model_info"));
+            self.server().Swap(std::move(next), std::move(info));
+          },
+          nb::arg("servable"))
+      .def(
+          "set_model_info",
+          [](PyNativeServer& self, nb::handle info) { self.server().SetModelInfo(PyNativeServer::Bytes(info)); },
+          nb::arg("model_info"))
       .def_prop_ro("port", [](PyNativeServer& self) { return self.server().port(); })
       .def("counters", [](PyNativeServer& self) {
         const Counters c = self.server().counters();
@@ -177,6 +380,8 @@ NB_MODULE(_native, m) {
         out["max_batch_rows"] = c.max_batch_rows;
         out["kernel_errors"] = c.kernel_errors;
         out["cancelled"] = c.cancelled;
+        out["alone"] = c.alone;
+        out["deadline_exceeded"] = c.deadline_exceeded;
         out["queued"] = c.queued;
         return out;
       });

@@ -16,11 +16,19 @@ const std::string& ServiceName() {
 
 }  // namespace
 
-NativeServer::NativeServer(std::shared_ptr<const Vocabulary> vocabulary, Kernel kernel, EngineOptions engine,
-                           BatchOptions batching)
-    : engine_(std::move(vocabulary), std::move(kernel), std::move(engine)),
-      batcher_(batching, [this](MicroBatcher<PendingCall>::Batch batch) { engine_.Answer(std::move(batch)); }),
-      service_(engine_, batcher_) {}
+NativeServer::NativeServer(std::shared_ptr<const Servable> servable, std::string model_info, ServerOptions options)
+    : options_(std::move(options)),
+      text_(options_.printable),
+      checker_(options_.limits, text_),
+      slot_(std::move(servable), std::move(model_info)),
+      admission_(options_.admission),
+      calls_(options_.max_queued),
+      engine_(options_.explain_top, [this](std::unique_ptr<PendingCall> call) {
+        const grpc::Status status = call->status;
+        service_.End(std::move(call), status);
+      }),
+      batcher_(options_.batching, [this](Batch batch) { engine_.Answer(std::move(batch)); }),
+      service_(slot_, checker_, options_.units, admission_, calls_, batcher_) {}
 
 NativeServer::~NativeServer() { Stop(0); }
 
@@ -36,14 +44,21 @@ int NativeServer::Start(const std::string& address) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(&service_);
+  if (options_.max_request_bytes > 0) builder.SetMaxReceiveMessageSize(options_.max_request_bytes);
+  if (options_.max_response_bytes > 0) builder.SetMaxSendMessageSize(options_.max_response_bytes);
+  // A second server on the port would silently take half the traffic: refuse it, as the Python
+  // engine does (only a serving group's workers share a port).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
+    admission_.Close();
     batcher_.Stop();
     stopped_ = true;
     throw std::runtime_error("cannot serve on " + address);
   }
   server_->GetHealthCheckService()->SetServingStatus(ServiceName(), true);
+  server_->GetHealthCheckService()->SetServingStatus("", true);
   return port_;
 }
 
@@ -51,6 +66,7 @@ void NativeServer::Stop(double grace_seconds) {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
   if (stopped_) return;
   stopped_ = true;
+  admission_.Close();  // heavy calls waiting for room are refused now: they would not fit in the grace
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->Shutdown();  // NOT_SERVING, and stays so
     const auto grace = std::chrono::duration<double>(std::max(grace_seconds, 0.0));

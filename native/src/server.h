@@ -1,24 +1,43 @@
-// The native server: the gRPC server (retrieval service, health, reflection), the batcher and
-// the engine, owned together, started once and stopped once.
+// The native server: the gRPC server (retrieval service, health, reflection), the admission, the
+// batcher and the engine, owned together, started once and stopped once; the version in service
+// swapped whole while it serves.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "admission.h"
 #include "batcher.h"
+#include "call_limit.h"
+#include "cost.h"
 #include "engine.h"
+#include "python_text.h"
+#include "request.h"
+#include "servable_slot.h"
 #include "service.h"
-#include "vocabulary.h"
 
 namespace mitt::native {
 
+struct ServerOptions {
+  Limits limits;
+  CostUnits units;
+  AdmissionLimits admission;
+  BatchOptions batching;
+  uint32_t max_queued = 128;  // calls held at once
+  int max_request_bytes = 0;  // gRPC refuses larger requests (RESOURCE_EXHAUSTED); 0 = gRPC's default
+  int max_response_bytes = 0;
+  size_t explain_top = 3;     // events an explanation lists per interest
+  std::vector<uint8_t> printable;  // PythonText's table
+};
+
 class NativeServer {
  public:
-  NativeServer(std::shared_ptr<const Vocabulary> vocabulary, Kernel kernel, EngineOptions engine,
-               BatchOptions batching);
+  NativeServer(std::shared_ptr<const Servable> servable, std::string model_info, ServerOptions options);
   // Stops without grace if still running.
   ~NativeServer();
   NativeServer(const NativeServer&) = delete;
@@ -28,9 +47,15 @@ class NativeServer {
   // the health service; returns the bound port. Throws std::runtime_error when it cannot bind,
   // std::logic_error when called twice.
   int Start(const std::string& address);
-  // NOT_SERVING on the health service, no new calls; the calls in flight get `grace_seconds` to
-  // finish, then are cancelled; returns when every call is finished. Idempotent.
+  // NOT_SERVING on the health service, no new calls; heavy calls still waiting for room are
+  // refused; the calls in flight get `grace_seconds` to finish, then are cancelled; returns when
+  // every call is finished. Idempotent.
   void Stop(double grace_seconds);
+  // Serves `servable` from the next call on; calls already checked finish on the previous one.
+  void Swap(std::shared_ptr<const Servable> servable, std::string model_info) {
+    slot_.Swap(std::move(servable), std::move(model_info));
+  }
+  void SetModelInfo(std::string model_info) { slot_.SetModelInfo(std::move(model_info)); }
 
   int port() const { return port_; }
   Counters counters() const {
@@ -40,8 +65,14 @@ class NativeServer {
   }
 
  private:
+  const ServerOptions options_;
+  const PythonText text_;
+  const RequestChecker checker_;
+  ServableSlot slot_;
+  Admission admission_;
+  CallLimit calls_;
   Engine engine_;
-  MicroBatcher<PendingCall> batcher_;
+  MicroBatcher batcher_;
   RetrievalService service_;
   std::mutex lifecycle_mu_;
   bool started_ = false;

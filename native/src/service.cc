@@ -1,61 +1,231 @@
 #include "service.h"
 
+#include <cmath>
 #include <string>
+#include <vector>
+
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include "python_text.h"
 
 namespace mitt::native {
 namespace {
 
-grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const grpc::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
+grpc::Status Invalid(const std::string& message) { return {grpc::StatusCode::INVALID_ARGUMENT, message}; }
+
+grpc::Status Indexed(const grpc::Status& status, size_t index) {
+  return {status.error_code(), "requests[" + std::to_string(index) + "]: " + status.error_message()};
+}
+
+void Put(const std::string& bytes, grpc::ByteBuffer* buffer) {
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer filled(&slice, 1);
+  buffer->Swap(&filled);
+}
+
+// admission.chunks: the queries cut into consecutive runs of at most `chunk_cost` units (one
+// query at least each); each run's end.
+std::vector<size_t> Chunks(const std::vector<double>& costs, double chunk_cost) {
+  std::vector<size_t> ends;
+  size_t start = 0;
+  double total = 0;
+  for (size_t i = 0; i < costs.size(); ++i) {
+    if (i > start && total + costs[i] > chunk_cost) {
+      ends.push_back(i);
+      start = i;
+      total = 0;
+    }
+    total += costs[i];
+  }
+  ends.push_back(costs.size());
+  return ends;
 }
 
 }  // namespace
 
+void RetrievalService::End(std::unique_ptr<PendingCall> call, const grpc::Status& status,
+                           std::optional<double> retry_after) {
+  if (status.ok()) {
+    if (call->batch) {
+      retrieval::v1::BatchRetrieveResponse answers;
+      for (auto& answer : call->answers) answers.add_responses()->Swap(&answer);
+      Put(answers.SerializeAsString(), call->response);
+    } else {
+      Put(call->answers.front().SerializeAsString(), call->response);
+    }
+  } else if (retry_after) {
+    const double ms = std::max(1.0, std::nearbyint(*retry_after * 1000));  // round() of Python: ties to even
+    call->context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(static_cast<int64_t>(ms)));
+  }
+  call->reactor->Finish(status);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - call->arrived).count();
+  if (call->heavy) admission_.Leave(call->cost, seconds);
+  calls_.Leave(seconds);
+}
+
+std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContext* context,
+                                                      grpc::ByteBuffer* response, bool batch) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!calls_.Enter()) {
+    const Refusal refused = calls_.Refused();
+    const double ms = std::max(1.0, std::nearbyint(*refused.retry_after * 1000));
+    context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(static_cast<int64_t>(ms)));
+    reactor->Finish({grpc::StatusCode::RESOURCE_EXHAUSTED, refused.message});
+    return nullptr;
+  }
+  auto call = std::make_unique<PendingCall>();
+  call->context = context;
+  call->reactor = reactor;
+  call->response = response;
+  call->batch = batch;
+  call->arrived = std::chrono::steady_clock::now();
+  call->servable = slot_.current();  // one version for the whole call
+  if (const auto deadline = DeadlineOf(*context); deadline && *deadline <= std::chrono::system_clock::now()) {
+    const double late = std::chrono::duration<double>(std::chrono::system_clock::now() - *deadline).count();
+    End(std::move(call), {grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "the deadline passed " + Fixed(late, 3) + " s before the server started"});
+    return nullptr;
+  }
+  return call;
+}
+
+bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request,
+                            google::protobuf::Message* message, const char* type) {
+  if (const auto refused = admission_.Screen(request.Length())) {
+    End(std::move(call), {grpc::StatusCode::RESOURCE_EXHAUSTED, refused->message}, refused->retry_after);
+    return false;
+  }
+  grpc::ByteBuffer copy(request);  // the reader consumes its buffer
+  grpc::ProtoBufferReader reader(&copy);
+  if (!message->ParseFromZeroCopyStream(&reader)) {
+    End(std::move(call), Invalid(std::string("the request is not a valid ") + type +
+                                 ": Error parsing message with type '" + type + "'"));
+    return false;
+  }
+  return true;
+}
+
 grpc::ServerUnaryReactor* RetrievalService::Retrieve(grpc::CallbackServerContext* context,
-                                                     const retrieval::v1::RetrieveRequest* request,
-                                                     retrieval::v1::RetrieveResponse* response) {
-  auto call = std::make_unique<PendingCall>(PendingCall{context, nullptr, {Query{}}, {response}});
-  const grpc::Status status =
-      ParseRequest(*request, engine_.vocabulary(), engine_.options().limits, &call->queries.front());
-  if (!status.ok()) return Refuse(context, status);
-  return Queue(std::move(call));
+                                                     const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  auto call = Arrive(context, response, false);
+  if (call == nullptr) return context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor = call->reactor;
+  retrieval::v1::RetrieveRequest parsed;
+  if (!Read(call, *request, &parsed, "retrieval.v1.RetrieveRequest")) return reactor;
+  if (grpc::Status status = checker_.CheckSizes(parsed); !status.ok()) {
+    End(std::move(call), status);
+    return reactor;
+  }
+  const Servable& servable = *call->servable;
+  call->cost = call->costliest = RequestCost(parsed, {servable.num_interests, servable.num_items}, units_);
+  call->queries.resize(1);
+  call->answers.resize(1);
+  grpc::Status checked = checker_.CheckConversion(parsed);
+  // A cheap call is validated before it joins a batch (the category before the lookups); a heavy
+  // one computes alone, checked as a batch checks (the lookups before the category).
+  if (checked.ok() && admission_.IsCheap(call->cost)) checked = checker_.Validate(parsed, servable);
+  if (checked.ok()) checked = checker_.Prepare(parsed, servable, &call->queries.front());
+  Admit(std::move(call), checked);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RetrievalService::BatchRetrieve(grpc::CallbackServerContext* context,
-                                                          const retrieval::v1::BatchRetrieveRequest* request,
-                                                          retrieval::v1::BatchRetrieveResponse* response) {
-  const int count = request->requests_size();
-  const uint32_t most = engine_.options().limits.max_batch;
-  if (count == 0) return Refuse(context, {grpc::StatusCode::INVALID_ARGUMENT, "the batch is empty: send at least one request"});
-  if (static_cast<uint32_t>(count) > most) {
-    return Refuse(context, {grpc::StatusCode::INVALID_ARGUMENT, "the batch has " + std::to_string(count) +
-                                                                    " requests, at most " + std::to_string(most) +
-                                                                    " are accepted"});
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  auto call = Arrive(context, response, true);
+  if (call == nullptr) return context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor = call->reactor;
+  retrieval::v1::BatchRetrieveRequest parsed;
+  if (!Read(call, *request, &parsed, "retrieval.v1.BatchRetrieveRequest")) return reactor;
+  const auto count = static_cast<size_t>(parsed.requests_size());
+  const uint32_t most = checker_.limits().max_batch;
+  if (count > most) {  // before looking at any request
+    End(std::move(call), Invalid("the batch has " + std::to_string(count) + " requests, at most " + std::to_string(most)));
+    return reactor;
   }
-  auto call = std::make_unique<PendingCall>(PendingCall{context, nullptr, {}, {}});
-  call->queries.resize(static_cast<size_t>(count));
-  for (int i = 0; i < count; ++i) {
-    const grpc::Status status =
-        ParseRequest(request->requests(i), engine_.vocabulary(), engine_.options().limits, &call->queries[i]);
-    if (!status.ok()) {
-      // One bad request fails the whole batch, naming it (as the Python engine).
-      const std::string prefix = count > 1 ? "requests[" + std::to_string(i) + "]: " : "";
-      return Refuse(context, {status.error_code(), prefix + status.error_message()});
+  for (size_t i = 0; i < count; ++i) {
+    if (grpc::Status status = checker_.CheckSizes(parsed.requests(static_cast<int>(i))); !status.ok()) {
+      End(std::move(call), Indexed(status, i));
+      return reactor;
     }
-    call->responses.push_back(response->add_responses());
   }
-  return Queue(std::move(call));
+  const Servable& servable = *call->servable;
+  std::vector<double> costs;
+  for (const auto& one : parsed.requests()) {
+    costs.push_back(RequestCost(one, {servable.num_interests, servable.num_items}, units_));
+    call->cost += costs.back();
+    call->costliest = std::max(call->costliest, costs.back());
+  }
+  grpc::Status checked = count == 0 ? Invalid("the batch is empty: send at least one request") : grpc::Status::OK;
+  for (size_t i = 0; i < count && checked.ok(); ++i) {
+    if (grpc::Status status = checker_.CheckConversion(parsed.requests(static_cast<int>(i))); !status.ok()) {
+      checked = Indexed(status, i);
+    }
+  }
+  call->queries.resize(count);
+  call->answers.resize(count);
+  // The first bad request by its place: the batch is refused, naming it when there are several.
+  for (size_t i = 0; i < count && checked.ok(); ++i) {
+    if (grpc::Status status = checker_.Prepare(parsed.requests(static_cast<int>(i)), servable, &call->queries[i]);
+        !status.ok()) {
+      checked = count > 1 ? Indexed(status, i) : status;
+    }
+  }
+  if (checked.ok() && !admission_.IsCheap(call->cost)) call->chunks = Chunks(costs, admission_.limits().chunk_cost);
+  Admit(std::move(call), checked);
+  return reactor;
 }
 
-grpc::ServerUnaryReactor* RetrievalService::Queue(std::unique_ptr<PendingCall> call) {
-  grpc::ServerUnaryReactor* reactor = call->context->DefaultReactor();
-  call->reactor = reactor;
-  if (std::unique_ptr<PendingCall> refused = batcher_.Submit(std::move(call))) {
-    reactor->Finish({grpc::StatusCode::UNAVAILABLE, "the server is stopping"});
-  }
+grpc::ServerUnaryReactor* RetrievalService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  auto call = Arrive(context, response, false);
+  if (call == nullptr) return context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor = call->reactor;
+  retrieval::v1::GetModelInfoRequest parsed;
+  if (!Read(call, *request, &parsed, "retrieval.v1.GetModelInfoRequest")) return reactor;
+  Put(*slot_.model_info(), response);
+  call->reactor->Finish(grpc::Status::OK);
+  calls_.Leave(std::chrono::duration<double>(std::chrono::steady_clock::now() - call->arrived).count());
   return reactor;
+}
+
+void RetrievalService::Admit(std::unique_ptr<PendingCall> call, grpc::Status checked) {
+  if (admission_.IsCheap(call->cost)) {
+    if (!checked.ok()) return End(std::move(call), checked);
+    return Queue(std::move(call));
+  }
+  // Heavy: the admission holds it until it fits, or refuses it; a bad one is refused only once
+  // admitted, as the Python engine checks a heavy call after admitting it.
+  const auto remaining = DeadlineOf(*call->context);
+  auto wait = std::chrono::duration<double>(admission_.limits().heavy_wait);
+  if (remaining) wait = std::min(wait, std::chrono::duration<double>(*remaining - std::chrono::system_clock::now()));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(wait);
+  if (call->chunks.empty()) call->chunks = {call->queries.size()};
+  PendingCall* held = call.release();  // owned by the admission's callback from here
+  admission_.Enter(held->cost, until, [this, held, checked](std::optional<Refusal> refused) {
+    std::unique_ptr<PendingCall> admitted(held);
+    if (refused) return End(std::move(admitted), {grpc::StatusCode::RESOURCE_EXHAUSTED, refused->message},
+                            refused->retry_after);
+    admitted->heavy = true;
+    if (!checked.ok()) return End(std::move(admitted), checked);
+    Queue(std::move(admitted));
+  });
+}
+
+void RetrievalService::Queue(std::unique_ptr<PendingCall> call) {
+  double retry_after = 0;
+  switch (batcher_.Submit(call, &retry_after)) {
+    case MicroBatcher::Queued::kYes:
+      return;
+    case MicroBatcher::Queued::kStopping:
+      return End(std::move(call), {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"});
+    case MicroBatcher::Queued::kFull:
+      return End(std::move(call),
+                 {grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: " + std::to_string(batcher_.max_queue()) +
+                                                            " requests queued, retry in about " +
+                                                            Fixed(retry_after * 1000, 0) + " ms"},
+                 retry_after);
+  }
 }
 
 }  // namespace mitt::native

@@ -1,34 +1,64 @@
-// retrieval.v1.RetrievalService on gRPC's callback API: each handler checks and converts its
-// request on gRPC's thread, queues it for the batcher and returns; the batch finishes it.
+// retrieval.v1.RetrievalService on gRPC's callback API, each call in the Python engine's order
+// (docs/serving.md, "Admission"): the call limit, the deadline, the request read and parsed, its
+// lengths, its cost and admission, its checks and lookups; then it is queued for the batcher,
+// which answers it. Requests arrive as bytes (raw methods) so that one that does not parse is
+// refused INVALID_ARGUMENT, as the Python engine refuses it.
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include <grpcpp/grpcpp.h>
 
+#include "admission.h"
 #include "batcher.h"
-#include "engine.h"
+#include "call_limit.h"
+#include "cost.h"
+#include "request.h"
 #include "retrieval.grpc.pb.h"
+#include "servable_slot.h"
 
 namespace mitt::native {
 
-class RetrievalService final : public retrieval::v1::RetrievalService::CallbackService {
- public:
-  RetrievalService(const Engine& engine, MicroBatcher<PendingCall>& batcher) : engine_(engine), batcher_(batcher) {}
+using RawRetrievalService = retrieval::v1::RetrievalService::WithRawCallbackMethod_Retrieve<
+    retrieval::v1::RetrievalService::WithRawCallbackMethod_BatchRetrieve<
+        retrieval::v1::RetrievalService::WithRawCallbackMethod_GetModelInfo<retrieval::v1::RetrievalService::Service>>>;
 
-  grpc::ServerUnaryReactor* Retrieve(grpc::CallbackServerContext* context,
-                                     const retrieval::v1::RetrieveRequest* request,
-                                     retrieval::v1::RetrieveResponse* response) override;
-  grpc::ServerUnaryReactor* BatchRetrieve(grpc::CallbackServerContext* context,
-                                          const retrieval::v1::BatchRetrieveRequest* request,
-                                          retrieval::v1::BatchRetrieveResponse* response) override;
+class RetrievalService final : public RawRetrievalService {
+ public:
+  RetrievalService(const ServableSlot& slot, const RequestChecker& checker, const CostUnits& units,
+                   Admission& admission, CallLimit& calls, MicroBatcher& batcher)
+      : slot_(slot), checker_(checker), units_(units), admission_(admission), calls_(calls), batcher_(batcher) {}
+
+  grpc::ServerUnaryReactor* Retrieve(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* BatchRetrieve(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
+
+  // Sends a call's answers (status OK) or its status, and releases what it held: the engine's
+  // last step for every call it answers, and the service's for every call it refuses.
+  void End(std::unique_ptr<PendingCall> call, const grpc::Status& status,
+           std::optional<double> retry_after = std::nullopt);
 
  private:
-  // Queues `call` (or finishes it UNAVAILABLE when the server is stopping); its reactor.
-  grpc::ServerUnaryReactor* Queue(std::unique_ptr<PendingCall> call);
+  // A held call for `context`, or nullptr when the call limit refused it (answered already).
+  std::unique_ptr<PendingCall> Arrive(grpc::CallbackServerContext* context, grpc::ByteBuffer* response, bool batch);
+  // Parses `request` into `message`; false (the call ended) when it does not parse or is refused unread.
+  bool Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request, google::protobuf::Message* message,
+            const char* type);
+  // Admits `call` (cheap at once; heavy by the admission, maybe later), then ends it with
+  // `checked` when that is a failure, else queues it.
+  void Admit(std::unique_ptr<PendingCall> call, grpc::Status checked);
+  void Queue(std::unique_ptr<PendingCall> call);
 
-  const Engine& engine_;
-  MicroBatcher<PendingCall>& batcher_;
+  const ServableSlot& slot_;
+  const RequestChecker& checker_;
+  const CostUnits& units_;
+  Admission& admission_;
+  CallLimit& calls_;
+  MicroBatcher& batcher_;
 };
 
 }  // namespace mitt::native

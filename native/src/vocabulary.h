@@ -1,4 +1,4 @@
-// The item vocabulary, handed over once from Python: external string id <-> dense id.
+// The item vocabulary, handed over once per version from Python: external string id <-> dense id.
 #pragma once
 
 #include <cstdint>

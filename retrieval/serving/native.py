@@ -1,52 +1,57 @@
-"""The native engine's Python side: :class:`NativeServer`, a C++ gRPC server (``native/``) that
-calls a Python batch kernel once per micro-batch.
+"""The native engine's Python side: :class:`NativeServer`, a C++ gRPC server (``native/``) serving a
+:class:`~retrieval.serving.native_kernel.NativeServable` whose kernel it calls once per micro-batch.
 
 The compiled module (``retrieval/serving/_native*.so``, built by ``make native``, never by ``pip
 install``) is imported on first use, so importing this module needs nothing built; without it,
 :func:`native_module` raises :class:`NativeEngineMissing`, whose message says what to run.
 
-The C++ side parses and checks each ``Retrieve``/``BatchRetrieve`` request, looks its history up in
-the vocabulary handed over once, and queues it; a worker thread forms batches (up to
-``max_batch`` queries, waiting at most ``max_wait_us`` for them) and makes one call of the kernel
-per batch, holding the GIL only for it::
-
-    kernel(histories int32 [B, L], fetch int32 [B]) -> (ids int64 [B, K, n], scores float32 [B, K, n])
-
-``histories`` are the queries' known dense ids (``vocabulary[i]`` is id ``i + 1``), the last
-``max_len`` of each, left-padded with 0; ``fetch[b]`` is how many candidates each interest of
-query ``b`` needs (``max(k, per_interest_k)`` plus its excluded ids). The kernel answers per
-interest its candidates best first (id -1: an empty slot), as C-contiguous arrays of those
-dtypes (others are converted, at tens of microseconds per batch); C++ then merges them (max
-score, the history and ``exclude_ids`` dropped, top-k, as :func:`index.merge.max_score`) and
-answers with external ids. Fields it does not answer yet are refused with ``UNIMPLEMENTED`` naming the
-field and ``--engine python``.
+The C++ side takes every call through the Python engine's steps (docs/serving.md, "Admission"):
+the call limit, the deadline, the request read and parsed, its lengths, its cost and admission
+(cheap calls micro-batched, heavy ones alone in chunks, within the heavy budget), its checks and
+vocabulary lookups (the servable's vocabulary, categories and rankers, handed over once per
+version), with the Python engine's messages. A worker thread forms batches and calls the
+servable's kernel once per batch, holding the GIL only for it (:meth:`NativeKernel.search`: the
+user tower and the index search); C++ then drops each row's excluded ids, merges (max-score,
+round-robin, DIVERSITY with λ), reranks through the kernel's ranker, explains from the tower's
+weights and answers with external ids. :meth:`NativeServer.swap` puts another version in
+service between two calls; the calls already checked finish on theirs.
 
 Example:
-    >>> def kernel(histories, fetch):
-    ...     return ids, scores  # e.g. the user tower and one FAISS search
-    >>> with NativeServer(kernel, vocabulary, max_len=50) as server:
+    >>> with NativeServer(native_servable(retriever)) as server:
     ...     RetrievalClient(f"127.0.0.1:{server.port}").retrieve(["B0001"], k=10)
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
 import weakref
-from collections.abc import Callable, Sequence
 from types import ModuleType, TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
-from retrieval.api.types import MAX_BATCH, MAX_FILTER_IDS, MAX_HISTORY, MAX_K, MAX_PER_INTEREST_K, MAX_USER_ID
+import retrieval.serving.admission as admission
+from retrieval.api.types import (
+    DEFAULT_RERANK_CANDIDATES,
+    EXPLAIN_TOP,
+    MAX_BATCH,
+    MAX_FILTER_IDS,
+    MAX_HISTORY,
+    MAX_K,
+    MAX_NAME,
+    MAX_PER_INTEREST_K,
+    MAX_USER_ID,
+)
+
+if TYPE_CHECKING:
+    from retrieval.serving.config import BatchingConfig, LimitsConfig
+    from retrieval.serving.native_kernel import NativeServable
 
 PACKAGES = ("libgrpc++-dev", "protobuf-compiler-grpc", "libprotobuf-dev", "cmake", "g++", "pkg-config")
 """The Debian packages ``make native`` installs when they are missing (and nanobind from PyPI)."""
-
-Kernel = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
-"""``(histories int32 [B, L], fetch int32 [B]) -> (ids int64 [B, K, n], scores float32 [B, K, n])``."""
 
 LIMITS = {
     "max_k": MAX_K,
@@ -55,10 +60,41 @@ LIMITS = {
     "max_filter_ids": MAX_FILTER_IDS,
     "max_batch": MAX_BATCH,
     "max_user_id": MAX_USER_ID,
+    "max_name": MAX_NAME,
+    "default_rerank_candidates": DEFAULT_RERANK_CANDIDATES,
 }
 """The API's limits as the engine checks them (their one definition is retrieval.api.types)."""
 
-__all__ = ["LIMITS", "PACKAGES", "Kernel", "NativeEngineMissing", "NativeServer", "native_module"]
+COST = {
+    "id_unit": admission.ID_UNIT,
+    "candidate_unit": admission.CANDIDATE_UNIT,
+    "diversity_steps": admission.DIVERSITY_STEPS,
+    "diversity_candidates": admission.DIVERSITY_CANDIDATES,
+    "round_robin_picks": admission.ROUND_ROBIN_PICKS,
+    "rerank_unit": admission.RERANK_UNIT,
+    "explain_units": admission.EXPLAIN_UNITS,
+}
+"""The cost formula's constants (their one definition is retrieval.serving.admission)."""
+
+MAX_QUEUE = 1024
+"""Cheap queries waiting for a batch beyond which calls are refused (``batch_queue_full``): the
+Python engine's micro-batcher's default (``MicroBatcher(max_queue=...)``; a test keeps them equal)."""
+
+MAX_QUEUED = 128
+"""Calls held at once when ``LimitsConfig.max_queued`` is 0 (the engine has no request threads
+to count twice: the Python engine's default with its 64 threads)."""
+
+__all__ = [
+    "COST",
+    "LIMITS",
+    "MAX_QUEUE",
+    "MAX_QUEUED",
+    "PACKAGES",
+    "NativeEngineMissing",
+    "NativeServer",
+    "native_module",
+    "printable_table",
+]
 
 
 class NativeEngineMissing(RuntimeError):
@@ -89,44 +125,73 @@ def native_module() -> ModuleType:
         sys.setdlopenflags(flags)
 
 
+@functools.cache
+def printable_table() -> bytes:
+    """One bit per code point (little-endian within each byte), set where ``str.isprintable``
+    holds: the engine quotes client strings in its messages as Python's ``repr`` does, with
+    Python's Unicode database."""
+    printable = [chr(c).isprintable() for c in range(0x110000)]
+    return np.packbits(np.array(printable, bool), bitorder="little").tobytes()
+
+
 class NativeServer:
-    """A native gRPC server for ``retrieval.v1.RetrievalService`` (``Retrieve``, ``BatchRetrieve``),
-    gRPC health (``SERVING`` once started) and server reflection.
+    """A native gRPC server for ``retrieval.v1.RetrievalService`` (``Retrieve``, ``BatchRetrieve``,
+    ``GetModelInfo``), gRPC health (``SERVING`` once started) and server reflection.
 
     Example:
-        >>> server = NativeServer(kernel, ["B0001", "B0042"], max_len=50)
+        >>> server = NativeServer(native_servable(retriever))
         >>> port = server.start("127.0.0.1:0")
         >>> server.stop(grace=5.0)
     """
 
     def __init__(
         self,
-        kernel: Kernel,
-        vocabulary: Sequence[str],
+        servable: NativeServable,
         *,
-        max_len: int,
-        model_version: str = "",
-        max_batch: int = 32,
-        max_wait_us: int = 0,
+        batching: BatchingConfig | None = None,
+        limits: LimitsConfig | None = None,
     ) -> None:
-        """Hands the kernel and the vocabulary over to the engine (nothing is served yet).
+        """Hands the servable over to the engine (nothing is served yet).
 
         Args:
-            kernel: called once per batch, see :data:`Kernel`.
-            vocabulary: the external item ids; dense id ``i + 1`` is ``vocabulary[i]`` (0 is padding).
-            max_len: the width ``L`` of the histories handed to the kernel.
-            model_version: reported in every response.
-            max_batch: queries per kernel call at most (a larger ``BatchRetrieve`` is one batch).
-            max_wait_us: how long a batch waits for more queries after its first (0: the queries
-                queued while the previous batch computed form the next one, no waiting).
+            servable: the version to serve (:func:`~retrieval.serving.native_kernel.native_servable`).
+            batching: the micro-batches' bounds (``max_batch`` queries per kernel call, a larger
+                ``BatchRetrieve`` being one batch; ``max_wait_ms``); ``None`` for the defaults.
+            limits: what one call may cost: the message sizes, the calls held at once
+                (``max_queued``, 0 = :data:`MAX_QUEUED`) and the cost admission's bounds; ``None``
+                for the defaults.
 
         Raises:
             NativeEngineMissing: the engine is not built.
-            ValueError: a repeated vocabulary id, ``max_len``/``max_batch`` < 1 or ``max_wait_us`` < 0.
+            ValueError: a repeated vocabulary id, an inconsistent servable.
         """
-        self._server = native_module().NativeServer(
-            kernel, list(vocabulary), max_len, model_version, LIMITS, max_batch, max_wait_us
-        )
+        from retrieval.serving.config import BatchingConfig, LimitsConfig
+
+        batching = batching or BatchingConfig()
+        limits = limits or LimitsConfig()
+        options: dict[str, Any] = {
+            "limits": LIMITS,
+            "cost": COST,
+            "admission": {
+                "cheap_cost": limits.cheap_cost,
+                "batch_cost": limits.batch_cost,
+                "cheap_bytes": limits.cheap_bytes,
+                "max_cost": limits.max_cost,
+                "max_waiting": limits.max_waiting,
+                "heavy_wait": limits.heavy_wait,
+                "chunk_cost": limits.chunk_cost,
+                "max_memory_bytes": limits.max_memory_bytes or 0,
+            },
+            "max_batch": batching.max_batch,
+            "max_wait_us": round(batching.max_wait * 1e6),
+            "max_queue": MAX_QUEUE,
+            "max_queued": limits.max_queued or MAX_QUEUED,
+            "max_request_bytes": limits.max_request_bytes,
+            "max_response_bytes": limits.max_response_bytes,
+            "explain_top": EXPLAIN_TOP,
+            "printable": printable_table(),
+        }
+        self._server = native_module().NativeServer(servable, options)
         # Stopped at the latest when the interpreter exits: the batcher's thread must not be
         # waiting for the GIL of an interpreter being torn down.
         self._finalizer = weakref.finalize(self, self._server.stop, 0.0)
@@ -144,6 +209,20 @@ class NativeServer:
         """The bound port (0 before :meth:`start`)."""
         return int(self._server.port)
 
+    def swap(self, servable: NativeServable) -> None:
+        """Serves ``servable`` from the next call on (hot reload); the calls already checked
+        finish on the version they were checked with.
+
+        Raises:
+            ValueError: a repeated vocabulary id, an inconsistent servable.
+        """
+        self._server.swap(servable)
+
+    def set_model_info(self, model_info: bytes) -> None:
+        """What ``GetModelInfo`` answers from now on (a serialized ``ModelInfo``: the same version
+        with a refused reload counted, say)."""
+        self._server.set_model_info(model_info)
+
     def stop(self, grace: float = 5.0) -> None:
         """Reports NOT_SERVING, takes no new calls, lets the calls in flight finish for ``grace``
         seconds, cancels the rest; returns when all are finished. Idempotent."""
@@ -151,8 +230,9 @@ class NativeServer:
 
     def counters(self) -> dict[str, int]:
         """``calls``, ``rows`` (queries) and ``batches`` (kernel calls) answered, the largest
-        batch's rows (``max_batch_rows``), ``kernel_errors`` and ``cancelled`` calls; and the queries
-        ``queued`` for a batch now."""
+        batch's rows (``max_batch_rows``), ``kernel_errors``, ``cancelled`` calls, rows answered
+        ``alone`` (their batched search came back short), calls past their ``deadline_exceeded``
+        while computing; and the queries ``queued`` for a batch now."""
         return dict(self._server.counters())
 
     def __enter__(self) -> Self:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import faiss
 import numpy as np
@@ -35,7 +36,7 @@ from retrieval.data.features import encode_events
 from retrieval.serving.explain import WEIGHED
 from retrieval.serving.retriever import Retriever
 
-__all__ = ["Events", "NativeKernel", "NativeServable", "SearchAnswer", "native_servable"]
+__all__ = ["BatchKernel", "Events", "NativeKernel", "NativeServable", "SearchAnswer", "native_servable"]
 
 Events = tuple[np.ndarray, Sequence[str], int, np.ndarray]
 """One row's events, for a tower reading side features: timestamps int64 ``[n]``, actions
@@ -45,6 +46,39 @@ row's history holds (oldest first)."""
 SearchAnswer = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
 """``(ids int64 [B, K, n], scores float32 [B, K, n], fetched int32 [B], interests float32
 [B, K, d] | None, weights float32 [E, K, w] | None)``: see :meth:`NativeKernel.search`."""
+
+
+class BatchKernel(Protocol):
+    """What the engine calls (:class:`NativeKernel` is the retriever's; tests give toy ones)."""
+
+    def search(
+        self,
+        histories: np.ndarray,
+        fetch: np.ndarray,
+        allow_group: np.ndarray,
+        allows: Sequence[np.ndarray],
+        events: Sequence[Events | None] | None,
+        want_interests: bool,
+        explain_rows: np.ndarray,
+    ) -> SearchAnswer: ...
+
+    def alone(
+        self,
+        interests: np.ndarray,
+        depth: int,
+        search: tuple[str, float, int],
+        exclude: np.ndarray,
+        allow: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+    def rerank(
+        self,
+        ranker: str,
+        histories: Sequence[np.ndarray],
+        candidates: np.ndarray,
+        scores: np.ndarray,
+        unclicked: Sequence[np.ndarray] | None,
+    ) -> np.ndarray: ...
 
 
 class NativeKernel:
@@ -221,7 +255,7 @@ class NativeServable:
         model_info: the serialized ``ModelInfo`` message ``GetModelInfo`` answers.
     """
 
-    kernel: NativeKernel
+    kernel: BatchKernel
     vocabulary: list[str]
     tower_items: int
     model_version: str

@@ -5,6 +5,7 @@ and skips without it (tests/test_native_parity.py compares it with the Python en
 
 from __future__ import annotations
 
+import gc
 import inspect
 import re
 import socket
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -104,11 +106,12 @@ class ToyKernel:
 def toy_servable(
     kernel: Any = None, vocabulary: Sequence[str] = VOCAB, version: str = "v-native"
 ) -> NativeServable:
-    """A servable of ``kernel`` (by default a :class:`ToyKernel`) over ``vocabulary``."""
+    """A servable of ``kernel`` (by default a :class:`ToyKernel`) over ``vocabulary``, whose ids
+    past VOCAB are items added after training (not read as history)."""
     return NativeServable(
         kernel=kernel or ToyKernel(),
         vocabulary=list(vocabulary),
-        tower_items=len(vocabulary),
+        tower_items=NUM_ITEMS,
         model_version=version,
         max_len=MAX_LEN,
         num_interests=NUM_INTERESTS,
@@ -589,6 +592,70 @@ def test_a_call_whose_deadline_passed_while_queued_costs_the_kernel_nothing(
         assert_answers(first.result(timeout=10).items, reference(["item1"], 3))
     counters = server.counters()
     assert (counters["calls"], counters["rows"], counters["batches"], counters["cancelled"]) == (2, 1, 1, 1)
+
+
+class Held(ToyKernel):
+    """A :class:`ToyKernel` whose first search waits for ``release`` once it has set ``entered``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def search(self, *args: Any) -> Any:
+        self.entered.set()
+        assert self.release.wait(10)
+        return super().search(*args)
+
+
+@pytest.mark.parametrize("round_", range(10))
+def test_a_swap_serves_the_next_calls_while_the_calls_in_flight_finish_on_the_old_version(
+    round_: int,
+) -> None:
+    """Hot reload: the new version (another model version, a catalogue grown by one item) answers
+    the calls that arrive after the swap; the call held in the old version's kernel is answered by
+    it; the old version is released once its last call is answered."""
+    built()
+    old_kernel = Held()
+    server = native.NativeServer(toy_servable(old_kernel, version="v1"))
+    server.start()
+    grown = [*VOCAB, "item-new"]
+    try:
+        with connected(address(server), retries=0) as client, ThreadPoolExecutor(2) as pool:
+            held = pool.submit(client.retrieve, ["item1"], 3)
+            assert old_kernel.entered.wait(10)
+            with pytest.raises(grpc.RpcError) as raised:  # refused at once: not in v1's vocabulary
+                client.retrieve(["item-new"], 3)
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            server.swap(toy_servable(vocabulary=grown, version="v2"))
+            after = pool.submit(client.retrieve, ["item-new", "item2"], 3)
+            time.sleep(0.01 * (round_ % 5))
+            old_kernel.release.set()
+            answer = held.result(timeout=10)
+            assert answer.model_version == "v1"
+            assert_answers(answer.items, reference(["item1"], 3))
+            answer = after.result(timeout=10)
+            # The new item is known (excluded, not refused) but not read as history: unknown to the tower.
+            assert answer.model_version == "v2" and answer.unknown_items == 1
+            assert_answers(answer.items, reference(["item2"], 3))
+        gone = weakref.ref(old_kernel)
+        del old_kernel
+        gc.collect()
+        assert gone() is None  # the engine let the old version go
+    finally:
+        server.stop(0)
+
+
+def test_set_model_info_changes_what_get_model_info_answers(
+    serve: Callable[..., native.NativeServer],
+) -> None:
+    server = serve()
+    with grpc.insecure_channel(address(server)) as channel:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
+        info = stub.GetModelInfo(retrieval_pb2.GetModelInfoRequest(), timeout=10)
+        assert info.model_version == "v-native" and info.reload_refusals == 0
+        refused = retrieval_pb2.ModelInfo(model_version="v-native", reload_refusals=1, last_refusal="bad")
+        server.set_model_info(refused.SerializeToString())
+        assert stub.GetModelInfo(retrieval_pb2.GetModelInfoRequest(), timeout=10) == refused
 
 
 def wait_for_queued(server: native.NativeServer, rows: int) -> None:

@@ -47,8 +47,12 @@ from retrieval.api.types import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from retrieval.serving.config import BatchingConfig, LimitsConfig
     from retrieval.serving.native_kernel import NativeServable
+    from retrieval.serving.reload import RetrieverSlot
+    from retrieval.serving.retriever import Retriever
 
 PACKAGES = ("libgrpc++-dev", "protobuf-compiler-grpc", "libprotobuf-dev", "cmake", "g++", "pkg-config")
 """The Debian packages ``make native`` installs when they are missing (and nanobind from PyPI)."""
@@ -217,6 +221,27 @@ class NativeServer:
             ValueError: a repeated vocabulary id, an inconsistent servable.
         """
         self._server.swap(servable)
+
+    def follow(self, slot: RetrieverSlot, search_threads: int | None = 1) -> None:
+        """Keeps serving what ``slot`` serves (hot reload): each swap of the slot (a
+        :class:`~retrieval.serving.reload.DeploymentWatcher`'s) hands the engine the new version,
+        each refused version the ``ModelInfo`` that counts it. The engine should serve the slot's
+        current version already (``NativeServer(native_servable(slot.current, slot.model_info()))``).
+
+        Args:
+            search_threads: FAISS's threads per search of each new version's kernel.
+        """
+        from retrieval.api.convert import model_info_message
+        from retrieval.serving.native_kernel import native_servable
+
+        def swapped(old: Retriever, new: Retriever) -> None:
+            self.swap(native_servable(new, slot.model_info(), search_threads))
+
+        def refused(folder: Path, reason: str) -> None:
+            self.set_model_info(model_info_message(slot.model_info()).SerializeToString())
+
+        slot.on_swap(swapped)
+        slot.on_refuse(refused)
 
     def set_model_info(self, model_info: bytes) -> None:
         """What ``GetModelInfo`` answers from now on (a serialized ``ModelInfo``: the same version

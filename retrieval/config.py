@@ -1,8 +1,9 @@
 """One configuration mechanism for every frozen config dataclass: checks, overrides, files.
 
 A config is a frozen dataclass whose fields hold plain values (``bool``, ``int``, ``float``,
-``str``, optionally ``None``), options with a fixed set of values (``Literal[...]``), bags of
-extra arguments (``dict[str, Any]``) or nested configs (sections, e.g. ``Config.train``). A
+``str``, optionally ``None``), options with a fixed set of values (``Literal[...]``), lists of
+text (``tuple[str, ...]``: paths given by a repeatable flag), bags of extra arguments
+(``dict[str, Any]``) or nested configs (sections, e.g. ``Config.train``). A
 numeric field declares the values it may take beside it, ``dim: Annotated[int, Range(1)]``.
 Its ``__post_init__`` calls :func:`check_fields`, so a config with an unknown option value or a
 number out of its range cannot be built, whichever way it is made; the error
@@ -246,6 +247,11 @@ def _is_section(annotation: Any) -> bool:
     return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
 
 
+def _is_texts(annotation: Any) -> bool:
+    """Whether ``annotation`` is ``tuple[str, ...]``."""
+    return typing.get_origin(annotation) is tuple and typing.get_args(annotation) == (str, ...)
+
+
 def _is_mapping(annotation: Any) -> bool:
     members, _ = _members(annotation)
     return len(members) == 1 and typing.get_origin(members[0]) in (dict, Mapping)
@@ -277,7 +283,8 @@ def parse_value(raw: str, annotation: Any, key: str) -> Any:
 
     ``none``/``null`` is ``None`` where the field allows it; ``bool`` takes true/false/1/0;
     a ``Literal`` field the value its text names (text naming none is kept, for
-    :func:`check_fields` to refuse); a ``dict`` field a JSON object.
+    :func:`check_fields` to refuse); a ``dict`` field a JSON object; a ``tuple[str, ...]``
+    field a JSON list of strings, or text split at commas (``a,b``; empty: none).
 
     Raises:
         ValueError: ``key: expected <type>, got <raw>``.
@@ -300,6 +307,16 @@ def parse_value(raw: str, annotation: Any, key: str) -> Any:
             return target(raw)
         except ValueError:
             raise ValueError(f"{key}: expected {target.__name__}, got {raw!r}") from None
+    if _is_texts(target):
+        if not raw.startswith("["):
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        try:
+            texts = json.loads(raw)
+        except json.JSONDecodeError:
+            texts = None
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"{key}: expected a JSON list of strings, got {raw!r}")
+        return tuple(texts)
     if _is_mapping(target):
         try:
             value = json.loads(raw)
@@ -441,6 +458,9 @@ def _check_value(value: Any, annotation: Any, key: str) -> Any:
         return value
     if _is_mapping(annotation) and isinstance(value, Mapping):
         return dict(value)
+    texts = target is not None and _is_texts(target) and isinstance(value, list | tuple)
+    if texts and all(isinstance(v, str) for v in value):
+        return tuple(value)
     raise ValueError(f"{key}: expected {getattr(target, '__name__', annotation)}, got {value!r}")
 
 

@@ -33,7 +33,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from retrieval.api.client import RetrievalClient
 from retrieval.api.types import Query, Retrieved
 from retrieval.artifacts.model import ModelArtifact
+from retrieval.config import apply_overrides
 from retrieval.data.vocab import ItemVocab
+from retrieval.serving.config import ServerConfig
 from retrieval.serving.reload import DeploymentWatcher, RetrieverSlot, load_deployment
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
@@ -176,10 +178,20 @@ class GatedRetriever(Retriever):
 # --- a real server on port 0 ----------------------------------------------------------------------
 
 
+def local(*overrides: str, **fields: Any) -> ServerConfig:
+    """A server's config on port 0 of 127.0.0.1 (unless ``fields`` say otherwise): ``fields`` as
+    :class:`ServerConfig` takes them, then ``overrides`` as ``--set`` takes them
+    (``local("threads=1", "batching.max_batch=16")``)."""
+    return apply_overrides(ServerConfig(**{"port": 0, **fields}), overrides)
+
+
 @contextmanager
-def serving(retriever: Retriever | RetrieverSlot, **options: Any) -> Iterator[str]:
-    """``create_server(retriever, port=0, **options)``; yields its address, stops it on exit."""
-    server, port = create_server(retriever, port=0, **options)
+def serving(
+    retriever: Retriever | RetrieverSlot, config: ServerConfig | None = None, **options: Any
+) -> Iterator[str]:
+    """``create_server(retriever, config, **options)`` (by default :func:`local`'s config); yields
+    its address, stops it on exit."""
+    server, port = create_server(retriever, config or local(), **options)
     try:
         yield f"127.0.0.1:{port}"
     finally:
@@ -227,7 +239,7 @@ class ReloadUnderLoad:
 
     def __init__(self, root: Path, callers: int, retries: int | None = None, **server_options: Any) -> None:
         """``retries``: the callers' client retries (``None``: the client's default; 0 makes every
-        failure show); ``server_options`` go to ``create_server``."""
+        failure show); ``server_options`` go to ``create_server`` with :func:`local`'s config."""
         self.root, self.callers, self.server_options = root, callers, server_options
         self.client_options: dict[str, Any] = {} if retries is None else {"retries": retries}
         self.seen: list[str] = []
@@ -237,7 +249,7 @@ class ReloadUnderLoad:
 
     def __enter__(self) -> ReloadUnderLoad:
         self.slot = RetrieverSlot(load_deployment(self.root))
-        self.server, port = create_server(self.slot, port=0, **self.server_options)
+        self.server, port = create_server(self.slot, local(), **self.server_options)
         self.address = f"127.0.0.1:{port}"
         self.watcher = DeploymentWatcher(self.root, self.slot, interval=0.05)
         self.watcher.start()

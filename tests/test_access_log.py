@@ -24,6 +24,7 @@ from retrieval.serving.auth import AccessFile
 from retrieval.serving.logs import JsonFormatter
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
+from tests.helpers import local
 
 GENERATED_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -31,7 +32,7 @@ GENERATED_ID = re.compile(r"[0-9a-f]{32}")
 @contextmanager
 def logged(retriever: Retriever, caplog: pytest.LogCaptureFixture, **access: Any) -> Iterator[str]:
     """A server with ``AccessControl(**access)``, its access log captured; yields its address."""
-    server, port = create_server(retriever, port=0, access=AccessControl(**access))
+    server, port = create_server(retriever, local(), access=AccessControl(**access))
     with caplog.at_level(logging.INFO, logger="retrieval.access"):
         try:
             yield f"127.0.0.1:{port}"
@@ -103,7 +104,7 @@ def test_user_ids_are_logged_only_when_asked(retriever: Retriever, caplog: pytes
 
 
 def test_the_request_id_comes_back_in_the_trailing_metadata(retriever: Retriever) -> None:
-    server, port = create_server(retriever, port=0, access=AccessControl(access_log=AccessLog(sample=0.01)))
+    server, port = create_server(retriever, local(), access=AccessControl(access_log=AccessLog(sample=0.01)))
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -117,7 +118,7 @@ def test_the_request_id_comes_back_in_the_trailing_metadata(retriever: Retriever
     finally:
         server.stop(None)
     # Without an access log, calls get no id.
-    server, port = create_server(retriever, port=0, access=AccessControl())
+    server, port = create_server(retriever, local(), access=AccessControl())
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]

@@ -35,7 +35,7 @@ from retrieval.api.types import MergeStrategy
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.api.v1.retrieval_pb2_grpc import RetrievalServiceStub
 from retrieval.artifacts.index import build_index_from_model
-from retrieval.serving import Admission, AdmissionLimits, Metrics, ModelSize, Retriever, call_cost, query_cost
+from retrieval.serving import Admission, LimitsConfig, Metrics, ModelSize, Retriever, call_cost, query_cost
 from retrieval.serving.server import create_server, serve_forever
 from tests.helpers import (
     ITEMS,
@@ -44,6 +44,7 @@ from tests.helpers import (
     GatedRetriever,
     K,
     connected,
+    local,
     make_model,
     scrape,
     serving,
@@ -55,9 +56,9 @@ CHEAP = Query(["item01", "item02"], 5)
 HEAVY = Query(["item01"] * 5000, 5)  # cost 6.1: heavy under the limits below
 
 
-def limits(**changes: float | None) -> AdmissionLimits:
-    values: dict[str, float | int | None] = {"cheap_cost": 4.0, "max_cost": 10.0, "max_waiting": 1}
-    return AdmissionLimits(**{**values, **changes})  # type: ignore[arg-type]
+def limits(**changes: float) -> LimitsConfig:
+    values: dict[str, float] = {"cheap_cost": 4.0, "max_cost": 10.0, "max_waiting": 1}
+    return LimitsConfig(**{**values, **changes})  # type: ignore[arg-type]
 
 
 # --- the admission on its own ----------------------------------------------------------------------
@@ -106,7 +107,7 @@ def test_the_issues_costly_calls_are_heavy_and_an_ordinary_one_costs_about_one()
     """Issue 43, item 8, on the demo's shape (K = 4, 1,682 items): DIVERSITY k = 1,000 with
     2,000 per interest cost 3.1 and 10,000-id histories with 4,000 exclusions 15.2, both
     cheap (<= 16) and batched with ordinary calls; they measured 30 and 9 ms of CPU alone."""
-    demo, cheap = ModelSize(4, 1682), AdmissionLimits().cheap_cost
+    demo, cheap = ModelSize(4, 1682), LimitsConfig().cheap_cost
     ordinary = Query(["a"] * 50, 10)
     diverse = Query(["a"] * 20, 1000, merge=MergeStrategy.DIVERSITY, per_interest_k=2000)
     excluding = Query(["a"] * 10_000, 10, exclude=["b"] * 4000)
@@ -116,7 +117,7 @@ def test_the_issues_costly_calls_are_heavy_and_an_ordinary_one_costs_about_one()
 
 def test_a_lone_heavy_call_runs_whatever_its_cost_and_cheap_calls_never_wait() -> None:
     """100 > max_cost, but alone it is admitted at once; two cheap calls run beside it."""
-    admission = Admission(limits(max_wait=30.0))
+    admission = Admission(limits(heavy_wait=30.0))
     inside: list[tuple[int, float, int]] = []
 
     def calls() -> None:
@@ -134,7 +135,7 @@ def test_a_lone_heavy_call_runs_whatever_its_cost_and_cheap_calls_never_wait() -
 
 
 def test_heavy_calls_wait_for_room_then_are_refused_with_a_retry_hint() -> None:
-    admission = Admission(limits(max_wait=5.0))
+    admission = Admission(limits(heavy_wait=5.0))
     released = threading.Event()
     order: list[str] = []
 
@@ -158,16 +159,16 @@ def test_heavy_calls_wait_for_room_then_are_refused_with_a_retry_hint() -> None:
 
 
 def test_a_heavy_call_waits_at_most_its_deadline() -> None:
-    admission = Admission(limits(max_wait=5.0))
+    admission = Admission(limits(heavy_wait=5.0))
     with admission.admit(6.0):
         started = time.monotonic()
         with pytest.raises(ResourceExhausted, match="waited"), admission.admit(6.0, timeout=0.05):
             pass
-        assert time.monotonic() - started < 4  # the deadline (0.05 s), not max_wait (5 s)
+        assert time.monotonic() - started < 4  # the deadline (0.05 s), not heavy_wait (5 s)
 
 
 def test_over_the_memory_ceiling_heavy_calls_are_refused_and_cheap_ones_pass() -> None:
-    admission = Admission(limits(max_memory_bytes=1000), memory=lambda: 2000)
+    admission = Admission(limits(max_memory_mb=1000 / 2**20), memory=lambda: 2000)
     with admission.admit(1.0):
         pass
     with pytest.raises(ResourceExhausted, match="over its"), admission.admit(6.0):
@@ -184,7 +185,7 @@ def test_chunks_cover_the_queries_in_order_within_the_chunk_cost() -> None:
 
 
 def test_bad_limits_are_refused() -> None:
-    for bad in ({"max_cost": 0}, {"max_waiting": -1}, {"max_memory_bytes": 0}):
+    for bad in ({"max_cost": 0}, {"max_waiting": -1}, {"max_memory_mb": -1}):
         with pytest.raises(ValueError):
             limits(**bad)
 
@@ -216,7 +217,10 @@ def held() -> HeldRetriever:
 
 def test_heavy_calls_cannot_lock_out_cheap_ones(held: HeldRetriever) -> None:
     heavy = retrieval_pb2.RetrieveRequest(history=["item01"] * 5000, k=3)
-    with serving(held, admission=limits(max_waiting=0)) as address, connected(address, retries=0) as client:
+    with (
+        serving(held, local(limits=limits(max_waiting=0))) as address,
+        connected(address, retries=0) as client,
+    ):
         first = client._stub.Retrieve.future(heavy, timeout=30)
         assert held.held.acquire(timeout=10)  # the first heavy call computes (held)
         refused = [client._stub.Retrieve.future(heavy, timeout=30) for _ in range(4)]
@@ -237,7 +241,7 @@ def test_a_heavy_batch_is_answered_in_chunks_like_one_call(held: HeldRetriever) 
     held.gate.set()
     queries = [Query([ITEMS[i % 40], ITEMS[(i * 7) % 40]] * 300, 5) for i in range(40)]  # cost ~1.7 each
     each = query_cost(queries[0], SIZE)
-    with serving(held, admission=limits(chunk_cost=3.5 * each)) as address, connected(address) as client:
+    with serving(held, local(limits=limits(chunk_cost=3.5 * each))) as address, connected(address) as client:
         got = client.batch_retrieve(queries)
     chunks = list(held.sizes)
     assert sum(chunks) == 40 and len(chunks) == 40 // 3 + 1  # three queries a chunk
@@ -250,7 +254,7 @@ def test_a_bad_request_in_a_chunked_batch_is_named_by_its_place_in_the_whole_bat
     held.gate.set()
     queries = [Query(["item01"] * 600, 5)] * 10 + [Query(["unknown"] * 600, 5)]
     with (
-        serving(held, admission=limits(chunk_cost=5.0)) as address,
+        serving(held, local(limits=limits(chunk_cost=5.0))) as address,
         connected(address) as client,
         pytest.raises(grpc.RpcError) as error,
     ):
@@ -280,7 +284,7 @@ def test_a_call_past_its_deadline_stops_between_stages_and_counts_as_deadline_ex
     port = metrics.serve(0)
     queries = [Query(["item01"] * 600, 5)] * 40  # cost 1.72 each: 40 chunks of one at chunk_cost 1.7
     try:
-        with serving(slow, metrics=metrics, admission=limits(chunk_cost=1.7)) as address:
+        with serving(slow, local(limits=limits(chunk_cost=1.7)), metrics=metrics) as address:
             with connected(address, timeout=1.0, retries=0) as client:
                 with pytest.raises(grpc.RpcError) as error:
                     client.batch_retrieve(queries)
@@ -361,14 +365,14 @@ def busy_port() -> Iterator[int]:
 def test_a_busy_metrics_port_fails_the_start_before_grpc_serves(retriever: Retriever, busy_port: int) -> None:
     grpc_port = free_port()
     with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{busy_port}"):
-        serve_forever(retriever, port=grpc_port, metrics_port=busy_port)
+        serve_forever(retriever, local(f"metrics.port={busy_port}", port=grpc_port))
     with socket.socket() as probe:  # nothing was left listening on the gRPC port
         assert probe.connect_ex(("127.0.0.1", grpc_port)) != 0
 
 
 def test_create_server_bounds_the_queue(retriever: Retriever) -> None:
     with pytest.raises(ValueError, match="max_queued"):
-        create_server(retriever, port=0, max_queued=0)
+        local("limits.max_queued=-1")
 
 
 # --- memory after a burst of refused requests (a server in its own process) ------------------------
@@ -376,9 +380,9 @@ def test_create_server_bounds_the_queue(retriever: Retriever) -> None:
 SERVER = """
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving import Retriever, create_server
-from tests.helpers import make_model
+from tests.helpers import local, make_model
 model = make_model()
-server, port = create_server(Retriever(model, build_index_from_model(model, "Flat")), port=0)
+server, port = create_server(Retriever(model, build_index_from_model(model, "Flat")), local())
 print(port, flush=True)
 server.wait_for_termination()
 """
@@ -502,7 +506,7 @@ def test_heavy_merges_never_share_a_micro_batch_with_ordinary_calls() -> None:
     )
     ordinary = [retrieval_pb2.RetrieveRequest(history=[ITEMS[i], ITEMS[i + 2]], k=3) for i in range(6)]
     alone = [recorder.retrieve_many([query_from_request(r)])[0] for r in [*ordinary, diverse]]
-    server, port = create_server(recorder, port=0)
+    server, port = create_server(recorder, local())
     try:
         with connected(f"127.0.0.1:{port}", retries=0) as client:
             for _ in range(10):

@@ -18,7 +18,7 @@ from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving.batching import MicroBatcher
 from retrieval.serving.server import create_server
-from tests.helpers import ITEMS, GatedRetriever, assert_same, brute_force, make_model
+from tests.helpers import ITEMS, GatedRetriever, assert_same, brute_force, local, make_model
 
 
 @pytest.fixture
@@ -172,7 +172,7 @@ def test_bounds_are_checked() -> None:
 def test_server_batches_concurrent_calls_and_reports_not_serving_on_stop(
     retriever: GatedRetriever,
 ) -> None:
-    server, port = create_server(retriever, port=0, max_batch=16)
+    server, port = create_server(retriever, local("batching.max_batch=16"))
     batch = queries(24)
     try:
         with RetrievalClient(f"127.0.0.1:{port}") as client:
@@ -211,7 +211,7 @@ def test_invalid_calls_are_refused_alone_and_never_rerun_a_micro_batch(retriever
     are wrong are refused before the held batch ends (on their own threads); the one whose
     history has no known id (found by the batch's lookup) joins the valid ones' batch, which
     refuses it alone and answers the others."""
-    server, port = create_server(retriever, port=0, max_batch=32)
+    server, port = create_server(retriever, local("batching.max_batch=32"))
     valid = [retrieval_pb2.RetrieveRequest(history=[ITEMS[i], ITEMS[i + 1]], k=3) for i in range(6)]
     unknown = retrieval_pb2.RetrieveRequest(history=["never-seen"], k=3)
     invalid = [

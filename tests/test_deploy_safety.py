@@ -29,7 +29,7 @@ from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
 from retrieval.storage.manifest import MANIFEST, ArtifactError, read_manifest
 from retrieval.storage.versions import version_folders
-from tests.helpers import connected, make_model, run_tool, scrape, tiered
+from tests.helpers import connected, local, make_model, run_tool, scrape, tiered
 
 Versions = list[tuple[Path, Path, str]]
 
@@ -139,7 +139,7 @@ def test_refusals_are_counted_in_metrics_and_model_info(model_versions: Versions
     publish_deployment(nan_embeddings(model_2, tmp_path / "nan"), index_2, root)
     slot = open_deployment(root)  # refuses the NaN version before the server starts
     metrics = Metrics()
-    server, port = create_server(slot, port=0, metrics=metrics)
+    server, port = create_server(slot, local(), metrics=metrics)
     metrics_port = metrics.serve(0)
     try:
         publish_deployment(model_1, nan_index(model_1, tmp_path / "nan-index"), root)

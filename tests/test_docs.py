@@ -56,7 +56,7 @@ from tests.helpers import REPO_ROOT
 DOCS = REPO_ROOT / "docs"
 PAGES = sorted([REPO_ROOT / "README.md", *DOCS.rglob("*.md")])
 CLI = [sys.executable, "-m", "retrieval.cli"]
-RUN_WITH_PRINT_CONFIG = {"train", "train-ranker", "build-index"}
+RUN_WITH_PRINT_CONFIG = {"train", "train-ranker", "build-index", "serve"}
 """Commands whose whole configuration --print-config resolves and checks without TensorFlow or data."""
 
 TOOL_SCRIPTS = {

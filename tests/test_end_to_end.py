@@ -20,7 +20,7 @@ from retrieval.data.loaders import load_interactions
 from retrieval.evaluation.evaluate import exact_top_k
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
-from tests.helpers import run_tool, tiered
+from tests.helpers import local, run_tool, tiered
 
 TOWERS = ["sa", "sasrec", "youtubednn", "dr", "mind", "din", "bsarec"]
 # Extra training options per tower: mind trains with its own interest selection (the
@@ -87,7 +87,7 @@ def test_exported_tower_matches_the_keras_model(trained) -> None:
 def test_served_results_equal_brute_force(trained, synthetic_csv) -> None:
     _, model_dir, index_dir = trained
     retriever = Retriever.from_dirs(model_dir, index_dir)
-    server, port = create_server(retriever, port=0)  # started, health SERVING
+    server, port = create_server(retriever, local())  # started, health SERVING
     try:
         model = load_model(model_dir)
         data = build_sequences(load_interactions(synthetic_csv))
@@ -171,7 +171,7 @@ def test_side_information_travels_from_request_events_to_the_tower(side_info_mod
     assert model.side.event_features == ("action", "gap_prev")
     assert json.loads((model_dir / "manifest.json").read_text())["inputs"] == ["items", "action", "gap_prev"]
     data = build_sequences(load_interactions(data_path))
-    server, port = create_server(Retriever.from_dirs(model_dir, index_dir), port=0)
+    server, port = create_server(Retriever.from_dirs(model_dir, index_dir), local())
     try:
         with RetrievalClient(f"127.0.0.1:{port}") as client:
             for u in range(5):
@@ -231,7 +231,7 @@ def test_gap_to_request_time_is_the_same_in_training_evaluation_and_serving(
     model = load_model(model_dir)
     data = build_sequences(load_interactions(synthetic_csv))
     per_user = user_event_features(data, model.side)
-    server, port = create_server(Retriever.from_dirs(model_dir, index_dir), port=0)
+    server, port = create_server(Retriever.from_dirs(model_dir, index_dir), local())
     try:
         with RetrievalClient(f"127.0.0.1:{port}") as client:
             for u in range(4):

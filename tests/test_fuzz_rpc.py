@@ -30,7 +30,9 @@ from bench.robustness import (
     synthetic_retriever,
 )
 from retrieval.api.v1 import retrieval_pb2
+from retrieval.serving.config import LimitsConfig
 from retrieval.serving.server import create_server
+from tests.helpers import local
 
 STRATEGIES = RequestStrategies(SYNTHETIC_ITEMS, sorted({a for v in SYNTHETIC_ATTRIBUTES.values() for a in v}))
 FUZZ_SETTINGS = settings(
@@ -44,8 +46,9 @@ FUZZ_SETTINGS = settings(
 @pytest.fixture(scope="module")
 def target() -> Iterator[tuple[FuzzClient, Served]]:
     retriever = synthetic_retriever()
+    mib = FUZZ_MAX_MESSAGE_BYTES / 2**20
     server, port = create_server(
-        retriever, port=0, max_request_bytes=FUZZ_MAX_MESSAGE_BYTES, max_response_bytes=FUZZ_MAX_MESSAGE_BYTES
+        retriever, local(limits=LimitsConfig(max_request_mb=mib, max_response_mb=mib))
     )
     client = FuzzClient(f"127.0.0.1:{port}")
     client.wait_ready(30)

@@ -16,6 +16,7 @@ from retrieval.serving.auth import AccessFile
 from retrieval.serving.ratelimit import MAX_BUCKETS, RateLimiter, TokenBucket
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
+from tests.helpers import local
 
 
 class Clock:
@@ -92,7 +93,9 @@ def pushback_ms(error: grpc.RpcError) -> int:
 
 def test_server_refuses_past_the_burst_and_recovers(retriever: Retriever) -> None:
     rate, burst = 2.0, 5
-    server, port = create_server(retriever, port=0, access=AccessControl(rate_limit=RateLimiter(rate, burst)))
+    server, port = create_server(
+        retriever, local(), access=AccessControl(rate_limit=RateLimiter(rate, burst))
+    )
     try:
         with RetrievalClient(f"127.0.0.1:{port}", retries=0, timeout=30) as client:
             answered, elapsed, refused = refusal(client)
@@ -119,7 +122,7 @@ def test_identities_have_their_own_buckets_and_limits(retriever: Retriever, tmp_
         '[identities.default]\ntokens = ["default"]\npermissions = ["info"]\n'
     )
     access = AccessControl(identities=AccessFile(access_file), rate_limit=RateLimiter(rate=1000, burst=1000))
-    server, port = create_server(retriever, port=0, access=access)
+    server, port = create_server(retriever, local(), access=access)
     address = f"127.0.0.1:{port}"
     try:
         with RetrievalClient(address, retries=0, timeout=30, token="slow") as slow:
@@ -138,7 +141,7 @@ def test_identities_have_their_own_buckets_and_limits(retriever: Retriever, tmp_
 
 
 def test_a_client_with_retries_waits_for_the_pushback(retriever: Retriever) -> None:
-    server, port = create_server(retriever, port=0, access=AccessControl(rate_limit=RateLimiter(4, 1)))
+    server, port = create_server(retriever, local(), access=AccessControl(rate_limit=RateLimiter(4, 1)))
     try:
         with RetrievalClient(f"127.0.0.1:{port}", retries=0, timeout=30) as plain:
             _, _, refused = refusal(plain)  # the bucket is empty

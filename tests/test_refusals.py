@@ -31,7 +31,7 @@ from retrieval.serving.ratelimit import RateLimiter
 from retrieval.serving.reload import RetrieverSlot
 from retrieval.serving.server import RetrievalServer, create_server, public_refusal
 from retrieval.storage.manifest import ArtifactError
-from tests.helpers import REPO_ROOT, GatedRetriever, make_model, scrape
+from tests.helpers import REPO_ROOT, GatedRetriever, local, make_model, scrape
 
 ACCESS = """
 [identities.reader]
@@ -60,12 +60,12 @@ def gated() -> GatedRetriever:
 
 
 @contextmanager
-def metered(retriever: Any, **options: Any) -> Iterator[tuple[RetrievalServer, str, int]]:
-    """A server counting in a :class:`Metrics` served on its own port: ``(server, address,
-    metrics port)``."""
+def metered(retriever: Any, *overrides: str, **options: Any) -> Iterator[tuple[RetrievalServer, str, int]]:
+    """A server (``--set`` ``overrides`` of :func:`local`'s config) counting in a :class:`Metrics`
+    served on its own port: ``(server, address, metrics port)``."""
     metrics = Metrics()
     metrics_port = metrics.serve(0)
-    server, port = create_server(retriever, port=0, metrics=metrics, **options)
+    server, port = create_server(retriever, local(*overrides), metrics=metrics, **options)
     try:
         yield server, f"127.0.0.1:{port}", metrics_port
     finally:
@@ -103,7 +103,11 @@ def test_every_refusal_is_counted_with_its_code_reason_and_identity(
     access_file = tmp_path / "access.toml"
     access_file.write_text(ACCESS)
     access = AccessControl(identities=AccessFile(access_file), rate_limit=RateLimiter(rate=100, burst=100))
-    with metered(gated, access=access, max_queued=1, max_request_bytes=4096) as (_, address, port):
+    with metered(gated, "limits.max_queued=1", f"limits.max_request_mb={4096 / 2**20}", access=access) as (
+        _,
+        address,
+        port,
+    ):
         request = retrieval_pb2.RetrieveRequest(history=["item01"], k=3)
         with RetrievalClient(address, retries=0, token="") as anonymous:
             assert code_of(anonymous.model_info).code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[union-attr]
@@ -149,7 +153,7 @@ def test_every_refusal_is_counted_with_its_code_reason_and_identity(
 def test_max_queued_refusals_carry_a_retry_hint_under_concurrency(gated: GatedRetriever) -> None:
     """Rounds of 8 calls at once with 2 held: every one beyond 2 is refused at once (while the
     held ones compute) with a pushback, and the held ones are answered."""
-    with metered(gated, max_queued=2) as (_, address, port):
+    with metered(gated, "limits.max_queued=2") as (_, address, port):
         request = retrieval_pb2.RetrieveRequest(history=["item01"], k=3)
         refused = 0
         with RetrievalClient(address, retries=0) as client:
@@ -294,7 +298,7 @@ def test_public_refusal_drops_paths_and_what_libraries_said(reason: str, shown: 
 def test_a_refusal_on_a_full_server_does_not_wait_for_a_request_thread(gated: GatedRetriever) -> None:
     """One request thread, held: the refusal of a call over --max-queued is answered at once
     by a thread of its own, not after the held call."""
-    with metered(gated, max_workers=1, max_queued=1) as (_, address, _port):
+    with metered(gated, "threads=1", "limits.max_queued=1") as (_, address, _port):
         request = retrieval_pb2.RetrieveRequest(history=["item01"], k=3)
         with RetrievalClient(address, retries=0) as client:
             client.wait_until_serving(timeout=10)

@@ -106,11 +106,11 @@ def test_a_version_published_while_the_server_starts_is_served_at_the_first_poll
 
 
 def test_serve_tool_takes_a_model_and_index_or_a_watched_root() -> None:
-    assert serve_tool.parse_args(["--watch", "live"]).watch == Path("live")
+    assert serve_tool.parse_args(["--watch", "live"])[0].watch == "live"
     for bad in (["--watch", "live", "--model", "m"], ["--model", "m"], [], ["--watch", "live", "--xla"]):
         with pytest.raises(SystemExit):
             serve_tool.parse_args(bad)
-    assert serve_tool.parse_args(["--model", "m", "--index", "i", "--xla"]).xla
+    assert serve_tool.parse_args(["--model", "m", "--index", "i", "--xla"])[0].xla
 
 
 def test_versions_published_across_a_second_boundary_keep_their_order(

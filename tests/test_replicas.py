@@ -16,7 +16,7 @@ from retrieval.api.client import RetrievalClient, channel_target, service_config
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
-from tests.helpers import ITEMS, make_model
+from tests.helpers import ITEMS, local, make_model
 
 
 def test_channel_targets_and_service_config() -> None:
@@ -37,7 +37,7 @@ def test_channel_targets_and_service_config() -> None:
 
 def test_a_replica_going_down_under_load_fails_no_request() -> None:
     models = [make_model(f"replica-{i}") for i in range(2)]  # the version tells who answered
-    replicas = [create_server(Retriever(m, build_index_from_model(m, "Flat")), port=0) for m in models]
+    replicas = [create_server(Retriever(m, build_index_from_model(m, "Flat")), local()) for m in models]
     addresses = [f"127.0.0.1:{port}" for _, port in replicas]
     answered: list[str] = []
     answered_at: list[float] = []
@@ -88,7 +88,7 @@ def test_a_call_while_the_server_restarts_is_sent_again_on_a_new_connection() ->
     retries the call fails at once."""
     model = make_model("restarted")
     retriever = Retriever(model, build_index_from_model(model, "Flat"))
-    first, port = create_server(retriever, port=0)
+    first, port = create_server(retriever, local())
     address = f"127.0.0.1:{port}"
     with RetrievalClient(address, timeout=20) as client, RetrievalClient(address, retries=0) as once:
         assert client.retrieve([ITEMS[0]], 3).model_version == "restarted"
@@ -97,7 +97,9 @@ def test_a_call_while_the_server_restarts_is_sent_again_on_a_new_connection() ->
             once.retrieve([ITEMS[0]], 3)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         restarted: list[Any] = []
-        restart = threading.Timer(1.0, lambda: restarted.append(create_server(retriever, port=port)[0]))
+        restart = threading.Timer(
+            1.0, lambda: restarted.append(create_server(retriever, local(port=port))[0])
+        )
         restart.start()
         try:
             started = time.monotonic()

@@ -23,7 +23,7 @@ from retrieval.serving.reload import load_deployment
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
 from retrieval.storage.manifest import ArtifactError
-from tests.helpers import HISTORY, NUM_ITEMS, REPO_ROOT, make_model, save_din
+from tests.helpers import HISTORY, NUM_ITEMS, REPO_ROOT, local, make_model, save_din
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_a_served_rerank_reads_the_retrieval_scores(model: ModelArtifact, tmp_pa
     path = save_din(tmp_path / "reverse", model.vocab, model.version, 0, -1.0, ranker_scale_init=0.0)
     reverse = load_ranker(path, model)
     retriever = Retriever(model, build_index_from_model(model, "Flat"), rankers=[reverse])
-    server, port = create_server(retriever, port=0)
+    server, port = create_server(retriever, local())
     try:
         with RetrievalClient(f"127.0.0.1:{port}") as client:
             client.wait_until_serving(timeout=10)

@@ -20,6 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from bench.serving import free_port
 from index import FaissIndex
 from retrieval.api.client import RetrievalClient
 from retrieval.api.convert import SERVICE_NAME
@@ -35,14 +36,13 @@ from retrieval.api.types import MAX_HISTORY, MAX_K, Query, Retrieved
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model, load_index, save_index
 from retrieval.artifacts.model import ModelArtifact
-from retrieval.serving.access import AccessControl
 from retrieval.serving.addresses import host_addresses, join_host_port
 from retrieval.serving.group import hold_ports
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server, serve_forever, status_for
 from retrieval.storage.folders import write_artifact
 from retrieval.storage.manifest import ArtifactError
-from tests.helpers import DIM, ITEMS, NUM_ITEMS, REPO_ROOT, assert_same, brute_force
+from tests.helpers import DIM, ITEMS, NUM_ITEMS, REPO_ROOT, assert_same, brute_force, local
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ class BrokenRetriever(Retriever):
 
 
 def test_unexpected_error_is_internal_and_server_survives(retriever: Retriever) -> None:
-    server, port = create_server(BrokenRetriever(retriever.model, retriever.index), port=0)
+    server, port = create_server(BrokenRetriever(retriever.model, retriever.index), local())
     try:
         with RetrievalClient(f"127.0.0.1:{port}") as client:
             for _ in range(2):
@@ -228,7 +228,7 @@ def test_query_tool_prints_json_with_titles(
 def test_a_draining_server_reports_not_serving_and_still_answers_until_it_stops(
     retriever: Retriever,
 ) -> None:
-    server, port = create_server(retriever, port=0)
+    server, port = create_server(retriever, local())
     request = retrieval_pb2.RetrieveRequest(history=["item01"], k=2).SerializeToString()
     # A plain channel (no client-side health checking), as a load balancer's own probe would use.
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -263,9 +263,8 @@ def test_search_threads_apply_in_the_threads_that_search(model: ModelArtifact, m
 
     probing = ModelArtifact(None, model.manifest, model.vocab, model.item_embeddings, user_vectors)
     before = faiss.omp_get_max_threads()
-    server, port = create_server(
-        Retriever(probing, build_index_from_model(model, "Flat")), max_batch=max_batch, search_threads=7
-    )
+    config = local(f"batching.max_batch={max_batch}", search_threads=7)
+    server, port = create_server(Retriever(probing, build_index_from_model(model, "Flat")), config)
     try:
         with RetrievalClient(f"127.0.0.1:{port}") as client:
             client.retrieve(["item01"], 2)
@@ -274,7 +273,7 @@ def test_search_threads_apply_in_the_threads_that_search(model: ModelArtifact, m
     assert seen == [7]
     assert faiss.omp_get_max_threads() == before  # the caller's own setting is untouched
     with pytest.raises(ValueError, match="search_threads"):
-        create_server(Retriever(model, build_index_from_model(model, "Flat")), search_threads=0)
+        local(search_threads=0)
 
 
 def test_serve_forever_stops_gracefully_on_sigterm(retriever: Retriever) -> None:
@@ -299,7 +298,7 @@ def test_serve_forever_stops_gracefully_on_sigterm(retriever: Retriever) -> None
 
     caller = threading.Thread(target=call_then_terminate)
     caller.start()
-    serve_forever(retriever, port=port, grace=0.5)  # returns once stopped
+    serve_forever(retriever, local(port=port, grace=0.5))  # returns once stopped
     caller.join(timeout=10)
     assert len(answers) == 1 and len(answers[0].items) == 2
     assert signal.getsignal(signal.SIGTERM) is default  # handlers restored
@@ -308,12 +307,12 @@ def test_serve_forever_stops_gracefully_on_sigterm(retriever: Retriever) -> None
 def test_a_second_server_on_a_served_port_is_refused(retriever: Retriever) -> None:
     """grpcio would share the port (SO_REUSEPORT) and split the traffic between two servers,
     maybe of two model versions: the second one fails instead, and the first keeps answering."""
-    first, port = create_server(retriever, port=0)
+    first, port = create_server(retriever, local())
     try:
         with pytest.raises(
             OSError, match=rf"cannot serve gRPC on 127\.0\.0\.1:{port}: the address is in use"
         ):
-            create_server(retriever, port=port)
+            create_server(retriever, local(port=port))
         code = subprocess.run(
             [sys.executable, "-c", "import grpc, concurrent.futures as f; "
              f"grpc.server(f.ThreadPoolExecutor(1)).add_insecure_port('127.0.0.1:{port}')"],
@@ -336,10 +335,10 @@ def test_a_server_binds_every_address_of_its_host_or_fails(retriever: Retriever)
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match=rf"cannot serve gRPC on localhost:{port}: .*127\.0\.0\.1:{port}"):
-            create_server(retriever, host="localhost", port=port)
+            create_server(retriever, local(host="localhost", port=port))
         with pytest.raises(OSError, match=rf"cannot serve gRPC on localhost:{port}: the address is in use"):
             hold_ports("localhost", port)
-    server, port = create_server(retriever, host="localhost", port=0)
+    server, port = create_server(retriever, local(host="localhost"))
     try:
         addresses = host_addresses("localhost")
         assert ("127.0.0.1" in [a for _, a in addresses]) and len(addresses) >= 1
@@ -361,8 +360,8 @@ def test_the_health_port_binds_every_address_of_its_host_or_fails(retriever: Ret
         with pytest.raises(
             OSError, match=rf"cannot serve the health port on localhost:{port}: .*127\.0\.0\.1:{port}"
         ):
-            create_server(retriever, host="localhost", port=0, access=AccessControl(health_port=port))
-    server, _ = create_server(retriever, host="localhost", port=0, access=AccessControl(health_port=0))
+            create_server(retriever, local(f"access.health_port={port}", host="localhost"))
+    server, _ = create_server(retriever, local(f"access.health_port={free_port()}", host="localhost"))
     try:
         assert server.health_port is not None
         for _, address in host_addresses("localhost"):  # each one answers, on the same port

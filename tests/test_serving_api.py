@@ -280,7 +280,13 @@ def test_model_info_describes_model_and_index(client: RetrievalClient, retriever
     )
     index = dict(info.index)
     assert index.pop("recall") == pytest.approx(0.987) and index.pop("recall_k") == 50
-    assert index == {"backend": "faiss", "factory": "Flat", "search_params": "", "is_exact": True, "count": NUM_ITEMS}
+    assert index == {
+        "backend": "faiss",
+        "factory": "Flat",
+        "search_params": "",
+        "is_exact": True,
+        "count": NUM_ITEMS,
+    }
     assert info.start_time == pytest.approx(retriever.start_time, abs=1e-6)
     # The same dataclass the server answered from: the message carries every field.
     served = retriever.model_info()

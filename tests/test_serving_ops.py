@@ -13,9 +13,18 @@ from retrieval.api.client import RetrievalClient
 from retrieval.api.types import Query
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.artifacts.index import build_index_from_model
+from retrieval.serving.config import LimitsConfig, TlsConfig
 from retrieval.serving.metrics import Metrics
-from retrieval.serving.server import RetrievalServicer, TlsFiles, create_server
-from tests.helpers import GatedRetriever, assert_same, brute_force, make_model, scrape, write_certificates
+from retrieval.serving.server import RetrievalServicer, create_server
+from tests.helpers import (
+    GatedRetriever,
+    assert_same,
+    brute_force,
+    local,
+    make_model,
+    scrape,
+    write_certificates,
+)
 from tools import serve as serve_tool
 
 
@@ -29,7 +38,9 @@ def retriever() -> GatedRetriever:
 def serving(retriever: GatedRetriever) -> Iterator[tuple[RetrievalClient, Metrics, int]]:
     metrics = Metrics()
     metrics_port = metrics.serve(0)
-    server, port = create_server(retriever, port=0, metrics=metrics, max_request_bytes=4096)
+    server, port = create_server(
+        retriever, local(limits=LimitsConfig(max_request_mb=4096 / 2**20)), metrics=metrics
+    )
     with RetrievalClient(f"127.0.0.1:{port}") as client:
         client.wait_until_serving(timeout=10)
         yield client, metrics, metrics_port
@@ -104,10 +115,10 @@ def test_tls_and_mutual_tls(retriever: GatedRetriever, certificates: dict[str, P
     files = certificates
     other_ca = write_certificates(tmp_path)["ca.pem"]
     expected = brute_force(retriever.model, ["item05"], 4)
-    tls = TlsFiles(files["server.pem"], files["server.key"])
-    mutual = TlsFiles(files["server.pem"], files["server.key"], ca=files["ca.pem"])
-    tls_server, tls_port = create_server(retriever, port=0, tls=tls)
-    mtls_server, mtls_port = create_server(retriever, port=0, tls=mutual)
+    tls = TlsConfig(str(files["server.pem"]), str(files["server.key"]))
+    mutual = TlsConfig(str(files["server.pem"]), str(files["server.key"]), ca=str(files["ca.pem"]))
+    tls_server, tls_port = create_server(retriever, local(tls=tls))
+    mtls_server, mtls_port = create_server(retriever, local(tls=mutual))
     client_files: dict[str, Any] = {"tls_cert": files["client.pem"], "tls_key": files["client.key"]}
     try:
         with RetrievalClient(f"127.0.0.1:{tls_port}", tls_ca=files["ca.pem"]) as client:
@@ -144,14 +155,14 @@ def test_tls_and_mutual_tls(retriever: GatedRetriever, certificates: dict[str, P
     ],
 )
 def test_serve_tool_refuses_inconsistent_options(extra: list[str]) -> None:
-    with pytest.raises(SystemExit):
+    with pytest.raises((SystemExit, ValueError)):  # a usage error, or a value out of its range
         serve_tool.parse_args(["--model", "m", "--index", "i", *extra])
-    args = serve_tool.parse_args(["--model", "m", "--index", "i", "--max-queued", "3"])
-    assert (args.max_queued, args.metrics_port, args.tls_cert) == (3, 0, None)
+    config, _ = serve_tool.parse_args(["--model", "m", "--index", "i", "--max-queued", "3"])
+    assert (config.limits.max_queued, config.metrics.port, config.tls.cert) == (3, 0, None)
 
 
 def test_a_request_that_waited_past_its_deadline_is_not_computed(retriever: GatedRetriever) -> None:
-    server, port = create_server(retriever, port=0, max_workers=1)  # one thread: the second call waits
+    server, port = create_server(retriever, local(threads=1))  # one thread: the second call waits
     try:
         with RetrievalClient(f"127.0.0.1:{port}") as client:
             client.wait_until_serving(timeout=10)

@@ -30,6 +30,7 @@ SERVE_SYNTHETIC = """
 import sys, threading
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving import server as served
+from retrieval.serving.config import ServerConfig
 from retrieval.serving.logs import configure_logging
 from retrieval.serving.retriever import Retriever
 from tests.helpers import make_model
@@ -48,8 +49,7 @@ if stuck == "drain":  # the drain's shut-down never returns
 model = make_model()
 served.serve_forever(
     Retriever(model, build_index_from_model(model, "Flat")),
-    port=port,
-    grace=grace,
+    ServerConfig(port=port, grace=grace),
     on_start=stuck_watcher if stuck == "health" else None,
 )
 print("serve_forever returned", flush=True)

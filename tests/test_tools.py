@@ -164,19 +164,16 @@ def test_the_installed_console_script_runs_the_dispatcher() -> None:
 
 def test_the_commands_start_through_one_module() -> None:
     """A command's parser and log format come from ``retrieval/cli/startup.py``: no command module
-    builds its own (serve and query are still to move; the dispatcher parses ``mitt`` itself)."""
-    own = {"serve", "query"}
+    builds its own (the dispatcher parses ``mitt`` itself)."""
     calls = {"ArgumentParser", "basicConfig"}
     found = []
     for command in COMMANDS.values():
-        if command.module in own:
-            continue
         path = REPO / "retrieval" / "cli" / f"{command.module}.py"
         for node in ast.walk(ast.parse(path.read_text())):
             name = getattr(node, "func", None)
             if isinstance(node, ast.Call) and getattr(name, "attr", getattr(name, "id", "")) in calls:
                 found.append(f"{path.name}:{node.lineno}")
-    assert len(COMMANDS) - len(own) == 8 and not found, found
+    assert len(COMMANDS) == 10 and not found, found
 
 
 def test_each_summary_is_its_commands_first_docstring_line() -> None:

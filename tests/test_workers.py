@@ -30,7 +30,7 @@ from retrieval.serving.group import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, hold_
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import create_server
 from retrieval.serving.stopping import STOP_MARGIN
-from tests.helpers import REPO_ROOT, connected, save_din, scrape, serving, write_certificates
+from tests.helpers import REPO_ROOT, connected, local, save_din, scrape, serving, write_certificates
 
 
 def connections(pid: int, port: int) -> int:
@@ -273,10 +273,10 @@ def test_a_group_claims_its_port_against_single_servers_and_groups(retriever: Re
     try:
         assert port > 0
         with pytest.raises(OSError, match="the address is in use"):
-            create_server(retriever, port=port)  # a single server
+            create_server(retriever, local(port=port))  # a single server
         with pytest.raises(OSError, match="the address is in use"):
             hold_ports("127.0.0.1", port)  # another group
-        worker, bound = create_server(retriever, port=port, reuse_port=True, serving=False)
+        worker, bound = create_server(retriever, local(port=port), reuse_port=True, serving=False)
         try:
             assert bound == port  # a worker of the group joins
             assert health(f"127.0.0.1:{port}") == "NOT_SERVING"  # until the group is up
@@ -288,7 +288,7 @@ def test_a_group_claims_its_port_against_single_servers_and_groups(retriever: Re
     finally:
         for holder in held:
             holder.close()
-    served, port = create_server(retriever, port=0)
+    served, port = create_server(retriever, local())
     try:
         with pytest.raises(OSError, match="the address is in use"):
             hold_ports("127.0.0.1", port)  # a group on a served port

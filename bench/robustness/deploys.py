@@ -211,14 +211,14 @@ def start_during_publish(versions: Sequence[Version], work: Path, max_polls: int
     """Loads ``versions[0]`` as ``mitt serve --watch`` does, publishes ``versions[1]`` before the
     watcher starts, then polls: the new version must be served within ``max_polls`` polls."""
     from retrieval.artifacts import publish_deployment
-    from retrieval.serving import DeploymentWatcher, create_server, open_deployment
+    from retrieval.serving import DeploymentWatcher, ServerConfig, create_server, open_deployment
 
     old, new = versions[0], versions[1]
     root = work / "start-root"
     publish_deployment(old.model, old.index, root)
     slot = open_deployment(root)  # the server's load
     publish_deployment(new.model, new.index, root)  # lands before its watcher starts
-    server, port = create_server(slot, port=0)
+    server, port = create_server(slot, ServerConfig(port=0, search_threads=None))
     try:
         watcher = DeploymentWatcher(root, slot, WATCH_INTERVAL)
         polls = 0

@@ -27,7 +27,7 @@ from bench.robustness.calls import (
 )
 from retrieval.api import query_from_request
 from retrieval.api.v1 import retrieval_pb2
-from retrieval.serving import AdmissionLimits, ModelSize, call_cost
+from retrieval.serving import LimitsConfig, ModelSize, call_cost
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def expected_codes(call: Call, served: Served) -> tuple[frozenset[grpc.StatusCod
         return frozenset(codes | {grpc.StatusCode.INVALID_ARGUMENT}), f"requests[{bad[0][0]}]: {bad[0][1]}"
     codes.add(grpc.StatusCode.OK)
     size = ModelSize(served.num_interests, len(served.vocab))
-    if call_cost([query_from_request(r) for r in requests], size) > AdmissionLimits().cheap_cost:
+    if call_cost([query_from_request(r) for r in requests], size) > LimitsConfig().cheap_cost:
         codes.add(grpc.StatusCode.RESOURCE_EXHAUSTED)  # a heavy call may be refused under load
     if _response_bound(requests, served) > served.max_message_bytes:
         codes.add(grpc.StatusCode.RESOURCE_EXHAUSTED)  # the response may exceed the limit

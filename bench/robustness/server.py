@@ -92,15 +92,16 @@ def served_by(
 
 def serve(model_dir: str | None, index_dir: str | None, max_message_bytes: int, ports: Any) -> None:
     """Child process: loads or builds the retriever, serves on a free port, sends the port back."""
-    from retrieval.serving import Retriever, create_server
+    from retrieval.serving import LimitsConfig, Retriever, ServerConfig, create_server
 
     if model_dir and index_dir:
         retriever = Retriever.from_dirs(Path(model_dir), Path(index_dir))
     else:
         retriever = synthetic_retriever()
-    server, port = create_server(
-        retriever, port=0, max_request_bytes=max_message_bytes, max_response_bytes=max_message_bytes
-    )
+    mib = max_message_bytes / 2**20
+    limits = LimitsConfig(max_request_mb=mib, max_response_mb=mib)
+    # search_threads None: FAISS's own default, as these runs always measured.
+    server, port = create_server(retriever, ServerConfig(port=0, search_threads=None, limits=limits))
     ports.put(port)
     server.wait_for_termination()
 

@@ -4,7 +4,6 @@ from .access import AccessControl, CallGate
 from .access_log import AccessLog
 from .admission import (
     Admission,
-    AdmissionLimits,
     CallLimit,
     ModelSize,
     Overloaded,
@@ -15,6 +14,15 @@ from .admission import (
 )
 from .auth import PERMISSIONS, AccessFile, Identity
 from .batching import MicroBatcher
+from .config import (
+    AccessConfig,
+    BatchingConfig,
+    LimitsConfig,
+    MetricsConfig,
+    ServerConfig,
+    TlsConfig,
+    check_server_config,
+)
 from .group import (
     HEARTBEAT_INTERVAL,
     HEARTBEAT_TIMEOUT,
@@ -41,7 +49,7 @@ from .reload import (
     warm_up,
 )
 from .retriever import Retriever
-from .server import RetrievalServer, RetrievalServicer, TlsFiles, create_server, serve_forever, status_for
+from .server import RetrievalServer, RetrievalServicer, create_server, serve_forever, status_for
 from .stopping import STOP_MARGIN
 from .tls import CertificateFiles
 from .worker import WorkerLink
@@ -52,12 +60,13 @@ __all__ = [
     "LOG_FORMATS",
     "PERMISSIONS",
     "STOP_MARGIN",
+    "AccessConfig",
     "AccessControl",
     "AccessFile",
     "AccessLog",
     "Admission",
-    "AdmissionLimits",
     "BasicAuth",
+    "BatchingConfig",
     "CallGate",
     "CallLimit",
     "CertificateFiles",
@@ -66,8 +75,10 @@ __all__ = [
     "GroupMetrics",
     "GroupOptions",
     "Identity",
+    "LimitsConfig",
     "MemoryTrimmer",
     "Metrics",
+    "MetricsConfig",
     "MicroBatcher",
     "ModelSize",
     "NativeEngineMissing",
@@ -80,10 +91,12 @@ __all__ = [
     "RetrievalServicer",
     "Retriever",
     "RetrieverSlot",
+    "ServerConfig",
     "ServingGroup",
-    "TlsFiles",
+    "TlsConfig",
     "WorkerLink",
     "call_cost",
+    "check_server_config",
     "configure_logging",
     "cost",
     "create_server",

@@ -22,11 +22,13 @@ reflection).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, cast
 
 import grpc
@@ -38,6 +40,7 @@ from retrieval.serving.access_log import AccessLog
 from retrieval.serving.addresses import bind_every_address
 from retrieval.serving.admission import CallLimit, Overloaded
 from retrieval.serving.auth import OPEN_SERVICES, AccessDenied, AccessFile, Identity, Unauthenticated
+from retrieval.serving.config import ServerConfig
 from retrieval.serving.health import HealthServicer
 from retrieval.serving.metrics import BasicAuth, Metrics
 from retrieval.serving.ratelimit import RateLimiter
@@ -56,9 +59,6 @@ class AccessControl:
         rate_limit: a token bucket per identity (per client IP address for callers that are
             not identified, and for everyone without ``identities``); ``None`` for no limit.
         access_log: the access log; ``None`` for none.
-        reflection: serve gRPC server reflection (to callers with the ``info`` permission).
-        health_port: also serve the health service alone, in plaintext, on this port of the
-            server's host (0 picks one), for orchestrator probes; ``None`` for no such port.
         metrics_auth: the user and password ``/metrics`` asks for (HTTP basic auth); ``None``
             for none.
     """
@@ -66,9 +66,29 @@ class AccessControl:
     identities: AccessFile | None = None
     rate_limit: RateLimiter | None = None
     access_log: AccessLog | None = None
-    reflection: bool = True
-    health_port: int | None = None
     metrics_auth: BasicAuth | None = None
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> AccessControl:
+        """The access control ``config.access`` and ``config.metrics`` ask for.
+
+        Raises:
+            OSError: the access file or the metrics credentials file cannot be read.
+            ValueError: one of them is invalid, or the credentials variable is not set.
+        """
+        access, metrics = config.access, config.metrics
+        metrics_auth = None
+        if metrics.auth_file:
+            metrics_auth = BasicAuth.parse(Path(metrics.auth_file).read_text(), metrics.auth_file)
+        elif metrics.auth_env:
+            metrics_auth = BasicAuth.parse(os.environ.get(metrics.auth_env, ""), f"${metrics.auth_env}")
+        rate = access.rate_limit
+        return cls(
+            identities=AccessFile(Path(access.file)) if access.file else None,
+            rate_limit=RateLimiter(rate, access.rate_burst) if rate else None,
+            access_log=AccessLog(access.log_sample, access.log_user_ids) if access.log_sample else None,
+            metrics_auth=metrics_auth,
+        )
 
     def identify(self, context: grpc.ServicerContext) -> Identity:
         """The caller, from the call's metadata and TLS peer (never its request): an identity

@@ -3,10 +3,11 @@
 A call's cost is estimated before any work, from its requests' lengths and the served model's
 shape (:func:`cost`, in *units*: one unit is about one ordinary query's share of a micro-batch,
 0.4 ms of CPU on the reference machine). *Cheap* calls (an ordinary ``Retrieve``) are always
-admitted and micro-batched, a batch holding as many as fit its cost (:class:`AdmissionLimits`,
-``batch_cost``). *Heavy* calls are never batched with them and share a budget of cost units:
-one runs whenever no other heavy call does, more run while they fit the budget, up to
-``max_waiting`` wait (at most ``max_wait`` seconds, or their deadline) for it, and the others are
+admitted and micro-batched, a batch holding as many as fit its cost (the bounds are a server's
+:class:`~retrieval.serving.config.LimitsConfig`, ``batch_cost``). *Heavy* calls are never
+batched with them and share a budget of cost units: one runs whenever no other heavy call does,
+more run while they fit the budget, up to ``max_waiting`` wait (at most ``heavy_wait`` seconds,
+or their deadline) for it, and the others are
 refused at once with ``RESOURCE_EXHAUSTED`` and a retry hint. Heavy calls are also refused while
 the process's resident memory is over a ceiling. A heavy call computes in chunks and lets the
 cheap calls in flight finish between two chunks (:meth:`Admission.yield_to_cheap`), so cheap
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from retrieval.api.errors import ResourceExhausted
 from retrieval.api.types import DEFAULT_RERANK_CANDIDATES, MergeStrategy, Query
 from retrieval.api.v1 import retrieval_pb2
+from retrieval.serving.config import LimitsConfig
 from retrieval.serving.memory import resident_bytes
 
 if TYPE_CHECKING:
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Admission",
-    "AdmissionLimits",
     "CallLimit",
     "ModelSize",
     "Overloaded",
@@ -194,58 +195,18 @@ class Overloaded(ResourceExhausted):
         self.refusal = refusal
 
 
-@dataclass(frozen=True)
-class AdmissionLimits:
-    """The bounds of :class:`Admission`.
-
-    Attributes:
-        cheap_cost: calls costing at most this are cheap: always admitted, micro-batched.
-        batch_cost: most cost units one micro-batch holds, counted as its queries times the
-            costliest one's (they share one search as deep as the deepest): a cheap call takes
-            a share of a batch as large as its cost.
-        cheap_bytes: requests larger than this (bytes) are not parsed while heavy calls leave
-            no room to wait: an ordinary request is under 1 KiB, one of 64 KiB holds ~10,000
-            ids (heavy on any real catalogue), and parsing a few MiB holds the interpreter for
-            tens of ms.
-        max_cost: cost units heavy calls may hold at once (a lone heavy call runs whatever
-            its cost): 64 is ~25 ms of CPU in flight; on two cores more heavy calls at once
-            add latency for every call, not throughput (bench.robustness --abuse).
-        max_waiting: heavy calls that may wait for capacity; more are refused at once.
-        max_wait: seconds a heavy call waits for capacity (less if its deadline is nearer).
-        chunk_cost: cost units a heavy call computes between two yields to cheap calls.
-        max_memory_bytes: resident memory above which heavy calls are refused; ``None`` = no
-            ceiling.
-    """
-
-    cheap_cost: float = 16.0
-    batch_cost: float = 64.0
-    cheap_bytes: int = 64 * 1024
-    max_cost: float = 64.0
-    max_waiting: int = 2
-    max_wait: float = 1.0
-    chunk_cost: float = 64.0
-    max_memory_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        bounds = (self.cheap_cost, self.batch_cost, self.max_cost, self.chunk_cost, self.max_wait)
-        if min(bounds) <= 0 or self.max_waiting < 0:
-            raise ValueError(f"admission limits must be > 0 (max_waiting >= 0), got {self}")
-        if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
-            raise ValueError(f"max_memory_bytes must be > 0 or None, got {self.max_memory_bytes}")
-
-
 class Admission:
     """Admits calls by estimated cost (see the module docstring); safe to use from many threads.
 
     Example:
-        >>> admission = Admission(AdmissionLimits(max_cost=256))
+        >>> admission = Admission(LimitsConfig(max_cost=256))
         >>> with admission.admit(call_cost(queries, size), timeout=context.time_remaining()):
         ...     answer(queries)
     """
 
     def __init__(
         self,
-        limits: AdmissionLimits,
+        limits: LimitsConfig,
         memory: Callable[[], int | None] = resident_bytes,
         observe_waiting: Callable[[int], None] | None = None,
     ) -> None:
@@ -287,7 +248,7 @@ class Admission:
                     if not self._cheap:
                         self._cheap_done.notify_all()
             return
-        wait = self.limits.max_wait if timeout is None else min(timeout, self.limits.max_wait)
+        wait = self.limits.heavy_wait if timeout is None else min(timeout, self.limits.heavy_wait)
         self._enter_heavy(cost, wait)
         started = time.monotonic()
         try:
@@ -336,7 +297,7 @@ class Admission:
                 "memory",
                 f"server memory {memory / 2**20:.0f} MiB is over its {ceiling / 2**20:.0f} MiB ceiling: "
                 f"heavy calls (cost {cost:.0f}) are refused until it falls; retry later",
-                retry_after=self.limits.max_wait,
+                retry_after=self.limits.heavy_wait,
             )
         deadline = time.monotonic() + max(wait, 0.0)
         with self._lock:

@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.serving.addresses import host_addresses
+from retrieval.serving.config import ServerConfig
 from retrieval.serving.metrics import BasicAuth, GroupMetrics
 from retrieval.serving.stopping import STOP_MARGIN, StopGuard
 from retrieval.serving.worker import leave_folder, run_worker, use_folder
@@ -131,35 +132,26 @@ class GroupOptions:
     """What a serving group runs.
 
     Attributes:
-        processes: worker processes (>= 1).
+        config: the server's settings, of which the supervisor reads its ``processes``
+            (``None``: one per core), the ``host`` and ``port`` the workers share (0: a free
+            one), the plaintext ``access.health_port`` they share (claimed too), the ``watch``
+            root it polls every ``watch_interval`` seconds, the stop's ``drain`` and ``grace``,
+            and the group's ``metrics`` endpoint.
         worker: run in each worker with its :class:`~retrieval.serving.worker.WorkerLink`; must
             be picklable (a module-level function, or a ``functools.partial`` of one). It
-            builds and serves the worker's server (``serve_forever(...,
-            **link.server_options())``) and returns its exit code.
-        host: the interface, as the workers bind it.
-        port: the port the workers share (0: a free one).
-        health_port: the plaintext health port the workers share, if any (claimed too).
-        watch: a deployment root the supervisor watches for new versions (hot reload).
-        watch_interval: seconds between two polls of ``watch``.
-        grace: seconds in-flight calls get when the group stops.
-        drain: seconds the workers keep answering, NOT_SERVING, before they stop.
-        metrics_port: serve the group's metrics on this port (``None``: no metrics).
-        metrics_host: the metrics endpoint's interface.
-        metrics_auth: the credentials ``/metrics`` asks for, if any.
+            builds and serves the worker's server (``serve_forever(retriever,
+            link.worker_config(config), **link.server_options(slot))``) and returns its exit code.
+        metrics_auth: the credentials ``/metrics`` asks for, if any (read from ``config.metrics``).
     """
 
-    processes: int
+    config: ServerConfig
     worker: Callable[[Any], int]
-    host: str = "127.0.0.1"
-    port: int = 0
-    health_port: int | None = None
-    watch: Path | None = None
-    watch_interval: float = 2.0
-    grace: float = 5.0
-    drain: float = 0.0
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
     metrics_auth: BasicAuth | None = None
+
+    @property
+    def processes(self) -> int:
+        """Worker processes: ``config.processes``, or one per core."""
+        return self.config.processes or default_processes()
 
 
 class GroupError(Exception):
@@ -221,14 +213,13 @@ class ServingGroup:
     """Runs a serving group until SIGTERM or SIGINT (see the module docstring).
 
     Example:
-        >>> ServingGroup(GroupOptions(2, partial(serve_worker, argv), port=50051)).run()
+        >>> ServingGroup(GroupOptions(ServerConfig(processes=2), partial(serve_worker, config))).run()
     """
 
     def __init__(self, options: GroupOptions) -> None:
-        if options.processes < 1:
-            raise ValueError(f"processes must be >= 1, got {options.processes}")
         self.options = options
-        self.port = options.port
+        self.config = options.config
+        self.port = options.config.port
         self.workers: list[_Worker] = []
         self.folder: str | None = None
         """The deployment version folder the group serves (``watch`` only)."""
@@ -254,17 +245,16 @@ class ServingGroup:
             GroupError: a worker could not start (its reason in the message), or a worker that
                 exited could not be replaced; every worker is stopped.
         """
-        held, self.port = hold_ports(self.options.host, self.options.port)
-        if self.options.health_port is not None:
-            held += hold_ports(self.options.host, self.options.health_port)[0]
-        budget = self.options.drain + self.options.grace + 2 * STOP_MARGIN
+        config = self.config
+        held, self.port = hold_ports(config.host, config.port)
+        if config.access.health_port:
+            held += hold_ports(config.host, config.access.health_port)[0]
+        budget = config.drain + config.grace + 2 * STOP_MARGIN
         try:
             with StopGuard(budget, cleanup=self._kill_all) as self._guard:
                 try:
                     self._start_metrics()
-                    self.folder = (
-                        None if self.options.watch is None else str(resolve_current(self.options.watch))
-                    )
+                    self.folder = None if config.watch is None else str(resolve_current(Path(config.watch)))
                     self.workers = [self._spawn(n) for n in range(self.options.processes)]
                     self._loop()
                 finally:
@@ -294,12 +284,12 @@ class ServingGroup:
             shutil.rmtree(self._metrics_dir, ignore_errors=True)
 
     def _start_metrics(self) -> None:
-        if self.options.metrics_port is None:
+        if not self.config.metrics.port:
             return
         self._metrics_dir = Path(tempfile.mkdtemp(prefix="mitt-metrics-"))
         self._metrics_lock = use_folder(self._metrics_dir)  # the workers' own locks join it
         self.metrics = GroupMetrics(self._metrics_dir)
-        host, port = self.options.metrics_host, self.options.metrics_port
+        host, port = self.config.metrics.host, self.config.metrics.port
         try:
             bound = self.metrics.serve(port, host, self.options.metrics_auth)
         except OSError as e:
@@ -322,7 +312,7 @@ class ServingGroup:
             "port": self.port,
             "folder": self.folder,
             "metrics": None if self._metrics_dir is None else str(self._metrics_dir),
-            "grace": self.options.grace,
+            "grace": self.config.grace,
             "serve_when_loaded": self.up,
         }
         process = worker_context().Process(
@@ -341,13 +331,13 @@ class ServingGroup:
                 "%s received, stopping %d workers (drain %.1f s, grace %.1f s)",
                 self._guard.signal_name,
                 len(self.workers),
-                self.options.drain,
-                self.options.grace,
+                self.config.drain,
+                self.config.grace,
             )
         self._stop_asked = True
         for worker in self.workers:
-            worker.send(("stop", self.options.grace, self.options.drain))
-        deadline = time.monotonic() + self.options.drain + self.options.grace + STOP_MARGIN
+            worker.send(("stop", self.config.grace, self.config.drain))
+        deadline = time.monotonic() + self.config.drain + self.config.grace + STOP_MARGIN
         for worker in self.workers:
             code = worker.wait(max(0.0, deadline - time.monotonic()))
             if code:
@@ -358,7 +348,7 @@ class ServingGroup:
     # ------------------------------------------------------------------------------- main loop
 
     def _loop(self) -> None:
-        next_poll = time.monotonic() + self.options.watch_interval
+        next_poll = time.monotonic() + self.config.watch_interval
         while not self.stopping:
             for worker in self._readable(self.workers):
                 message = worker.receive()
@@ -367,8 +357,8 @@ class ServingGroup:
                 else:
                     self._handle(worker, message)
             self._heartbeat()
-            if self.complete and self.options.watch is not None and time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + self.options.watch_interval
+            if self.complete and self.config.watch is not None and time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + self.config.watch_interval
                 self.poll()
 
     @property
@@ -432,7 +422,7 @@ class ServingGroup:
         logger.info(
             "serving group of %d workers on %s:%d, model %s, SERVING",
             len(self.workers),
-            self.options.host,
+            self.config.host,
             self.port,
             self.version,
         )
@@ -485,8 +475,8 @@ class ServingGroup:
 
     def poll(self) -> bool:
         """Swaps the watched root's current version in if it is new (:meth:`reload`)."""
-        assert self.options.watch is not None
-        folder = str(resolve_current(self.options.watch))
+        assert self.config.watch is not None
+        folder = str(resolve_current(Path(self.config.watch)))
         if folder == self.folder or folder in self._refused:
             return False
         return self.reload(folder)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import typing
 from datetime import UTC, datetime
+from typing import Literal
 
-LOG_FORMATS = ("text", "json")
+LogFormat = Literal["text", "json"]
+"""A server's log format (``ServerConfig.log_format``, ``--log-format``)."""
+LOG_FORMATS: tuple[str, ...] = typing.get_args(LogFormat)
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

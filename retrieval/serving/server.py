@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -30,8 +29,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from retrieval.api.convert import (
-    DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_MAX_RESPONSE_BYTES,
     SERVICE_NAME,
     check_sizes,
     model_info_message,
@@ -53,7 +50,6 @@ from retrieval.serving.access_log import model_version, request_id
 from retrieval.serving.addresses import bind_every_address
 from retrieval.serving.admission import (
     Admission,
-    AdmissionLimits,
     CallLimit,
     ModelSize,
     Overloaded,
@@ -61,9 +57,17 @@ from retrieval.serving.admission import (
 )
 from retrieval.serving.auth import AccessDenied, Identity
 from retrieval.serving.batching import MicroBatcher
+from retrieval.serving.config import (
+    BatchingConfig,
+    LimitsConfig,
+    MetricsConfig,
+    ServerConfig,
+    TlsConfig,
+    check_server_config,
+)
 from retrieval.serving.health import HealthServicer
 from retrieval.serving.memory import trimmer
-from retrieval.serving.metrics import Metrics
+from retrieval.serving.metrics import BasicAuth, Metrics
 from retrieval.serving.reload import RetrieverSlot
 from retrieval.serving.retriever import Retriever, check_deadline
 from retrieval.serving.stopping import STOP_MARGIN, StopGuard
@@ -87,26 +91,6 @@ def add_servicer(servicer: RetrievalServicer, server: grpc.Server) -> None:
         for method in service.methods
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    """PEM files for TLS; with ``ca`` the server also requires client certificates signed by it
-    (mutual TLS).
-
-    Attributes:
-        cert: the server's certificate chain.
-        key: its private key.
-        ca: the CA that signs client certificates; ``None`` for server-side TLS only.
-    """
-
-    cert: Path
-    key: Path
-    ca: Path | None = None
-
-    def credentials(self) -> grpc.ServerCredentials:
-        """Credentials that re-read the files when they change (:class:`CertificateFiles`)."""
-        return CertificateFiles(self.cert, self.key, self.ca).credentials()
 
 
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
@@ -136,7 +120,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self._slot = slot if isinstance(slot, RetrieverSlot) else RetrieverSlot(slot)
         self._metrics = metrics
         self._batcher = batcher
-        self._admission = admission or Admission(AdmissionLimits())
+        self._admission = admission or Admission(LimitsConfig())
         self._access = access or AccessControl()
         self._trimmer = trimmer()
 
@@ -421,52 +405,25 @@ class RetrievalServer:
 
 def create_server(
     retriever: Retriever | RetrieverSlot,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    max_workers: int = 64,
+    config: ServerConfig | None = None,
     *,
-    max_batch: int = 32,
-    max_wait: float = 0.0,
-    max_queued: int | None = None,
-    admission: AdmissionLimits | None = None,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-    tls: TlsFiles | None = None,
-    metrics: Metrics | None = None,
-    search_threads: int | None = None,
     access: AccessControl | None = None,
+    metrics: Metrics | None = None,
     reuse_port: bool = False,
     serving: bool = True,
 ) -> tuple[RetrievalServer, int]:
-    """Starts a server for ``retriever`` with health checking and reflection.
+    """Starts a server for ``retriever`` with health checking and reflection, as ``config`` says:
+    its address, request threads, micro-batching, limits, access settings and TLS (what it
+    serves, its processes, its metrics port and its stop's timing are :func:`serve_forever`'s).
 
     Args:
         retriever: answers the requests; a :class:`RetrieverSlot` to swap it while serving.
-        host: interface to bind (``"0.0.0.0"`` or ``"[::]"`` for all).
-        port: port to bind; 0 picks a free one.
-        max_workers: request threads. With micro-batching most of them only wait for their
-            batch, so there should be about as many as requests in flight.
-        max_batch: most ``Retrieve`` calls answered by one user-tower call and one index search
-            (dynamic micro-batching); 1 answers each call on its own thread.
-        max_wait: seconds a micro-batch waits for more calls once it has one; the default 0
-            adds no latency: calls that arrive while a batch computes form the next one.
-        max_queued: calls the server holds at once, computing or queued for a thread; more
-            are refused RESOURCE_EXHAUSTED as they arrive, before they are read, with a retry
-            hint (:class:`~retrieval.serving.access.CallGate`). ``None`` = ``2 * max_workers``.
-        admission: the cost-based admission's bounds (:class:`AdmissionLimits`); ``None`` for
-            its defaults.
-        max_request_bytes: largest request (bigger ones are refused before they are parsed);
-            the default is derived from the API's limits (:data:`DEFAULT_MAX_REQUEST_BYTES`).
-        max_response_bytes: largest response.
-        tls: serve TLS (mutual TLS when it has a CA) instead of plaintext.
+        config: how to serve (:class:`ServerConfig`); ``None``: its defaults.
+        access: who may call; ``None``: as ``config.access`` says
+            (:meth:`AccessControl.from_config`, which reads its files). Give one to share its
+            state (rate buckets, the access file in force) or to build it from objects.
         metrics: where to count requests; ``None`` for none. Its HTTP endpoint is started
             separately (:meth:`Metrics.serve`).
-        search_threads: FAISS (OpenMP) threads per search, set in every request thread (the
-            setting is per thread, and searches run on the request threads); ``None`` leaves
-            FAISS's default, one per core.
-        access: who may call (tokens, certificates, permissions, rate limits), the access log,
-            reflection and a plaintext health port (:class:`AccessControl`); ``None``: anyone
-            may call anything, with reflection and no health port.
         reuse_port: share the port with other servers that set it (``SO_REUSEPORT``): only the
             workers of one serving group (:mod:`retrieval.serving.group`) do. Without it, a
             port already served is refused.
@@ -477,71 +434,109 @@ def create_server(
         ``(server, bound port)``; the server is started.
 
     Raises:
-        ValueError: a bound out of range.
-        OSError: the port cannot be bound (in use, or not allowed).
+        ValueError: fields of ``config`` that do not go together (:func:`check_server_config`),
+            an invalid access file or metrics credentials.
+        OSError: a port cannot be bound (in use, or not allowed; nothing is left serving), or
+            a file of ``config.access`` cannot be read.
     """
-    max_queued = 2 * max_workers if max_queued is None else max_queued
-    if max_workers < 1 or max_queued < 1:
-        raise ValueError(f"max_workers and max_queued must be >= 1, got {max_workers}, {max_queued}")
-    if search_threads is not None and search_threads < 1:
-        raise ValueError(f"search_threads must be >= 1, got {search_threads}")
-    if not 1 <= max_batch <= MAX_BATCH:
-        raise ValueError(f"max_batch must be between 1 and {MAX_BATCH}, got {max_batch}")
+    config = check_server_config(config or ServerConfig(), artifacts=False)
     slot = retriever if isinstance(retriever, RetrieverSlot) else RetrieverSlot(retriever)
-    access = AccessControl() if access is None else access
-    limits = admission or AdmissionLimits()
-    threads_setter = None if search_threads is None else partial(faiss.omp_set_num_threads, search_threads)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(
-            max_workers=max_workers,
-            thread_name_prefix="retrieve",
-            initializer=threads_setter,
-        ),
-        options=[
-            ("grpc.max_receive_message_length", max_request_bytes),
-            ("grpc.max_send_message_length", max_response_bytes),
-            # grpcio shares a served port by default (SO_REUSEPORT): a second server, maybe of
-            # another model version, would silently take half the traffic. Refuse it instead.
-            ("grpc.so_reuseport", int(reuse_port)),
-        ],
-        interceptors=[CallGate(CallLimit(max_queued, _depth(metrics, "calls")), access, metrics)],
-    )
+    access = AccessControl.from_config(config) if access is None else access
+    limits = config.limits
+    server = _grpc_server(config, access, metrics, reuse_port)
     if metrics is not None:
         metrics.follow(slot)
         if access.identities is not None:
             metrics.follow_access(access.identities)
-    batcher = None
-    if max_batch > 1:
-        batcher = MicroBatcher(
-            lambda: slot.current,
-            max_batch,
-            max_wait,
-            observe_batch=None if metrics is None else metrics.batch_size.observe,
-            max_cost=limits.batch_cost,
-            observe_queue=_depth(metrics, "batch"),
-        )
-    admitted = Admission(limits, observe_waiting=_depth(metrics, "heavy"))
-    servicer = RetrievalServicer(slot, metrics, batcher, admitted, access)
-    health_servicer = HealthServicer()
-    add_servicer(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if access.reflection:
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
-    bound = bind_every_address(server, host, port, None if tls is None else tls.credentials())
-    health_port = access.health_port
-    health_server = None
-    if health_port is not None:
-        try:
-            health_server = start_health_server(health_servicer, host, health_port, reuse_port)
-        except OSError:
-            server.stop(None)
-            raise
+    batcher = _batcher(slot, config.batching, limits, metrics)
+    admission = Admission(limits, observe_waiting=_depth(metrics, "heavy"))
+    add_servicer(RetrievalServicer(slot, metrics, batcher, admission, access), server)
+    health_servicer = _add_operations(server, config.access.reflection)
+    bound = bind_every_address(server, config.host, config.port, _credentials(config.tls))
+    health_server = _health_port(server, health_servicer, config, reuse_port)
     running = RetrievalServer(server, bound, slot, health_servicer, batcher, health_server)
     running.set_serving(serving)  # before the port answers: no probe sees the status change
     server.start()
     return running, bound
+
+
+def _grpc_server(
+    config: ServerConfig, access: AccessControl, metrics: Metrics | None, reuse_port: bool
+) -> grpc.Server:
+    """The gRPC server: ``config.threads`` request threads (each with FAISS's
+    ``search_threads``: the setting is per thread, and searches run on the request threads),
+    the message size limits, and the :class:`CallGate` every call passes first."""
+    threads = config.search_threads
+    limits = config.limits
+    return grpc.server(
+        futures.ThreadPoolExecutor(
+            max_workers=config.threads,
+            thread_name_prefix="retrieve",
+            initializer=None if threads is None else partial(faiss.omp_set_num_threads, threads),
+        ),
+        options=[
+            ("grpc.max_receive_message_length", limits.max_request_bytes),
+            ("grpc.max_send_message_length", limits.max_response_bytes),
+            # grpcio shares a served port by default (SO_REUSEPORT): a second server, maybe of
+            # another model version, would silently take half the traffic. Refuse it instead.
+            ("grpc.so_reuseport", int(reuse_port)),
+        ],
+        interceptors=[CallGate(CallLimit(config.max_queued, _depth(metrics, "calls")), access, metrics)],
+    )
+
+
+def _batcher(
+    slot: RetrieverSlot, batching: BatchingConfig, limits: LimitsConfig, metrics: Metrics | None
+) -> MicroBatcher | None:
+    """The micro-batcher of cheap ``Retrieve`` calls; ``None`` when ``max_batch`` is 1."""
+    if batching.max_batch == 1:
+        return None
+    return MicroBatcher(
+        lambda: slot.current,
+        batching.max_batch,
+        batching.max_wait,
+        observe_batch=None if metrics is None else metrics.batch_size.observe,
+        max_cost=limits.batch_cost,
+        observe_queue=_depth(metrics, "batch"),
+    )
+
+
+def _add_operations(server: grpc.Server, reflection_on: bool) -> HealthServicer:
+    """Adds the health service (returned, NOT_SERVING until told) and, if asked, reflection."""
+    health_servicer = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if reflection_on:
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+    return health_servicer
+
+
+def _credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials that re-read the files when they change (:class:`CertificateFiles`);
+    ``None`` for plaintext."""
+    if tls.cert is None or tls.key is None:
+        return None
+    return CertificateFiles(
+        Path(tls.cert), Path(tls.key), None if tls.ca is None else Path(tls.ca)
+    ).credentials()
+
+
+def _health_port(
+    server: grpc.Server, health_servicer: HealthServicer, config: ServerConfig, reuse_port: bool
+) -> tuple[grpc.Server, int] | None:
+    """The plaintext health port's started server and port, if ``config`` asks for one.
+
+    Raises:
+        OSError: it cannot be bound; ``server`` is stopped (it has not started).
+    """
+    if not config.access.health_port:
+        return None
+    try:
+        return start_health_server(health_servicer, config.host, config.access.health_port, reuse_port)
+    except OSError:
+        server.stop(None)
+        raise
 
 
 def _depth(metrics: Metrics | None, queue: str) -> Callable[[int], None] | None:
@@ -551,34 +546,27 @@ def _depth(metrics: Metrics | None, queue: str) -> Callable[[int], None] | None:
 
 def serve_forever(
     retriever: Retriever | RetrieverSlot,
-    host: str = "127.0.0.1",
-    port: int = 50051,
-    grace: float = 5.0,
+    config: ServerConfig | None = None,
     *,
-    drain: float = 0.0,
-    metrics_port: int | None = None,
-    metrics_host: str = "127.0.0.1",
-    search_threads: int | None = 1,
-    on_start: Callable[[RetrievalServer], None] | None = None,
     access: AccessControl | None = None,
     metrics: Metrics | None = None,
-    **options: Any,
+    on_start: Callable[[RetrievalServer], None] | None = None,
+    reuse_port: bool = False,
+    serving: bool = True,
 ) -> None:
     """Serves until SIGTERM or SIGINT, then stops gracefully.
 
-    On the signal the health status turns NOT_SERVING, calls are still answered for ``drain``
-    seconds (while load balancers move away), then new calls are refused and in-flight ones get
-    ``grace`` seconds to finish. Every step of the stop is bounded: if the process is still
-    running :data:`~retrieval.serving.stopping.STOP_MARGIN` seconds after that (a stuck call, a
-    stuck step), or at a second SIGTERM or SIGINT, it exits with code 1 (:class:`StopGuard`).
-    Must run in the main thread (Python delivers signals only there). ``metrics_port``
-    (``None`` = no metrics) serves Prometheus metrics on ``metrics_host`` (loopback unless
-    asked), behind ``access.metrics_auth`` if set; ``search_threads`` sets FAISS's threads
-    per search (see :func:`create_server`; one thread each is faster and steadier with
-    concurrent requests, see the index benchmark); ``on_start`` is called with the started
-    server (e.g. to start a :class:`~retrieval.serving.reload.DeploymentWatcher`);
-    ``metrics`` counts in a :class:`Metrics` served elsewhere (a group's worker's; ignored with
-    ``metrics_port``); ``access`` and ``options`` go to :func:`create_server`.
+    On the signal the health status turns NOT_SERVING, calls are still answered for
+    ``config.drain`` seconds (while load balancers move away), then new calls are refused and
+    in-flight ones get ``config.grace`` seconds to finish. Every step of the stop is bounded: if
+    the process is still running :data:`~retrieval.serving.stopping.STOP_MARGIN` seconds after
+    that (a stuck call, a stuck step), or at a second SIGTERM or SIGINT, it exits with code 1
+    (:class:`StopGuard`). Must run in the main thread (Python delivers signals only there).
+
+    ``config.metrics.port`` serves Prometheus metrics (behind ``access.metrics_auth`` if set);
+    without it ``metrics`` counts in a :class:`Metrics` served elsewhere (a group's worker's).
+    ``on_start`` is called with the started server (e.g. to start a
+    :class:`~retrieval.serving.reload.DeploymentWatcher`); the rest goes to :func:`create_server`.
 
     Raises:
         OSError: the metrics port or the gRPC port cannot be bound; nothing is left serving.
@@ -587,39 +575,53 @@ def serve_forever(
     # call's thread asks for it, and a call asks many times: 1 ms (instead of 5) keeps cheap
     # calls' latency under heavy load (bench/robustness --abuse).
     sys.setswitchinterval(SWITCH_INTERVAL)
-    if metrics_port is not None:
-        metrics = Metrics()
-        # Before the gRPC port: a metrics port in use must fail the start, not a serving server.
-        try:
-            metrics_bound = metrics.serve(
-                metrics_port, metrics_host, None if access is None else access.metrics_auth
-            )
-        except OSError as e:
-            raise OSError(f"cannot serve metrics on {metrics_host}:{metrics_port}: {e.strerror}") from None
-        logger.info("metrics on http://%s:%d/metrics", metrics_host, metrics_bound)
+    config = config or ServerConfig()
+    access = AccessControl.from_config(config) if access is None else access
+    served = _serve_metrics(config.metrics, access.metrics_auth)
     try:
         server, bound = create_server(
-            retriever, host, port, metrics=metrics, search_threads=search_threads, access=access, **options
+            retriever,
+            config,
+            access=access,
+            metrics=served or metrics,
+            reuse_port=reuse_port,
+            serving=serving,
         )
-    except BaseException:
-        if metrics_port is not None and metrics is not None:
-            metrics.close()
-        raise
-
-    tls = " with TLS" if options.get("tls") else ""
-    version = server.slot.current.model_version
-    logger.info("serving %s (model %s) on %s:%d%s", SERVICE_NAME, version, host, bound, tls)
-    if server.health_port is not None:
-        logger.info("health checks in plaintext on %s:%d", host, server.health_port)
-    try:
-        with StopGuard(budget=drain + grace + STOP_MARGIN) as guard:
+        _log_started(server, config, bound)
+        with StopGuard(budget=config.drain + config.grace + STOP_MARGIN) as guard:
             if on_start is not None:
                 on_start(server)
-            _serve_until_stopped(server, guard, grace, drain)
+            _serve_until_stopped(server, guard, config.grace, config.drain)
     finally:
-        if metrics_port is not None and metrics is not None:
-            metrics.close()
+        if served is not None:
+            served.close()
     logger.info("server stopped")
+
+
+def _serve_metrics(config: MetricsConfig, auth: BasicAuth | None) -> Metrics | None:
+    """A :class:`Metrics` served on ``config.port`` (``None`` without one). Started before the
+    gRPC port: a metrics port in use must fail the start, not a serving server.
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+    if not config.port:
+        return None
+    metrics = Metrics()
+    try:
+        bound = metrics.serve(config.port, config.host, auth)
+    except OSError as e:
+        raise OSError(f"cannot serve metrics on {config.host}:{config.port}: {e.strerror}") from None
+    logger.info("metrics on http://%s:%d/metrics", config.host, bound)
+    return metrics
+
+
+def _log_started(server: RetrievalServer, config: ServerConfig, bound: int) -> None:
+    tls = " with TLS" if config.tls.cert else ""
+    version = server.slot.current.model_version
+    logger.info("serving %s (model %s) on %s:%d%s", SERVICE_NAME, version, config.host, bound, tls)
+    if server.health_port is not None:
+        logger.info("health checks in plaintext on %s:%d", config.host, server.health_port)
 
 
 def _serve_until_stopped(server: RetrievalServer, guard: StopGuard, grace: float, drain: float) -> None:

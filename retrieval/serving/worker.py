@@ -2,15 +2,17 @@
 
 :func:`run_worker` is what a group's supervisor starts in each worker process, with the
 worker's end of its control socket, the function to run and this worker's options; it runs the
-function with a :class:`WorkerLink`. The function builds the same server a single process would, with
-:meth:`WorkerLink.server_options` (the group's port, shared; NOT_SERVING until the group is
-up; per-request metrics summed by the supervisor) and ``on_start=link.start``; a control
-thread then follows the supervisor's messages: health, two-phase version swaps, stop. When the
-control socket closes (the supervisor is gone, even killed), the worker stops by itself.
+function with a :class:`WorkerLink`. The function builds the same server a single process
+would, with :meth:`WorkerLink.worker_config` and :meth:`WorkerLink.server_options` (the group's
+port, shared; NOT_SERVING until the group is up; per-request metrics summed by the supervisor)
+and ``on_start=link.start``; a control thread then follows the supervisor's messages: health,
+two-phase version swaps, stop. When the control socket closes (the supervisor is gone, even
+killed), the worker stops by itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import gc
 import logging
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from retrieval.serving.config import ServerConfig
     from retrieval.serving.metrics import Metrics
     from retrieval.serving.reload import RetrieverSlot
     from retrieval.serving.retriever import Retriever
@@ -104,15 +107,24 @@ class WorkerLink:
         with self._lock:
             self._conn.send(message)
 
+    def worker_config(self, config: ServerConfig) -> ServerConfig:
+        """The group's ``config`` as this worker serves it: on the group's port (the one it
+        claimed, when ``config`` said 0), without a metrics port of its own (the supervisor
+        serves the group's)."""
+        return dataclasses.replace(
+            config, port=self.port, metrics=dataclasses.replace(config.metrics, port=0)
+        )
+
     def server_options(self, slot: RetrieverSlot) -> dict[str, Any]:
-        """What :func:`~retrieval.serving.server.serve_forever` takes to serve ``slot`` as this
-        worker: the group's port shared (``reuse_port``), the per-request metrics
-        (:class:`~retrieval.serving.metrics.Metrics` as a worker) when the group has metrics,
-        and NOT_SERVING until the supervisor says the group is up, except for a replacement in
-        a group that is up and serving the version it loaded: SERVING at once."""
+        """What :func:`~retrieval.serving.server.serve_forever` takes besides its config to
+        serve ``slot`` as this worker: the group's port shared (``reuse_port``), the
+        per-request metrics (:class:`~retrieval.serving.metrics.Metrics` as a worker) when the
+        group has metrics, and NOT_SERVING until the supervisor says the group is up, except
+        for a replacement in a group that is up and serving the version it loaded: SERVING at
+        once."""
         same_version = self.folder is None or slot.folder == self.folder.resolve()
         serving = self._serve_when_loaded and same_version
-        return {"port": self.port, "reuse_port": True, "serving": serving, "metrics": self.metrics()}
+        return {"reuse_port": True, "serving": serving, "metrics": self.metrics()}
 
     def metrics(self) -> Metrics | None:
         if self._metrics is None:

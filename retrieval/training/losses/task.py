@@ -227,13 +227,7 @@ def build_task(
     negatives_per_positive: int = 0,
     in_batch_candidates: int | None = None,
     gbce_t: float = 0.75,
-    temperature: float = 1.0,
-    remove_accidental_hits: bool = True,
-    logq_correction: bool = True,
-    interest_selection: str = "hard",
-    label_aware_power: float = 1.0,
-    contrastive_weight: float = 0.0,
-    contrastive_temperature: float = 1.0,
+    **options: Any,
 ) -> RetrievalTask:
     """The task named ``loss`` (one of :data:`LOSSES`).
 
@@ -244,7 +238,8 @@ def build_task(
     * ``bce`` / ``gbce``: binary cross-entropy against sampled negatives; gBCE with calibration
       ``gbce_t`` (gSASRec).
 
-    The other arguments are those of :class:`RetrievalTask`.
+    ``options`` are :class:`RetrievalTask`'s (``temperature``, ``remove_accidental_hits``,
+    ``logq_correction``, ``interest_selection``...), their defaults its.
 
     Args:
         sampler: the sampled negatives' distribution (sampled_softmax, mixed, bce, gbce).
@@ -265,17 +260,7 @@ def build_task(
     k = negatives_per_positive if per_positive else num_negatives
     head = _logit_loss(loss, gbce_t, k, num_embeddings)
     negatives = _negatives(loss, sampler, k, per_positive, target_probabilities, in_batch_candidates)
-    return RetrievalTask(
-        negatives,
-        head,
-        temperature,
-        remove_accidental_hits,
-        logq_correction,
-        interest_selection,
-        label_aware_power,
-        contrastive_weight,
-        contrastive_temperature,
-    )
+    return RetrievalTask(negatives, head, **options)
 
 
 def _logit_loss(loss: str, gbce_t: float, k: int, num_embeddings: int) -> LogitLoss:

@@ -19,8 +19,9 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +126,15 @@ def test_the_client_extra_installs_no_heavy_library(client_venv: Path, tmp_path:
     )
 
 
+def mitt_query(venv: Path, address: str, history: Sequence[str], cwd: Path) -> list[dict[str, Any]]:
+    """The items ``mitt query --json`` of ``venv`` prints for ``history`` (k = 5) from ``address``."""
+    done = run(
+        venv, "mitt", "query", "--address", address, "--history", *history, "--k", "5", "--json", cwd=cwd
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)["items"]
+
+
 def test_the_client_install_retrieves_from_a_server(client_venv: Path, address: str, tmp_path: Path) -> None:
     """The server runs in this process (the test environment's code); the installed client, as a
     library and as ``mitt query``, gets the answer this environment's own client gets."""
@@ -136,21 +146,7 @@ def test_the_client_install_retrieves_from_a_server(client_venv: Path, address: 
     assert printed["items"] == expected
     assert printed["heavy"] == [] and printed["proto_plus"]
     assert Path(printed["retrieval"]).is_relative_to(client_venv.parent)  # the installed package
-    done = run(
-        client_venv,
-        "mitt",
-        "query",
-        "--address",
-        address,
-        "--history",
-        *HISTORY,
-        "--k",
-        "5",
-        "--json",
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    items = json.loads(done.stdout)["items"]
+    items = mitt_query(client_venv, address, HISTORY, tmp_path)
     assert [[i["item_id"], i["score"], i["interest"]] for i in items] == expected
 
 
@@ -216,21 +212,7 @@ def test_mitt_trains_indexes_serves_and_queries(
     with RetrievalClient(address) as client:
         client.wait_until_serving(timeout=120)
     history = ["i0", "i1", "i2"]
-    done = run(
-        train_serve_venv,
-        "mitt",
-        "query",
-        "--address",
-        address,
-        "--history",
-        *history,
-        "--k",
-        "5",
-        "--json",
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    items = [item["item_id"] for item in json.loads(done.stdout)["items"]]
+    items = [item["item_id"] for item in mitt_query(train_serve_venv, address, history, tmp_path)]
     catalogue = {f"i{n}" for n in range(40)}
     assert len(items) == 5 == len(set(items)) and set(items) <= catalogue - set(history), items
     done = run(train_serve_venv, "mitt", "--version", cwd=tmp_path)

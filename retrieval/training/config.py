@@ -170,13 +170,6 @@ class TrainConfig:
     of :data:`OBJECTIVES` (None = the tower's default: ``all_positions`` for
     sasrec, ``cloze`` for bert4rec, ``last`` otherwise); ``mask_ratio`` is the cloze task's.
 
-    ``contrastive_weight`` > 0 adds DuoRec's contrastive regulariser to the loss, times that
-    weight (0 = off): a second forward pass of the user tower (other dropout masks) gives each
-    sequence a second view, at its newest position (the mean of K > 1 interests), and NT-Xent
-    over the batch's views, logits divided by ``contrastive_temperature``, pulls the two views
-    of a sequence together and pushes those of sequences with another target apart
-    (:func:`retrieval.training.losses.nt_xent`).
-
     The loop: Adam, AdamW when ``weight_decay`` > 0, ``seed`` fixing initial weights, data
     order, negatives and dropout (the same seed repeats a run, also across a resume).
 
@@ -231,8 +224,6 @@ class TrainConfig:
     remove_accidental_hits: bool = True
     interest_selection: InterestSelection = "hard"  # how K interests meet the target
     label_aware_power: NonNegativeFloat = 1.0  # MIND's p, for interest_selection="label_aware"
-    contrastive_weight: NonNegativeFloat = 0.0  # > 0: DuoRec's contrastive regulariser, times this weight
-    contrastive_temperature: PositiveFloat = 1.0  # the regulariser's logits are divided by it
     weight_decay: NonNegativeFloat = 0.0  # > 0: AdamW's decoupled weight decay
     lr_schedule: LrSchedule = "constant"  # cosine, linear: decay to 0 by the last step; plateau
     cooldown_fraction: Fraction = 0.2  # plateau: the decay's length, a fraction of the steps before it

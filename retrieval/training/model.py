@@ -80,8 +80,6 @@ class TwoTowerModel(keras.Model):
         loss = self.task(y_pred, y, lambda ids: self._scored(self.item_tower.candidates(ids, training)))
         if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
             loss = loss + tf.add_n(self.losses)
-        if training and self.task.contrastive_weight > 0:  # DuoRec: a second pass, other dropout masks
-            loss = loss + self.task.contrastive(y_pred, self(x, training=True), y)
         return loss
 
     def get_config(self) -> dict[str, Any]:

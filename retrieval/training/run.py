@@ -95,8 +95,6 @@ def build_training_task(config: TrainConfig, counts: np.ndarray, as_targets: np.
         logq_correction=config.logq_correction,
         interest_selection=config.interest_selection,
         label_aware_power=config.label_aware_power,
-        contrastive_weight=config.contrastive_weight,
-        contrastive_temperature=config.contrastive_temperature,
     )
 
 
@@ -296,9 +294,6 @@ def train(
     if replicas > 1 and config.model.attention_penalty > 0:
         # The tower adds it with add_loss, which TwoTowerModel.compute_loss does not share out.
         raise ValueError("model.attention_penalty is not supported with several replicas yet")
-    if replicas > 1 and config.train.contrastive_weight > 0:
-        # Added by TwoTowerModel.compute_loss beside the task's loss, which alone GlobalBatchTask shares out.
-        raise ValueError("train.contrastive_weight is not supported with several replicas yet")
     if not is_chief(strategy):
         tensorboard = None
     elif resume and not overwrite and (finished := _finished_run(config, Path(out))) is not None:

@@ -11,8 +11,7 @@ Towers only compute embeddings; everything about the loss lives here. A
 Every candidate logit is ``<q, e_j> / T``; softmax losses subtract ``log E[count of j]`` (the
 log-Q correction, summed over the sources that propose j), and accidental hits (a candidate
 equal to the row's own target) are removed. :data:`LOSSES` names the combinations and
-:func:`build_task` builds one by name. DuoRec's contrastive regulariser (:func:`nt_xent`
-between two dropout views of each sequence) is an optional extra term.
+:func:`build_task` builds one by name.
 """
 
 import lazy_loader

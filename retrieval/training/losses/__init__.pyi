@@ -1,6 +1,5 @@
 """The public API of :mod:`retrieval.training.losses` (loaded on first use by ``__init__.py``)."""
 
-from .contrastive import nt_xent, sequence_views
 from .interests import interest_scores, label_aware_attention, select_interest
 from .logits import GeneralisedBCE, LogitLoss, SoftmaxCrossEntropy, candidate_logits
 from .negatives import AllItems, InBatchNegatives, Negatives, SampledNegatives
@@ -22,7 +21,5 @@ __all__ = [
     "candidate_logits",
     "interest_scores",
     "label_aware_attention",
-    "nt_xent",
     "select_interest",
-    "sequence_views",
 ]

@@ -9,7 +9,6 @@ import numpy as np
 import tensorflow as tf
 
 from retrieval.training.config import INTEREST_SELECTIONS, LOSSES
-from retrieval.training.losses.contrastive import nt_xent, sequence_views
 from retrieval.training.losses.interests import (
     interest_scores,
     label_aware_attention,
@@ -37,9 +36,6 @@ class RetrievalTask:
             wrong items high is corrected too (under ``"hard"`` only the chosen interest meets
             the negatives).
         label_aware_power: MIND's ``p`` for ``"label_aware"``.
-        contrastive_weight: the weight of DuoRec's contrastive regulariser (:meth:`contrastive`)
-            in the training loss (0 = off).
-        contrastive_temperature: its logits are divided by it.
     """
 
     def __init__(
@@ -51,8 +47,6 @@ class RetrievalTask:
         logq_correction: bool = True,
         interest_selection: str = "hard",
         label_aware_power: float = 1.0,
-        contrastive_weight: float = 0.0,
-        contrastive_temperature: float = 1.0,
     ) -> None:
         if not negatives:
             raise ValueError("a retrieval task needs at least one source of negatives")
@@ -64,11 +58,6 @@ class RetrievalTask:
             )
         if label_aware_power < 0:
             raise ValueError(f"label_aware_power must be >= 0, got {label_aware_power}")
-        if contrastive_weight < 0 or contrastive_temperature <= 0:
-            raise ValueError(
-                "contrastive_weight must be >= 0 and contrastive_temperature > 0, "
-                f"got {contrastive_weight} and {contrastive_temperature}"
-            )
         self.negatives = list(negatives)
         self.loss = loss or SoftmaxCrossEntropy()
         self.temperature = temperature
@@ -76,8 +65,6 @@ class RetrievalTask:
         self.logq_correction = logq_correction and self.loss.logq_correction
         self.interest_selection = interest_selection
         self.label_aware_power = label_aware_power
-        self.contrastive_weight = contrastive_weight
-        self.contrastive_temperature = contrastive_temperature
 
     @property
     def variables(self) -> list[Any]:
@@ -163,16 +150,6 @@ class RetrievalTask:
                 ``all_positions`` and ``cloze``).
         """
         return tf.reduce_mean(self.per_example(outputs, target_ids, embed)[0])
-
-    def contrastive(self, outputs: Any, second: Any, target_ids: Any) -> Any:
-        """``contrastive_weight`` times the mean NT-Xent (:func:`nt_xent`) between two forward
-        passes' outputs of the same batch (arguments as :meth:`__call__`, ``second`` shaped like
-        ``outputs``), each sequence represented by :func:`sequence_views`."""
-        first, targets = sequence_views(outputs, target_ids)
-        other, _ = sequence_views(second, target_ids)
-        return self.contrastive_weight * tf.reduce_mean(
-            nt_xent(first, other, targets, self.contrastive_temperature)
-        )
 
 
 class SampledSoftmaxTask(RetrievalTask):

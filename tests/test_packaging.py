@@ -153,6 +153,9 @@ def test_the_client_install_retrieves_from_a_server(client_venv: Path, address: 
 def test_the_client_install_names_the_extra_a_command_needs(client_venv: Path, tmp_path: Path) -> None:
     done = run(client_venv, "mitt", "--version", cwd=tmp_path)
     assert (done.returncode, done.stdout.strip()) == (0, f"{DISTRIBUTION} {VERSION}"), done.stderr
+    (tmp_path / "log.csv").write_text("user,item,timestamp\n")  # inputs exist: checked first
+    (tmp_path / "model").mkdir()
+    (tmp_path / "index").mkdir()
     for command, extra, args in [
         ("train", "train", ["--data", "log.csv", "--out", "model"]),
         ("build-index", "train", ["--model", "model", "--out", "index"]),

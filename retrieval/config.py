@@ -12,7 +12,9 @@ value came from. The same functions serve every config:
 
 * :func:`apply_overrides`: ``section.field=value`` strings (``--set``), typed by the field;
 * :func:`apply_flags`: command-line flags that stand for fields (``--dim`` for ``model.dim``);
-* :func:`update_config` / :func:`config_from_dict`: a (partial) mapping, e.g. a config file;
+* :func:`update_config` / :func:`config_from_dict`: a (partial) mapping, e.g. a config file
+  (a field a config no longer has is accepted at the value that meant "off", listed in the
+  class's ``RETIRED``, so configs saved before still load);
 * :func:`config_to_dict` / :func:`config_to_json`: the config as saved beside an artifact;
 * :func:`load_config_file`: a ``.json``, ``.yaml`` or ``.yml`` file as a mapping.
 
@@ -476,6 +478,7 @@ def update_config(config: C, payload: Mapping[str, Any], prefix: str = "") -> C:
     if not isinstance(payload, Mapping):
         raise ValueError(f"{where}: expected a mapping of fields, got {payload!r}")
     types_ = field_types(type(config))
+    payload = _without_retired(type(config), payload, prefix)
     unknown = [str(k) for k in payload if k not in types_]
     if unknown:
         raise ValueError(
@@ -493,6 +496,23 @@ def update_config(config: C, payload: Mapping[str, Any], prefix: str = "") -> C:
         return dataclasses.replace(config, **changes)  # type: ignore[type-var]
     except FieldError as e:
         raise e.named(prefix + e.field) from None
+
+
+def _without_retired(cls: type, payload: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    """``payload`` without the fields ``cls`` no longer has (``cls.RETIRED``: name -> the value
+    that left things as they are now), each at that value.
+
+    Raises:
+        ValueError: a retired field at another value: what it asked for no longer exists.
+    """
+    retired: Mapping[str, Any] = getattr(cls, "RETIRED", {})
+    for name in retired.keys() & payload.keys():
+        if payload[name] != retired[name]:
+            raise ValueError(
+                f"{prefix}{name}={payload[name]!r}: this setting was removed; only "
+                f"{retired[name]!r}, what every run does now, is accepted (remove the key)"
+            )
+    return {k: v for k, v in payload.items() if k not in retired}
 
 
 def config_from_dict(cls: type[C], payload: Mapping[str, Any]) -> C:

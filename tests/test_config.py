@@ -471,3 +471,22 @@ def test_train_ranker_takes_a_config_file(tmp_path: Path, capsys: pytest.Capture
     )
     with pytest.raises(SystemExit):  # training needs the folders and a ranker (a --config may name it)
         run_tool("train_ranker", "--data", "x.csv", "--out", "x")
+
+
+def test_a_config_saved_before_settings_were_removed_still_loads_at_their_old_defaults() -> None:
+    """``config.json`` files written before ``model.block``, ``model.ffn_multiplier`` and the
+    contrastive regulariser were removed hold them at their defaults: they load as today's
+    default config; a file that set one to anything else is refused by its key."""
+    saved = Config().to_dict()
+    saved["model"] |= {"block": "pre_ln", "ffn_multiplier": 1}
+    saved["train"] |= {"contrastive_weight": 0.0, "contrastive_temperature": 1.0}
+    assert Config.from_dict(json.loads(json.dumps(saved))) == Config()
+    for section, key, value in [
+        ("model", "block", "ligr"),
+        ("model", "ffn_multiplier", 4),
+        ("train", "contrastive_weight", 0.1),
+    ]:
+        changed = json.loads(json.dumps(saved))
+        changed[section][key] = value
+        with pytest.raises(ValueError, match=rf"^{section}\.{key}={value!r}: this setting was removed"):
+            Config.from_dict(changed)

@@ -11,9 +11,11 @@ here: a tool checks its whole configuration before loading it.
 from __future__ import annotations
 
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import MappingProxyType
+from typing import Annotated, Any, ClassVar, Literal
 
 from retrieval.config import (
     NonNegativeFloat,
@@ -124,6 +126,8 @@ class DataConfig:
 class ModelConfig:
     """User tower and embedding sizes. ``num_interests`` None = the tower's default (sa: 4, sasrec: 1).
 
+    ``RETIRED``: fields removed since, accepted in a saved config at their defaults.
+
     ``filter_alpha`` and ``filter_cutoff`` are bsarec's: the frequency filter's share of each
     block's mixing (BSARec's α; 1 − α goes to self-attention, 0 = SASRec's block) and how many
     of the lowest rFFT frequencies over ``max_len`` positions its low-pass keeps (the mean
@@ -134,6 +138,8 @@ class ModelConfig:
     vectors the loss scores and the index holds; the history the tower reads is not scaled).
     Cosine logits lie in [-1, 1], so train it with a ``train.temperature`` well below 1.
     """
+
+    RETIRED: ClassVar[Mapping[str, Any]] = MappingProxyType({"block": "pre_ln", "ffn_multiplier": 1})
 
     tower: Tower = "sa"
     dim: PositiveInt = 64
@@ -158,7 +164,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation, the loss and its negatives, and the training loop.
+    """Optimisation, the loss and its negatives, and the training loop (``RETIRED``: fields
+    removed since, accepted in a saved config at their defaults).
 
     ``loss`` is one of :data:`LOSSES`: ``sampled_softmax``, ``full_softmax``,
     ``in_batch``, ``mixed`` (in-batch + sampled), ``bce`` or ``gbce`` (gSASRec, calibration
@@ -206,6 +213,10 @@ class TrainConfig:
     Adam squares the rows one by one, which makes the update depend on how a batch is split
     (one device and several replicas then diverge); off by default until re-benchmarked.
     """
+
+    RETIRED: ClassVar[Mapping[str, Any]] = MappingProxyType(
+        {"contrastive_weight": 0.0, "contrastive_temperature": 1.0}
+    )
 
     objective: Objective | None = None
     mask_ratio: Share = 0.2

@@ -172,6 +172,7 @@ def serve(args: argparse.Namespace) -> None:
     else:
         servable = toy_servable(args.serve, args.items, args.dim)
     server = NativeServer(servable)
+    del servable  # the engine holds what it needs: the Python vocabulary and tables can go
     server.start(f"127.0.0.1:{args.port}")
     signal.sigwait(stopping)
     server.stop(5.0)

@@ -288,7 +288,8 @@ void Engine::Respond(const Servable& servable, const SearchOutput& out, const st
     for (size_t j = 0; j < row.found.size(); ++j) {
       const ScoredItem& item = row.found[j];
       retrieval::v1::ScoredItem* scored = answer.add_items();
-      scored->set_item_id(servable.vocabulary->External(item.id));
+      const std::string_view id = servable.vocabulary->External(item.id);
+      scored->set_item_id(id.data(), id.size());
       scored->set_score(item.score);
       scored->set_interest(static_cast<uint32_t>(item.interest));
       if (query.rerank) scored->set_rank_score(row.rank_scores[j]);

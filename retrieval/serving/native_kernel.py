@@ -280,7 +280,8 @@ def native_servable(
     info = retriever.model_info() if info is None else info
     return NativeServable(
         kernel=NativeKernel(retriever, search_threads),
-        vocabulary=list(model.vocab.ids),
+        # Not vocab.ids: that tuple stays cached in the vocabulary; this list goes once handed over.
+        vocabulary=model.vocab.external(np.arange(1, len(model.vocab) + 1)),
         tower_items=model.tower_items,
         model_version=retriever.model_version,
         max_len=model.max_len,

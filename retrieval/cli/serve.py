@@ -111,11 +111,12 @@ class _DeprecatedWorkers(argparse.Action):
 def parse_args(
     argv: Sequence[str] | None, prog: str | None = None
 ) -> tuple[ServerConfig, argparse.Namespace]:
-    """The resolved configuration and the parsed arguments; loads no FAISS, TensorFlow or gRPC.
+    """The server's resolved settings and the parsed arguments, FAISS, TensorFlow and gRPC not
+    loaded; fields that do not go together are argparse's usage error.
 
     Raises:
-        ValueError: a bad config file or ``--set``, or a value outside its choices or range
-            (named by the flag, key or file it came from).
+        ValueError: a bad config file or ``--set``, or a value outside its range or choices,
+            named as it was given (flag, key, file).
     """
     c = ServerConfig()
     p = command_parser(prog, __doc__)
@@ -284,6 +285,11 @@ def _add_access_control(p: argparse.ArgumentParser, c: ServerConfig) -> None:
         default=None,
         help="do not serve gRPC server reflection",
     )
+    _add_metrics_access(group, c)
+
+
+def _add_metrics_access(group: argparse._ArgumentGroup, c: ServerConfig) -> None:
+    """Who may read ``/metrics``: its interface, and the credentials it asks for."""
     group.add_argument(
         "--metrics-host",
         metavar="HOST",

@@ -29,17 +29,13 @@ imports TensorFlow, FAISS or pandas. A command with a configuration (``mitt trai
 A command without a configuration (``mitt evaluate``, ``mitt deploy``...) parses with
 :func:`command_parser` and calls :func:`ready` before its heavy imports.
 
-``mitt serve`` takes the same path once its settings are a ``ServerConfig`` (a frozen
-dataclass whose ``__post_init__`` calls :func:`retrieval.config.check_fields`, its ranges beside
-its fields): each of its flags stands for a field in a ``FLAG_FIELDS`` mapping (default ``None``,
-so that a flag not given leaves the file's value), ``add_config_options(p, ServerConfig)`` adds
-``--config``/``--print-config``/``--set``, and its ``parse_args`` returns ``(ServerConfig, args)``
-through :func:`layered`, the fields that go together (TLS's files, ``--watch`` or ``--model``
-with ``--index``) checked after every layer, as :func:`retrieval.artifacts.resolve_index_config`
-does for an index. Its ``main`` calls :func:`start` with the files and folders it reads, so
-``--print-config`` prints JSON that ``--config`` reads back. What stays its own: logging by
-:func:`retrieval.serving.configure_logging` instead of :func:`log_to_stderr`, and a serving
-group's workers, which parse the same ``argv`` again and so resolve the same configuration.
+``mitt serve`` takes the same path with its ``ServerConfig`` (:mod:`retrieval.serving.config`):
+each of its flags stands for a field in its ``FLAG_FIELDS``, ``--ranker`` (repeatable) gives
+the whole ``rankers`` field through :func:`layered`'s ``given``, the fields that go together
+are checked after every layer (:func:`retrieval.serving.check_server_config`), and its ``main``
+names the files and folders the configuration holds, by flag or by key. What stays its own:
+logging by :func:`retrieval.serving.configure_logging` instead of :func:`log_to_stderr`, and a
+serving group's workers, which are handed the resolved configuration.
 """
 
 from __future__ import annotations

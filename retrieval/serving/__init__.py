@@ -3,6 +3,8 @@
 * :mod:`~retrieval.serving.retriever`: :class:`Retriever`, histories in, top-k items out, one
   user-tower call and one batched index search for a whole batch (plain Python, no gRPC).
 * :mod:`~retrieval.serving.batching`: :class:`MicroBatcher`, concurrent calls answered together.
+* :mod:`~retrieval.serving.config`: :class:`ServerConfig`, a server's settings (``mitt serve``'s
+  flags, ``--config``, ``--set``).
 * :mod:`~retrieval.serving.server`: :func:`create_server` / :func:`serve_forever`, the servicer
   (message conversion only), health, reflection, TLS, limits, graceful stop.
 * :mod:`~retrieval.serving.reload`: hot swaps of the retriever (:class:`DeploymentWatcher`).
@@ -17,7 +19,7 @@
 
 Example:
     >>> retriever = Retriever.from_dirs(Path("runs/model"), Path("runs/index"))
-    >>> server, port = create_server(retriever, port=0)
+    >>> server, port = create_server(retriever, ServerConfig(port=0))
 """
 
 import lazy_loader

@@ -57,7 +57,7 @@ from bench.serving import build_artifacts, load, memory, start
 from bench.serving import requests as user_requests
 from retrieval.api import MAX_BATCH
 from retrieval.api.v1 import retrieval_pb2
-from retrieval.serving import NativeServable, NativeServer
+from retrieval.serving import NativeServable, NativeServer, trimmer
 
 log = logging.getLogger("bench.native_echo")
 
@@ -89,6 +89,9 @@ class ToyKernel:
 
     def alone(self, *_: Any) -> Any:
         raise NotImplementedError("the toy rows' requests never come back short")
+
+    def rescore(self, *_: Any) -> Any:
+        raise NotImplementedError("the toy rows' requests ask for no DIVERSITY merge")
 
     def rerank(self, *_: Any) -> Any:
         raise NotImplementedError("the toy rows' requests ask for no rerank")
@@ -132,9 +135,8 @@ class NumpyKernel(ToyKernel):
 
 def toy_servable(name: str, items: int, dim: int) -> NativeServable:
     """The servable of toy kernel ``name`` over ``items`` items of dimension ``dim``."""
-    vectors = item_vectors(items, dim)
     return NativeServable(
-        kernel=FixedKernel(items, dim) if name == "fixed" else NumpyKernel(vectors),
+        kernel=FixedKernel(items, dim) if name == "fixed" else NumpyKernel(item_vectors(items, dim)),
         vocabulary=vocabulary(items),
         tower_items=items,
         model_version="toy",
@@ -143,7 +145,6 @@ def toy_servable(name: str, items: int, dim: int) -> NativeServable:
         num_items=items,
         category_members={},
         category_codes=np.arange(items + 1, dtype=np.int64),
-        item_vectors=vectors,
         explanation="unavailable",
         rankers={},
         side_features=False,
@@ -173,6 +174,7 @@ def serve(args: argparse.Namespace) -> None:
         servable = toy_servable(args.serve, args.items, args.dim)
     server = NativeServer(servable)
     del servable  # the engine holds what it needs: the Python vocabulary and tables can go
+    trimmer().trim()
     server.start(f"127.0.0.1:{args.port}")
     signal.sigwait(stopping)
     server.stop(5.0)

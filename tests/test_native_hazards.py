@@ -111,7 +111,7 @@ retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(Echo(), python_server)
 python_port = python_server.add_insecure_port("127.0.0.1:0")
 python_server.start()
 servable = NativeServable(
-    Kernel(), ITEMS, 8, "v", 4, 1, 8, {}, np.arange(9), np.zeros((9, 8), np.float32), "unavailable", {}, False, b""
+    Kernel(), ITEMS, 8, "v", 4, 1, 8, {}, np.arange(9), "unavailable", {}, False, b""
 )
 native_server = NativeServer(servable)
 native_port = native_server.start()

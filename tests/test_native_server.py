@@ -99,6 +99,9 @@ class ToyKernel:
     def alone(self, *args: Any) -> Any:
         raise AssertionError("no row of these tests comes back short")
 
+    def rescore(self, *args: Any) -> Any:
+        raise AssertionError("these tests ask for no DIVERSITY merge")
+
     def rerank(self, *args: Any) -> Any:
         raise AssertionError("these tests rerank nothing")
 
@@ -118,7 +121,6 @@ def toy_servable(
         num_items=len(vocabulary),
         category_members={},
         category_codes=np.arange(len(vocabulary) + 1, dtype=np.int64),
-        item_vectors=np.zeros((len(vocabulary) + 1, DIM), np.float32),
         explanation="unavailable",
         rankers={},
         side_features=False,
@@ -658,6 +660,27 @@ def test_set_model_info_changes_what_get_model_info_answers(
         assert stub.GetModelInfo(retrieval_pb2.GetModelInfoRequest(), timeout=10) == refused
 
 
+def test_a_deadline_passing_while_the_kernel_computes_stops_the_call_after_the_search(
+    serve: Callable[..., native.NativeServer],
+) -> None:
+    def slow(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        time.sleep(0.6)  # the call's deadline (0.3 s) passes meanwhile
+        return brute_force(histories, fetch)
+
+    server = serve(slow)
+    with (
+        RetrievalClient(address(server), retries=0, timeout=0.3) as client,
+        pytest.raises(grpc.RpcError) as raised,
+    ):
+        client.retrieve(["item1"], 3)
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 10
+    while server.counters()["deadline_exceeded"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    counters = server.counters()
+    assert (counters["batches"], counters["deadline_exceeded"], counters["cancelled"]) == (1, 1, 0)
+
+
 def wait_for_queued(server: native.NativeServer, rows: int) -> None:
     """Waits (10 s at most) until ``rows`` queries wait for a batch."""
     deadline = time.monotonic() + 10
@@ -691,8 +714,7 @@ def call():
         pass  # the server stops under it
 
 servable = NativeServable(
-    Kernel(), ["a", "b", "c", "d"], 4, "v", 2, 1, 4, {}, np.arange(5), np.zeros((5, 2), np.float32),
-    "unavailable", {}, False, b"",
+    Kernel(), ["a", "b", "c", "d"], 4, "v", 2, 1, 4, {}, np.arange(5), "unavailable", {}, False, b"",
 )
 server = NativeServer(servable)
 client = RetrievalClient(f"127.0.0.1:{server.start()}", retries=0)

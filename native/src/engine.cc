@@ -190,10 +190,21 @@ void Engine::Merge(const Servable& servable, const SearchOutput& out, std::vecto
         case Merge::kRoundRobin:
           row.found = merger_.RoundRobin(lists, query.excluded, query.depth, cut, max_id);
           break;
-        case Merge::kDiversity:
-          row.found = merger_.Diversity(lists, query.excluded, query.depth, cut, max_id, interests, out.dim,
-                                        servable.item_vectors, *servable.categories, query.lambda);
+        case Merge::kDiversity: {
+          std::vector<size_t> active;  // the interests searched (an all-zero one is masked)
+          for (size_t i = 0; i < out.interests; ++i) {
+            const float* vector = interests + i * out.dim;
+            if (std::any_of(vector, vector + out.dim, [](float v) { return v != 0; })) active.push_back(i);
+          }
+          const Merger::Scorer score = [&](const std::vector<size_t>& rows, const std::vector<int64_t>& ids) {
+            std::vector<float> queries;
+            for (size_t i : rows) queries.insert(queries.end(), interests + i * out.dim, interests + (i + 1) * out.dim);
+            return servable.kernel->Rescore(queries.data(), rows.size(), out.dim, ids);
+          };
+          row.found = merger_.Diversity(lists, query.excluded, query.depth, cut, max_id, active, score,
+                                        *servable.categories, query.lambda);
           break;
+        }
       }
       // The index ran out before the row had its items: the Python engine would search it
       // again alone, with its filters inside the index. Its own search answers it.

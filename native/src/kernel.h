@@ -65,6 +65,9 @@ class Kernel {
   virtual SearchOutput Search(SearchInput input) = 0;
   virtual std::vector<ScoredItem> Alone(const AloneInput& input) = 0;
   virtual std::vector<float> Rerank(const RerankInput& input) = 0;  // float32 [rows, width] logits
+  // float32 [rows, ids.size()]: `interests` (float32 [rows, dim]) times the ids' item vectors.
+  virtual std::vector<float> Rescore(const float* interests, size_t rows, size_t dim,
+                                     const std::vector<int64_t>& ids) = 0;
 };
 
 }  // namespace mitt::native

@@ -102,8 +102,8 @@ std::vector<ScoredItem> Merger::RoundRobin(const Lists& lists, const std::vector
 }
 
 std::vector<ScoredItem> Merger::Diversity(const Lists& lists, const std::vector<int64_t>& excluded, size_t k,
-                                          size_t cut, int64_t max_id, const float* interests, size_t dim,
-                                          const float* item_vectors, const Categories& categories, double lambda) {
+                                          size_t cut, int64_t max_id, const std::vector<size_t>& active,
+                                          const Scorer& score, const Categories& categories, double lambda) {
   Start(excluded, max_id);
   Gather(lists, cut, max_id, false);
   std::vector<int64_t> found;
@@ -113,16 +113,19 @@ std::vector<ScoredItem> Merger::Diversity(const Lists& lists, const std::vector<
   // Every candidate scored under every active interest: its best score f and that interest
   // (ties: the lowest), as index.multi_interest rescores before index.merge.diversity.
   std::vector<ScoredItem> best(found.size(), {0, -std::numeric_limits<float>::infinity(), -1});
-  for (size_t row = 0; row < lists.interests; ++row) {
-    const float* query = interests + row * dim;
-    if (std::all_of(query, query + dim, [](float v) { return v == 0; })) continue;  // masked
-    for (size_t c = 0; c < found.size(); ++c) {
-      const float* vector = item_vectors + static_cast<size_t>(found[c]) * dim;
-      double dot = 0;
-      for (size_t i = 0; i < dim; ++i) dot += static_cast<double>(query[i]) * vector[i];
-      const auto score = static_cast<float>(dot);
-      if (std::isnan(score)) throw std::domain_error("a NaN score for id " + std::to_string(found[c]));
-      if (best[c].interest < 0 || score > best[c].score) best[c] = {found[c], score, static_cast<int32_t>(row)};
+  if (!found.empty() && !active.empty()) {
+    const std::vector<float> scores = score(active, found);
+    if (scores.size() != active.size() * found.size()) {
+      throw std::length_error("the rescore answered " + std::to_string(scores.size()) + " scores for " +
+                              std::to_string(active.size()) + " interests and " + std::to_string(found.size()) +
+                              " candidates");
+    }
+    for (size_t r = 0; r < active.size(); ++r) {
+      for (size_t c = 0; c < found.size(); ++c) {
+        const float value = scores[r * found.size() + c];
+        if (std::isnan(value)) throw std::domain_error("a NaN score for id " + std::to_string(found[c]));
+        if (best[c].interest < 0 || value > best[c].score) best[c] = {found[c], value, static_cast<int32_t>(active[r])};
+      }
     }
   }
   best.erase(std::remove_if(best.begin(), best.end(), [](const ScoredItem& item) { return item.interest < 0; }),

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "categories.h"
@@ -32,12 +33,16 @@ class Merger {
   // 0, 1, ..., K-1, then the second of each..., ids already taken skipped, until k.
   std::vector<ScoredItem> RoundRobin(const Lists& lists, const std::vector<int64_t>& excluded, size_t k, size_t cut,
                                      int64_t max_id);
-  // index.merge.diversity over each list's first `cut` kept candidates, each scored under every
-  // active interest (interests: float32 [K, dim]; an all-zero one is masked) against
-  // `item_vectors` (float32 [max_id + 1, dim]): greedily the candidate maximising its best score
-  // + lambda × the picked items of other categories.
+  // Scores candidates under interests: float32 [interests.size(), ids.size()], row r for
+  // interest interests[r] (the kernel's rescore, NumPy's own product).
+  using Scorer = std::function<std::vector<float>(const std::vector<size_t>& interests, const std::vector<int64_t>& ids)>;
+
+  // index.merge.diversity over each list's first `cut` kept candidates, each scored by `score`
+  // under every active interest (`active`: the interests searched; a masked one is not), as
+  // index.multi_interest rescores them: greedily the candidate maximising its best score +
+  // lambda × the picked items of other categories.
   std::vector<ScoredItem> Diversity(const Lists& lists, const std::vector<int64_t>& excluded, size_t k, size_t cut,
-                                    int64_t max_id, const float* interests, size_t dim, const float* item_vectors,
+                                    int64_t max_id, const std::vector<size_t>& active, const Scorer& score,
                                     const Categories& categories, double lambda);
 
  private:

@@ -98,22 +98,19 @@ class BatcherGil {
   ThreadState& kept_;
 };
 
-// A Python servable's kernel (NativeKernel), with the arrays C++ reads in place (the item
-// vectors); Python references are dropped with the GIL, wherever the last call using them ends.
+// A Python servable's kernel (NativeKernel); its reference is dropped with the GIL, wherever the
+// last call using it ends.
 class PythonKernel final : public Kernel {
  public:
-  PythonKernel(nb::object kernel, nb::object item_vectors, bool side_features)
-      : kernel_(std::move(kernel)), item_vectors_(std::move(item_vectors)), side_features_(side_features) {}
+  PythonKernel(nb::object kernel, bool side_features) : kernel_(std::move(kernel)), side_features_(side_features) {}
 
   ~PythonKernel() override {
     if (_Py_IsFinalizing()) {  // the interpreter is going away with its objects: let them be
       kernel_.release();
-      item_vectors_.release();
       return;
     }
     nb::gil_scoped_acquire gil;
     kernel_.reset();
-    item_vectors_.reset();
   }
 
   SearchOutput Search(SearchInput in) override {
@@ -206,6 +203,17 @@ class PythonKernel final : public Kernel {
     }
   }
 
+  std::vector<float> Rescore(const float* interests, size_t rows, size_t dim, const std::vector<int64_t>& ids) override {
+    BatcherGil gil;
+    try {
+      nb::object answer = kernel_.attr("rescore")(Wrap(std::vector<float>(interests, interests + rows * dim), {rows, dim}),
+                                                  Copy(ids));
+      return Values(Cast<float, 2>(answer, "rescored scores"));
+    } catch (const nb::python_error& e) {
+      throw std::runtime_error("the kernel raised " + Describe(e));
+    }
+  }
+
   std::vector<float> Rerank(const RerankInput& in) override {
     BatcherGil gil;
     try {
@@ -230,20 +238,14 @@ class PythonKernel final : public Kernel {
 
  private:
   nb::object kernel_;
-  nb::object item_vectors_;
   const bool side_features_;
 };
 
 // The C++ servable of a Python NativeServable (the GIL held: it reads Python objects).
 std::shared_ptr<const Servable> MakeServable(nb::handle py) {
   auto servable = std::make_shared<Servable>();
-  nb::object vectors = py.attr("item_vectors");
-  const auto table = Cast<float, 2>(vectors, "item_vectors");
   servable->side_features = nb::cast<bool>(py.attr("side_features"));
-  servable->kernel = std::make_shared<PythonKernel>(nb::borrow(py.attr("kernel")), vectors, servable->side_features);
-  servable->item_vectors = table.data();
-  servable->item_rows = table.shape(0);
-  servable->dim = table.shape(1);
+  servable->kernel = std::make_shared<PythonKernel>(nb::borrow(py.attr("kernel")), servable->side_features);
   servable->vocabulary = std::make_unique<const Vocabulary>(nb::cast<std::vector<std::string>>(py.attr("vocabulary")));
   servable->tower_items = nb::cast<uint32_t>(py.attr("tower_items"));
   servable->model_version = nb::cast<std::string>(py.attr("model_version"));
@@ -256,10 +258,9 @@ std::shared_ptr<const Servable> MakeServable(nb::handle py) {
   }
   auto codes = Values(Cast<int64_t, 1>(py.attr("category_codes"), "category codes"));
   const size_t rows = servable->vocabulary->size() + 1;
-  if (servable->max_len < 1 || codes.size() < rows || servable->item_rows < rows) {
+  if (servable->max_len < 1 || codes.size() < rows) {
     throw std::invalid_argument("the servable's max_len must be >= 1, and its category codes (" +
-                                std::to_string(codes.size()) + ") and item vectors (" +
-                                std::to_string(servable->item_rows) + ") must cover its " + std::to_string(rows) +
+                                std::to_string(codes.size()) + ") must cover its " + std::to_string(rows) +
                                 " dense ids");
   }
   servable->categories = std::make_unique<const Categories>(std::move(members), std::move(codes));

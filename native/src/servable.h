@@ -19,7 +19,7 @@ struct RankerInfo {
 };
 
 struct Servable {
-  std::shared_ptr<Kernel> kernel;  // first: it owns the arrays the views below read
+  std::shared_ptr<Kernel> kernel;
   std::unique_ptr<const Vocabulary> vocabulary;
   uint32_t tower_items = 0;  // dense ids 1..tower_items are read as history
   std::string model_version;
@@ -27,8 +27,6 @@ struct Servable {
   uint32_t num_interests = 0;
   uint64_t num_items = 0;  // items in the index (the cost formula's N)
   std::unique_ptr<const Categories> categories;
-  const float* item_vectors = nullptr;  // float32 [item_rows, dim], a view (DIVERSITY's scores)
-  size_t item_rows = 0, dim = 0;
   std::string explanation;  // retrieval.api.types.ExplanationKind's value
   std::map<std::string, RankerInfo> rankers;
   bool side_features = false;

@@ -45,6 +45,7 @@ from retrieval.api.types import (
     MAX_PER_INTEREST_K,
     MAX_USER_ID,
 )
+from retrieval.serving.memory import trimmer
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -196,6 +197,10 @@ class NativeServer:
             "printable": printable_table(),
         }
         self._server = native_module().NativeServer(servable, options)
+        # The handover's copies (a million ids at 1M items) are freed: give their pages back, and
+        # fix glibc's mmap threshold as the Python engine's server does (large requests).
+        self._trimmer = trimmer()
+        self._trimmer.trim()
         # Stopped at the latest when the interpreter exits: the batcher's thread must not be
         # waiting for the GIL of an interpreter being torn down.
         self._finalizer = weakref.finalize(self, self._server.stop, 0.0)
@@ -221,6 +226,7 @@ class NativeServer:
             ValueError: a repeated vocabulary id, an inconsistent servable.
         """
         self._server.swap(servable)
+        self._trimmer.trim()
 
     def follow(self, slot: RetrieverSlot, search_threads: int | None = 1) -> None:
         """Keeps serving what ``slot`` serves (hot reload): each swap of the slot (a
@@ -236,6 +242,7 @@ class NativeServer:
 
         def swapped(old: Retriever, new: Retriever) -> None:
             self.swap(native_servable(new, slot.model_info(), search_threads))
+            self._trimmer.trim()  # the servable's Python vocabulary is gone by now
 
         def refused(folder: Path, reason: str) -> None:
             self.set_model_info(model_info_message(slot.model_info()).SerializeToString())

@@ -9,10 +9,11 @@ then drops the excluded ids, merges (max-score, round-robin, diversity), builds 
 responses. The same objects do the work as in the Python engine (the tower, the index, the
 ranker, the tower's interest weights): no second implementation.
 
-Two rarer calls complete it: :meth:`NativeKernel.alone` answers a row whose batched search came
-back short (an approximate index, a narrow filter) with the Python engine's own search of that
-row (:meth:`Retriever.search_group`), and :meth:`NativeKernel.rerank` scores a batch's
-reranked candidates with its ranker.
+Rarer calls complete it: :meth:`NativeKernel.alone` answers a row whose batched search came back
+short (an approximate index, a narrow filter) with the Python engine's own search of that row
+(:meth:`Retriever.search_group`), :meth:`NativeKernel.rescore` scores a DIVERSITY row's
+candidates under each of its interests as the Python engine does, and
+:meth:`NativeKernel.rerank` scores a batch's reranked candidates with its ranker.
 
 Example:
     >>> kernel = NativeKernel(retriever)
@@ -70,6 +71,8 @@ class BatchKernel(Protocol):
         exclude: np.ndarray,
         allow: np.ndarray | None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+    def rescore(self, interests: np.ndarray, ids: np.ndarray) -> np.ndarray: ...
 
     def rerank(
         self,
@@ -190,6 +193,18 @@ class NativeKernel:
         kept = np.flatnonzero(found.ids[0] >= 0)[:depth]
         return found.ids[0][kept], found.scores[0][kept], found.interests[0][kept]
 
+    def rescore(self, interests: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """DIVERSITY's candidates scored under the row's active interests, the product the Python
+        engine computes (:func:`index.multi_interest.search_interests` with ``item_vectors``), so
+        that both engines rank by the same float32 values: float32 ``[K', n]``.
+
+        Args:
+            interests: float32 ``[K', d]`` the active interests, in their order.
+            ids: int64 ``[n]`` sorted unique dense ids.
+        """
+        result: np.ndarray = interests @ self.retriever.model.item_embeddings[ids].T
+        return result
+
     def rerank(
         self,
         ranker: str,
@@ -247,8 +262,6 @@ class NativeServable:
         num_items: items in the index (the cost formula's N).
         category_members: category -> sorted int64 dense ids of its items.
         category_codes: int64 ``[num_items + 1]`` each dense id's category code (DIVERSITY).
-        item_vectors: float32 ``[num_items + 1, d]`` (DIVERSITY scores every candidate under
-            every interest).
         explanation: what the tower's weights are (:class:`~retrieval.api.types.ExplanationKind`).
         rankers: name -> (version, unclicked items it reads).
         side_features: whether the tower reads side features (events are handed to the kernel).
@@ -264,7 +277,6 @@ class NativeServable:
     num_items: int
     category_members: dict[str, np.ndarray]
     category_codes: np.ndarray
-    item_vectors: np.ndarray
     explanation: str
     rankers: dict[str, tuple[str, int]]
     side_features: bool
@@ -289,7 +301,6 @@ def native_servable(
         num_items=retriever.index.ntotal,
         category_members=dict(retriever.categories.members.ids_by_category),
         category_codes=np.ascontiguousarray(retriever.categories.codes, np.int64),
-        item_vectors=np.ascontiguousarray(model.item_embeddings, np.float32),
         explanation=model.explanation,
         rankers={name: (r.version, r.num_unclicked) for name, r in retriever.rankers.items()},
         side_features=bool(model.side.event_features),

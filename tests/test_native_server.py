@@ -25,11 +25,12 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from index.merge import max_score
 from retrieval.api import RetrievalClient
+from retrieval.api.convert import result_from_response
 from retrieval.api.types import MAX_K, Query
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.serving import native
 from retrieval.serving.batching import MicroBatcher
-from retrieval.serving.config import BatchingConfig
+from retrieval.serving.config import BatchingConfig, LimitsConfig
 from retrieval.serving.native_kernel import NativeServable
 from tests.helpers import REPO_ROOT, connected
 
@@ -597,7 +598,7 @@ def test_a_call_whose_deadline_passed_while_queued_costs_the_kernel_nothing(
 
 
 class Held(ToyKernel):
-    """A :class:`ToyKernel` whose first search waits for ``release`` once it has set ``entered``."""
+    """A :class:`ToyKernel` whose searches set ``entered``, then wait for ``release``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -681,6 +682,67 @@ def test_a_deadline_passing_while_the_kernel_computes_stops_the_call_after_the_s
     assert (counters["batches"], counters["deadline_exceeded"], counters["cancelled"]) == (1, 1, 0)
 
 
+@pytest.mark.parametrize("round_", range(5))
+def test_heavy_calls_beyond_the_budget_wait_or_are_refused_with_a_pushback(round_: int) -> None:
+    """Every call is heavy here (cost 1.013 over cheap_cost 1: 1 + 1 id / 1000 + 3 interests x 4
+    candidates / 1000); the budget (1.5) holds one. The first computes (held in the kernel), the
+    second waits (max_waiting 1), the third is refused at once with the Python engine's message
+    and a retry pushback; released, the first two are answered."""
+    built()
+    kernel = Held()
+    limits = LimitsConfig(cheap_cost=1.0, max_cost=1.5, max_waiting=1, heavy_wait=10.0)
+    server = native.NativeServer(toy_servable(kernel), limits=limits)
+    server.start()
+    try:
+        with grpc.insecure_channel(address(server)) as channel, ThreadPoolExecutor(2) as pool:
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
+            request = retrieval_pb2.RetrieveRequest(history=["item1"], k=3)
+            first = pool.submit(stub.Retrieve, request, timeout=20)
+            assert kernel.entered.wait(10)
+            second = pool.submit(stub.Retrieve, request, timeout=20)
+            time.sleep(0.05 * (1 + round_ % 3))  # the second is waiting for room by now
+            with pytest.raises(grpc.RpcError) as raised:
+                stub.Retrieve(request, timeout=20)
+            assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert re.fullmatch(
+                r"server busy: heavy calls hold 1 of 2 cost units and this call costs 1 \(no room to wait\); "
+                r"retry in about \d+ ms",
+                raised.value.details(),
+            ), raised.value.details()
+            trailers = dict(raised.value.trailing_metadata())
+            assert int(trailers["grpc-retry-pushback-ms"]) >= 10
+            kernel.release.set()
+            for call in (first, second):
+                assert_answers(result_from_response(call.result(timeout=20)).items, reference(["item1"], 3))
+    finally:
+        server.stop(0)
+    assert server.counters()["calls"] == 2
+
+
+def test_a_heavy_call_that_waited_its_time_for_room_is_refused() -> None:
+    built()
+    kernel = Held()
+    limits = LimitsConfig(cheap_cost=1.0, max_cost=1.5, max_waiting=1, heavy_wait=0.2)
+    server = native.NativeServer(toy_servable(kernel), limits=limits)
+    server.start()
+    try:
+        with grpc.insecure_channel(address(server)) as channel, ThreadPoolExecutor(1) as pool:
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
+            request = retrieval_pb2.RetrieveRequest(history=["item1"], k=3)
+            first = pool.submit(stub.Retrieve, request, timeout=20)
+            assert kernel.entered.wait(10)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as raised:
+                stub.Retrieve(request, timeout=20)
+            assert time.monotonic() - started >= 0.2
+            assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "and this call costs 1 (waited 0.20 s); retry in about" in str(raised.value.details())
+            kernel.release.set()
+            assert first.result(timeout=20).items
+    finally:
+        server.stop(0)
+
+
 def wait_for_queued(server: native.NativeServer, rows: int) -> None:
     """Waits (10 s at most) until ``rows`` queries wait for a batch."""
     deadline = time.monotonic() + 10
@@ -694,6 +756,7 @@ import threading, time
 import grpc
 import numpy as np
 from retrieval.api import RetrievalClient
+from retrieval.api.convert import result_from_response
 from retrieval.serving.native import NativeServer
 from retrieval.serving.native_kernel import NativeServable
 

@@ -8,12 +8,15 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
+
+#include <google/protobuf/stubs/logging.h>
 
 #include "server.h"
 
@@ -335,6 +338,15 @@ ServerOptions OptionsOf(const nb::dict& py) {
   return options;
 }
 
+// protobuf's log, without its line for each request holding invalid UTF-8: such a request is
+// refused INVALID_ARGUMENT (as the Python engine refuses it, silently), and one line per request
+// would let any client fill the server's stderr.
+void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  if (message.find("invalid UTF-8") != std::string::npos) return;
+  static const char* const kLevels[] = {"INFO", "WARNING", "ERROR", "FATAL"};
+  std::fprintf(stderr, "[libprotobuf %s %s:%d] %s\n", kLevels[level], file, line, message.c_str());
+}
+
 }  // namespace
 }  // namespace mitt::native
 
@@ -345,6 +357,9 @@ NB_MODULE(_native, m) {
   // A server still referenced when the interpreter exits (retrieval.serving.native stops it at
   // exit) is reported by nanobind as a leak: noise, not a bug.
   nb::set_leak_warnings(false);
+  // The protobuf library is this module's own (Debian's, bound with RTLD_DEEPBIND): its log
+  // handler is set for this module alone.
+  google::protobuf::SetLogHandler(mitt::native::ProtobufLog);
 
   nb::class_<PyNativeServer>(m, "NativeServer")
       .def(

@@ -15,6 +15,10 @@
 
 Every artifact is written atomically, carries a manifest with checksums and the version it came
 from, and is verified on load (:mod:`retrieval.storage`).
+
+Names load on first use (``lazy_loader``, from ``__init__.pyi``): ``mitt build-index --help``
+reads :class:`IndexConfig` here and ``mitt train-ranker --help`` the ranker's inputs, and an
+eager import would load FAISS, pandas and pyarrow into both.
 """
 
 import lazy_loader

@@ -14,7 +14,10 @@
 * :mod:`retrieval.data.prepared`: data larger than memory as partitioned Parquet, its writer
   (:func:`prepare`) and readers.
 
-No TensorFlow here (a test checks): pandas, pyarrow and numpy only.
+No TensorFlow here (a test checks): pandas, pyarrow and numpy only. Names load on first use
+(``lazy_loader``, from ``__init__.pyi``): ``mitt train --help``, ``mitt evaluate --help`` and
+``mitt train-ranker --help`` read constants here, and an eager import would load pandas and
+pyarrow into them.
 """
 
 import lazy_loader

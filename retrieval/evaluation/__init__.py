@@ -9,6 +9,10 @@
 * :mod:`~retrieval.evaluation.runs`: runs side by side as a table.
 * :mod:`~retrieval.evaluation.paired`: per-user results of a run, and two runs compared on the
   same users (difference, standard error, 95% interval, relative change).
+
+Names load on first use (``lazy_loader``, from ``__init__.pyi``): ``mitt evaluate --help``
+reads :data:`METRICS_FILE` and the run tables here, and an eager import would load FAISS,
+pandas and pyarrow into it.
 """
 
 import lazy_loader

@@ -80,9 +80,9 @@ for them in every row, so all rows are over the same users and comparable. AUC p
 user's number of candidates (impressions), over the users whose list holds the target and at
 least one other item (``gauc_users``).
 
-Names are loaded on first use (PEP 562): ``from retrieval.ranking import RankerConfig,
-apply_overrides`` loads no TensorFlow, so ``tools/train_ranker.py`` checks its configuration
-before it loads anything heavy.
+Names load on first use (``lazy_loader``, from ``__init__.pyi``): ``mitt train-ranker --help``
+reads :class:`RankerConfig` here and checks the configuration before anything heavy, and an
+eager import would load TensorFlow into it.
 """
 
 import lazy_loader

@@ -17,6 +17,11 @@
   files reloaded when they change.
 * :mod:`~retrieval.serving.metrics`, :mod:`~retrieval.serving.logs`: Prometheus metrics, logging.
 
+Names load on first use (``lazy_loader``, from ``__init__.pyi``): ``mitt serve --help`` reads
+:mod:`~retrieval.serving.config` here, a group's supervisor :mod:`~retrieval.serving.group` and
+the native engine :mod:`~retrieval.serving.native`, and an eager import would load FAISS, pandas
+and pyarrow into each.
+
 Example:
     >>> retriever = Retriever.from_dirs(Path("runs/model"), Path("runs/index"))
     >>> server, port = create_server(retriever, ServerConfig(port=0))

@@ -14,6 +14,9 @@
   ``tf.distribute`` (:mod:`~retrieval.training.distribute`).
 * :mod:`~retrieval.training.attention`: a trained tower's attention maps.
 
+Names load on first use (``lazy_loader``, from ``__init__.pyi``): ``mitt train --help`` reads
+:class:`Config` and the option names here, and an eager import would load TensorFlow into it.
+
 Example:
     >>> config = apply_overrides(Config(), ["data.path=log.csv", "model.tower=sasrec"])
     >>> train(config, Path("runs/sasrec"))

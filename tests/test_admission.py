@@ -26,10 +26,9 @@ from retrieval.api import (
     Rerank,
     Retrieved,
     check_sizes,
-    largest_request_bytes,
     query_from_request,
-    request_from_query,
 )
+from retrieval.api.convert import largest_request_bytes, request_from_query
 from retrieval.api.errors import DeadlineExceeded, ResourceExhausted
 from retrieval.api.types import MergeStrategy
 from retrieval.api.v1 import retrieval_pb2

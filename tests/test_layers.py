@@ -119,8 +119,8 @@ def test_only_tools_import_the_command_lines() -> None:
 
 
 def public_names(package: str) -> set[str]:
-    """The ``__all__`` of a package or base module, read from its source: a lazily loaded package's
-    stub (``__init__.pyi``, which ``lazy_loader`` reads too), else its ``__init__.py`` or module file."""
+    """The ``__all__`` of a package or base module, read from its source: a lazy package's stub
+    (``__init__.pyi``, which ``lazy_loader`` reads too), else its ``__init__.py`` or module file."""
     folder = REPO / package.replace(".", "/")
     candidates = [folder / "__init__.pyi", folder / "__init__.py", folder.with_suffix(".py")]
     source = next(path for path in candidates if path.is_file())
@@ -144,22 +144,58 @@ def test_every_package_declares_its_public_api(package: str) -> None:
     assert not missing, f"{package}.__all__ names what it does not define: {missing}"
 
 
+LAZY: dict[str, str] = {
+    "retrieval.artifacts": "mitt build-index --help",
+    "retrieval.data": "mitt train --help",
+    "retrieval.evaluation": "mitt evaluate --help",
+    "retrieval.ranking": "mitt train-ranker --help",
+    "retrieval.serving": "mitt serve --help",
+    "retrieval.training": "mitt train --help",
+}
+"""The packages that load their names on first use (SPEC 1, ``lazy_loader.attach_stub``) -> a
+light path (``tests/test_tools.py`` keeps it light) that reads one of their names and that an eager
+``__init__.py`` would make load TensorFlow, FAISS or pandas. Every other package is plain."""
+
+
 @pytest.mark.parametrize("package", packages_of("retrieval")[1:])
-def test_layers_load_their_names_on_first_use(package: str) -> None:
-    """Every layer is a lazily loaded package (SPEC 1, ``lazy_loader.attach_stub``): importing it
-    runs no module of it, so naming one light thing (a constant, the client) loads nothing heavy."""
+def test_a_package_is_lazy_through_its_stub_or_plain(package: str) -> None:
+    """A lazy package's ``__init__.py`` only attaches its stub, and its docstring names the path
+    that needs it; a plain one imports exactly the names of its ``__all__`` (no stub beside it)."""
     init = REPO / package.replace(".", "/") / "__init__.py"
-    assert (init.with_suffix(".pyi")).is_file(), f"{package} has no __init__.pyi"
-    statements = [n for n in ast.parse(init.read_text()).body if not isinstance(n, ast.Expr)]
-    assert [ast.unparse(n) for n in statements] == [
-        "import lazy_loader",
-        "__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)",
-    ]
+    tree = ast.parse(init.read_text())
+    statements = [n for n in tree.body if not isinstance(n, ast.Expr)]
+    if package in LAZY:
+        assert init.with_suffix(".pyi").is_file(), f"{package} has no __init__.pyi"
+        assert [ast.unparse(n) for n in statements] == [
+            "import lazy_loader",
+            "__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)",
+        ]
+        docstring = " ".join((ast.get_docstring(tree) or "").split())
+        assert LAZY[package] in docstring, f"{package}'s docstring does not name {LAZY[package]}"
+        return
+    stub = init.with_suffix(".pyi")
+    assert not stub.exists(), f"{package} is plain: type checkers would read {stub.name} instead"
+    imports = [n for n in statements if isinstance(n, ast.ImportFrom)]
+    assert [ast.unparse(n).split(" =")[0] for n in statements if n not in imports] == ["__all__"]
+    assert sorted(a.asname or a.name for n in imports for a in n.names) == sorted(public_names(package))
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if p in ("retrieval.ranking", "retrieval.training") else p
+        for p in sorted(LAZY)
+    ],  # the two slow ones load TensorFlow
+)
+def test_a_lazy_package_would_load_something_heavy(package: str) -> None:
+    """A stub pays only while an eager ``__init__.py`` (which runs what ``from package import *``
+    runs) would load TensorFlow, FAISS or pandas; once it would not, the package becomes plain."""
+    assert loaded_heavy_modules(f"from {package} import *") != []
 
 
 def command_modules() -> set[str]:
     """The modules of the ``mitt`` commands, each declaring its public names (``main``...) in ``__all__``."""
-    from retrieval.cli import COMMANDS
+    from retrieval.cli.dispatch import COMMANDS
 
     return {f"retrieval.cli.{command.module}" for command in COMMANDS.values()}
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from retrieval.api.client import RetrievalClient
-from retrieval.cli import DISTRIBUTION
+from retrieval.cli.dispatch import DISTRIBUTION
 from tests.helpers import HISTORY, REPO_ROOT, connected
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

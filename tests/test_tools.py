@@ -19,8 +19,7 @@ from types import ModuleType
 
 import pytest
 
-from retrieval.cli import COMMANDS, DISTRIBUTION
-from retrieval.cli.dispatch import missing_library
+from retrieval.cli.dispatch import COMMANDS, DISTRIBUTION, missing_library
 from retrieval.environment import ABSL_NOTICE, shown_log_lines
 
 REPO = Path(__file__).resolve().parent.parent

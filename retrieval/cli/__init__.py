@@ -15,6 +15,6 @@ Example:
     >>> main(["train", "--data", "data/ml-100k", "--out", "runs/ml100k-sa"])  # doctest: +SKIP
 """
 
-import lazy_loader
+from retrieval.cli.dispatch import main
 
-__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+__all__ = ["main"]

@@ -10,6 +10,41 @@
 Needs only the standard library: every other layer of :mod:`retrieval` builds on it.
 """
 
-import lazy_loader
+from retrieval.storage.folders import (
+    derive_folder,
+    link_or_copy,
+    remove_folder,
+    remove_stale_temporaries,
+    write_artifact,
+)
+from retrieval.storage.manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    ArtifactError,
+    contained_file,
+    derived_version,
+    read_manifest,
+    refuse_outside_links,
+    sha256_file,
+)
+from retrieval.storage.versions import PUBLISH_GRACE, publish, resolve_current, version_folders
 
-__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "PUBLISH_GRACE",
+    "ArtifactError",
+    "contained_file",
+    "derive_folder",
+    "derived_version",
+    "link_or_copy",
+    "publish",
+    "read_manifest",
+    "refuse_outside_links",
+    "remove_folder",
+    "remove_stale_temporaries",
+    "resolve_current",
+    "sha256_file",
+    "version_folders",
+    "write_artifact",
+]

@@ -14,6 +14,6 @@ The ``-I`` mapping files the source under this package's path, so the generated 
 a name no other package registers. The service's full name stays ``retrieval.v1.RetrievalService``.
 """
 
-import lazy_loader
+from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 
-__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+__all__ = ["retrieval_pb2", "retrieval_pb2_grpc"]

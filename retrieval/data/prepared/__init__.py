@@ -55,6 +55,34 @@ included). The assumption: a partition fits in memory, i.e. there are many users
 them alone outgrows memory.
 """
 
-import lazy_loader
+from retrieval.data.prepared.partitions import EVENTS_PER_PARTITION
+from retrieval.data.prepared.reader import (
+    EvalBatch,
+    Prepared,
+    count_examples,
+    is_prepared,
+    iter_eval_batches,
+    iter_pieces,
+    open_prepared,
+    read_item_attributes,
+    read_vocab,
+    side_vocab,
+)
+from retrieval.data.prepared.writer import USERS_PER_ROW_GROUP, prepare, prepare_dataset
 
-__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+__all__ = [
+    "EVENTS_PER_PARTITION",
+    "USERS_PER_ROW_GROUP",
+    "EvalBatch",
+    "Prepared",
+    "count_examples",
+    "is_prepared",
+    "iter_eval_batches",
+    "iter_pieces",
+    "open_prepared",
+    "prepare",
+    "prepare_dataset",
+    "read_item_attributes",
+    "read_vocab",
+    "side_vocab",
+]

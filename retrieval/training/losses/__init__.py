@@ -3,10 +3,11 @@
 Towers only compute embeddings; everything about the loss lives here. A
 :class:`RetrievalTask` is assembled from two strategies:
 
-* **negatives** (:class:`Negatives`): the catalogue (:class:`AllItems`), items drawn by a
-  :class:`CandidateSampler` (:class:`SampledNegatives`), or the batch's other targets
-  (:class:`InBatchNegatives`), alone or mixed;
-* **loss on the logits** (:class:`SoftmaxCrossEntropy`, :class:`GeneralisedBCE`).
+* **negatives** (:mod:`~retrieval.training.losses.negatives`): the catalogue (``AllItems``),
+  items drawn by a :class:`CandidateSampler` (``SampledNegatives``), or the batch's other
+  targets (``InBatchNegatives``), alone or mixed;
+* **loss on the logits** (:mod:`~retrieval.training.losses.logits`: ``SoftmaxCrossEntropy``,
+  ``GeneralisedBCE``).
 
 Every candidate logit is ``<q, e_j> / T``; softmax losses subtract ``log E[count of j]`` (the
 log-Q correction, summed over the sources that propose j), and accidental hits (a candidate
@@ -14,6 +15,11 @@ equal to the row's own target) are removed. :data:`LOSSES` names the combination
 :func:`build_task` builds one by name.
 """
 
-import lazy_loader
+from retrieval.training.losses.samplers import CandidateSampler
+from retrieval.training.losses.task import RetrievalTask, build_task
 
-__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+__all__ = [
+    "CandidateSampler",
+    "RetrievalTask",
+    "build_task",
+]

@@ -33,7 +33,9 @@ CLIENT = [
     f"grpcio-health-checking{GRPC}",  # the client waits for SERVING and routes by health
     "protobuf>=7.35.1,<8",  # the generated messages refuse another major, or an older runtime
     "numpy>=2.0,<2.5",
-    "lazy_loader>=0.6,<1",  # the layers load their names on first use (SPEC 1, __init__.pyi)
+    # Six layers load their names on first use (SPEC 1, __init__.pyi); here so that `mitt train
+    # --help` and the other commands reading them run on a client install too.
+    "lazy_loader>=0.6,<1",
 ]
 """What ``retrieval.api`` and the ``mitt`` dispatcher import: no TensorFlow, FAISS or pandas."""
 

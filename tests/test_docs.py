@@ -310,7 +310,7 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert done.returncode == 0, "mkdocs build --strict failed:\n" + "\n".join(warnings or [done.stderr])
     assert (tmp_path / "site" / "index.html").exists()
     reference = (tmp_path / "site" / "reference" / "retrieval-api" / "index.html").read_text()
-    assert 'id="retrieval.api.RetrievalClient"' in reference  # names resolved through the stubs
+    assert 'id="retrieval.api.RetrievalClient"' in reference  # names resolved through __all__
 
 
 # ---------------------------------------------------------------- the commands

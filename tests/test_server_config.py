@@ -44,6 +44,7 @@ OLD_DEFAULTS: dict[str, Any] = {
     "metrics_host": "127.0.0.1",
     "log_format": "text",
     "xla": False,
+    "engine": "python",  # --engine came later (issue 44): the Python engine was the only one
     "model": None,
     "index": None,
     "watch": None,
@@ -62,6 +63,7 @@ GIVEN: dict[str, tuple[list[str], Any]] = {
     "watch": (["--watch", "live"], "live"),
     "watch_interval": (["--watch-interval", "0.5"], 0.5),
     "xla": (["--xla"], True),
+    "engine": (["--engine", "native"], "native"),
     "host": (["--host", "0.0.0.0"], "0.0.0.0"),
     "port": (["--port", "0"], 0),
     "processes": (["--processes", "3"], 3),

@@ -369,8 +369,14 @@ NB_MODULE(_native, m) {
           },
           nb::arg("servable"), nb::arg("options"))
       .def(
-          "start", [](PyNativeServer& self, const std::string& address) { return self.server().Start(address); },
-          nb::arg("address"), nb::call_guard<nb::gil_scoped_release>())
+          "start",
+          [](PyNativeServer& self, const std::vector<std::string>& addresses, bool serving, bool reuse_port) {
+            return self.server().Start(addresses, serving, reuse_port);
+          },
+          nb::arg("addresses"), nb::arg("serving"), nb::arg("reuse_port"), nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "set_serving", [](PyNativeServer& self, bool serving) { self.server().SetServing(serving); },
+          nb::arg("serving"), nb::call_guard<nb::gil_scoped_release>())
       .def(
           "stop", [](PyNativeServer& self, double grace) { self.server().Stop(grace); }, nb::arg("grace"),
           nb::call_guard<nb::gil_scoped_release>())

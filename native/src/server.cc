@@ -1,5 +1,6 @@
 #include "server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -32,7 +33,7 @@ NativeServer::NativeServer(std::shared_ptr<const Servable> servable, std::string
 
 NativeServer::~NativeServer() { Stop(0); }
 
-int NativeServer::Start(const std::string& address) {
+int NativeServer::Start(const std::vector<std::string>& addresses, bool serving, bool reuse_port) {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
   if (started_) throw std::logic_error("the server was already started");
   started_ = true;
@@ -42,24 +43,44 @@ int NativeServer::Start(const std::string& address) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+  // One selected port each: BuildAndStart fails if any address cannot be bound.
+  std::vector<int> ports(addresses.size(), 0);
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    builder.AddListeningPort(addresses[i], grpc::InsecureServerCredentials(), &ports[i]);
+  }
   builder.RegisterService(&service_);
   if (options_.max_request_bytes > 0) builder.SetMaxReceiveMessageSize(options_.max_request_bytes);
   if (options_.max_response_bytes > 0) builder.SetMaxSendMessageSize(options_.max_response_bytes);
   // A second server on the port would silently take half the traffic: refuse it, as the Python
   // engine does (only a serving group's workers share a port).
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port ? 1 : 0);
   server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port_ == 0) {
+  const bool bound = server_ != nullptr && !ports.empty() &&
+                     std::all_of(ports.begin(), ports.end(), [&](int port) { return port != 0 && port == ports[0]; });
+  if (!bound) {
+    if (server_ != nullptr) server_->Shutdown();
     server_.reset();
     admission_.Close();
     batcher_.Stop();
     stopped_ = true;
-    throw std::runtime_error("cannot serve on " + address);
+    std::string joined;
+    for (const std::string& address : addresses) joined += (joined.empty() ? "" : ", ") + address;
+    throw std::runtime_error("cannot serve on " + joined);
   }
-  server_->GetHealthCheckService()->SetServingStatus(ServiceName(), true);
-  server_->GetHealthCheckService()->SetServingStatus("", true);
+  port_ = ports[0];
+  // gRPC's health service starts with the whole server ("") SERVING: set both at once.
+  SetStatus(serving);
   return port_;
+}
+
+void NativeServer::SetServing(bool serving) {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (server_ != nullptr && !stopped_) SetStatus(serving);
+}
+
+void NativeServer::SetStatus(bool serving) {
+  server_->GetHealthCheckService()->SetServingStatus(ServiceName(), serving);
+  server_->GetHealthCheckService()->SetServingStatus("", serving);
 }
 
 void NativeServer::Stop(double grace_seconds) {

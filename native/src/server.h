@@ -43,10 +43,14 @@ class NativeServer {
   NativeServer(const NativeServer&) = delete;
   NativeServer& operator=(const NativeServer&) = delete;
 
-  // Binds `address` ("127.0.0.1:0" picks a free port), starts serving and reports SERVING on
-  // the health service; returns the bound port. Throws std::runtime_error when it cannot bind,
+  // Binds every one of `addresses` ("127.0.0.1:0" picks a free port), all or none, and starts
+  // serving, SERVING on the health service if `serving` (else NOT_SERVING until SetServing);
+  // `reuse_port` lets other servers setting it share the port (a serving group's workers).
+  // Returns the bound port. Throws std::runtime_error when an address cannot be bound,
   // std::logic_error when called twice.
-  int Start(const std::string& address);
+  int Start(const std::vector<std::string>& addresses, bool serving, bool reuse_port);
+  // The health service's status of the server and of the retrieval service; ignored once stopping.
+  void SetServing(bool serving);
   // NOT_SERVING on the health service, no new calls; heavy calls still waiting for room are
   // refused; the calls in flight get `grace_seconds` to finish, then are cancelled; returns when
   // every call is finished. Idempotent.
@@ -65,6 +69,8 @@ class NativeServer {
   }
 
  private:
+  void SetStatus(bool serving);  // under lifecycle_mu_, server_ running
+
   const ServerOptions options_;
   const PythonText text_;
   const RequestChecker checker_;

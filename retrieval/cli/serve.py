@@ -6,6 +6,8 @@ mitt serve ... --max-cost 256 --max-memory-mb 4096 --metrics-port 9090 \
     --tls-cert server.pem --tls-key server.key --tls-ca clients-ca.pem   # mutual TLS
 # hot reload: serve ROOT's current version, swap to each one mitt deploy publishes
 mitt serve --watch runs/live --log-format json
+# the native engine (make native builds it): C++ gRPC, the model called once per micro-batch
+mitt serve ... --engine native
 # one process per core (the default) answering on one port; --processes 1: a single process
 mitt serve ... --processes 4 --threads 32
 # the settings from a file, one changed; the resolved configuration printed, nothing served
@@ -35,7 +37,7 @@ from retrieval.cli.inputs import Input
 from retrieval.cli.startup import add_config_options, command_parser, layered, refuse, start
 from retrieval.config import flag_of
 from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
-from retrieval.serving.config import ServerConfig, check_server_config  # configuration only
+from retrieval.serving.config import ENGINES, ServerConfig, check_server_config  # configuration only
 from retrieval.serving.logs import LOG_FORMATS
 from retrieval.storage import ArtifactError
 
@@ -52,6 +54,7 @@ FLAG_FIELDS = {
     "watch": "watch",
     "watch_interval": "watch_interval",
     "xla": "xla",
+    "engine": "engine",
     "host": "host",
     "port": "port",
     "processes": "processes",
@@ -166,6 +169,12 @@ def _add_artifacts(p: argparse.ArgumentParser, c: ServerConfig) -> None:
 
 
 def _add_processes(p: argparse.ArgumentParser, c: ServerConfig) -> None:
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="what answers the calls: python, or native: a C++ gRPC server calling the model once "
+        f"per micro-batch (make native builds it; docs/serving.md, Engines) (default {c.engine})",
+    )
     p.add_argument("--host", help=f"interface to bind, 0.0.0.0 for all (default {c.host})")
     p.add_argument("--port", type=int, help=f"0 picks a free port (default {c.port})")
     p.add_argument(
@@ -334,6 +343,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if isinstance(started, int):
         return started
     config, args = started
+    if config.engine == "native":  # before any process starts: not built, or an option it lacks
+        from retrieval.serving.native import NativeEngineMissing, check_native
+
+        try:
+            check_native(config)
+        except (ValueError, NativeEngineMissing) as e:
+            return refuse(e)
     from retrieval.serving.group import default_processes
 
     if (config.processes or default_processes()) > 1:

@@ -20,8 +20,9 @@ Example:
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from retrieval.api.convert import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from retrieval.api.types import MAX_BATCH
@@ -37,6 +38,7 @@ from retrieval.config import (
 from retrieval.serving.logs import LogFormat
 
 __all__ = [
+    "ENGINES",
     "AccessConfig",
     "BatchingConfig",
     "LimitsConfig",
@@ -50,6 +52,10 @@ Port = Annotated[int, Range(0, 65535)]
 """A TCP port; 0 picks a free one (the gRPC port), or is off (the others)."""
 
 MIB = 2**20
+
+Engine = Literal["python", "native"]
+"""What answers the calls (``ServerConfig.engine``, ``--engine``)."""
+ENGINES: tuple[str, ...] = typing.get_args(Engine)
 
 
 @dataclass(frozen=True)
@@ -217,6 +223,10 @@ class ServerConfig:
         watch_interval: seconds between two looks at ``watch``.
         xla: run the user tower and the rankers compiled by XLA (not with ``watch``: TensorFlow
             keeps every compiled version in memory).
+        engine: what answers the calls: ``python`` (grpcio, the retriever in Python), or
+            ``native``: a C++ gRPC server (``make native``) calling the loaded tower and index
+            once per micro-batch, which refuses at start the options it does not implement yet
+            (:func:`~retrieval.serving.native.check_native`; docs/serving.md, "Engines").
         host: the interface to bind (``0.0.0.0`` for all); every address it resolves to is bound.
         port: the gRPC port; 0 picks a free one.
         processes: server processes answering on the port, each with its own model and request
@@ -243,6 +253,7 @@ class ServerConfig:
     watch: str | None = None
     watch_interval: PositiveFloat = 2.0
     xla: bool = False
+    engine: Engine = "python"
     host: str = "127.0.0.1"
     port: Port = 50051
     processes: PositiveInt | None = None

@@ -28,6 +28,7 @@ import importlib
 import os
 import sys
 import weakref
+from collections.abc import Sequence
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -45,12 +46,12 @@ from retrieval.api.types import (
     MAX_PER_INTEREST_K,
     MAX_USER_ID,
 )
+from retrieval.serving.config import BatchingConfig, LimitsConfig, ServerConfig
 from retrieval.serving.memory import trimmer
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from retrieval.serving.config import BatchingConfig, LimitsConfig
     from retrieval.serving.native_kernel import NativeServable
     from retrieval.serving.reload import RetrieverSlot
     from retrieval.serving.retriever import Retriever
@@ -97,6 +98,7 @@ __all__ = [
     "PACKAGES",
     "NativeEngineMissing",
     "NativeServer",
+    "check_native",
     "native_module",
     "printable_table",
 ]
@@ -128,6 +130,38 @@ def native_module() -> ModuleType:
         ) from None
     finally:
         sys.setdlopenflags(flags)
+
+
+def _not_native(config: ServerConfig) -> dict[str, bool]:
+    """Each option the native engine does not implement yet, named by its flag and key, and
+    whether ``config`` sets it."""
+    access = config.access
+    return {
+        "--access-file (access.file)": access.file is not None,
+        "--rate-limit (access.rate_limit)": access.rate_limit > 0,
+        "--access-log-sample (access.log_sample)": access.log_sample > 0,
+        "--health-port (access.health_port)": access.health_port != 0,
+        "--no-reflection (access.reflection)": not access.reflection,
+        "--tls-cert (tls.cert)": config.tls.cert is not None,
+        # No request threads: gRPC C++'s callback API runs no thread per call.
+        "--threads (threads)": config.threads != ServerConfig().threads,
+        "--metrics-port (metrics.port)": config.metrics.port != 0,
+    }
+
+
+def check_native(config: ServerConfig) -> None:
+    """Checks that the native engine can serve ``config``: every option it sets is implemented,
+    and the engine is built.
+
+    Raises:
+        ValueError: an option it does not implement yet (one line naming its flag and key, and
+            ``--engine python``).
+        NativeEngineMissing: the engine is not built.
+    """
+    for option, given in _not_native(config).items():
+        if given:
+            raise ValueError(f"the native engine does not implement {option} yet: serve with --engine python")
+    native_module()
 
 
 @functools.cache
@@ -170,8 +204,6 @@ class NativeServer:
             NativeEngineMissing: the engine is not built.
             ValueError: a repeated vocabulary id, an inconsistent servable.
         """
-        from retrieval.serving.config import BatchingConfig, LimitsConfig
-
         batching = batching or BatchingConfig()
         limits = limits or LimitsConfig()
         options: dict[str, Any] = {
@@ -205,13 +237,27 @@ class NativeServer:
         # waiting for the GIL of an interpreter being torn down.
         self._finalizer = weakref.finalize(self, self._server.stop, 0.0)
 
-    def start(self, address: str = "127.0.0.1:0") -> int:
-        """Binds ``address`` (port 0: a free port) and serves; returns the bound port.
+    def start(
+        self, address: str | Sequence[str] = "127.0.0.1:0", *, serving: bool = True, reuse_port: bool = False
+    ) -> int:
+        """Binds ``address`` (port 0: a free port), or every one of several (all or none, on one
+        port), and serves; returns the bound port.
+
+        Args:
+            serving: report SERVING on the health service at once; ``False`` leaves it
+                NOT_SERVING until :meth:`set_serving` (a serving group's worker waits for its group).
+            reuse_port: share the port with other servers that set it (``SO_REUSEPORT``: a
+                serving group's workers); without it a port already served is refused.
 
         Raises:
-            RuntimeError: it cannot bind, or was started before.
+            RuntimeError: an address cannot be bound, or the server was started before.
         """
-        return int(self._server.start(address))
+        addresses = [address] if isinstance(address, str) else list(address)
+        return int(self._server.start(addresses, serving, reuse_port))
+
+    def set_serving(self, serving: bool) -> None:
+        """Sets the health status of the server and of the retrieval service (not once stopping)."""
+        self._server.set_serving(serving)
 
     @property
     def port(self) -> int:

@@ -16,6 +16,7 @@ import re
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from functools import partial
@@ -315,8 +316,9 @@ def _deadline(context: grpc.ServicerContext) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
-class RetrievalServer:
-    """A started server and what it owns: stop it with :meth:`stop`.
+class StartedServer(ABC):
+    """A started server of either engine (:attr:`ServerConfig.engine`): its health status and its
+    stop, a drain then a grace, as :func:`serve_forever` and a serving group's worker drive it.
 
     Attributes:
         port: the bound port.
@@ -325,34 +327,18 @@ class RetrievalServer:
         health_port: the bound plaintext health port (:attr:`AccessControl.health_port`), if any.
     """
 
-    def __init__(
-        self,
-        server: grpc.Server,
-        port: int,
-        slot: RetrieverSlot,
-        health_servicer: HealthServicer,
-        batcher: MicroBatcher | None,
-        health_server: tuple[grpc.Server, int] | None = None,
-    ) -> None:
-        self._server = server
-        self._health_server = None if health_server is None else health_server[0]
-        self.health_port = None if health_server is None else health_server[1]
+    def __init__(self, port: int, slot: RetrieverSlot, health_port: int | None = None) -> None:
         self.port = port
         self.slot = slot
-        self._health = health_servicer
-        self._batcher = batcher
+        self.health_port = health_port
         self._stopped: threading.Event | None = None
         self._stop_lock = threading.Lock()
         self.stop_deadline: float | None = None
         """When in-flight calls are cancelled (a :func:`time.monotonic` time), once stopping."""
 
+    @abstractmethod
     def set_serving(self, serving: bool) -> None:
         """Sets the health status of the server and of the retrieval service."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for service in ("", SERVICE_NAME):  # "" is the whole server, which most probes ask for
-            self._health.set(service, status)
 
     @property
     def stopping(self) -> bool:
@@ -391,6 +377,41 @@ class RetrievalServer:
         threading.Thread(target=shut_down_later, name="drain", daemon=True).start()
         return done
 
+    @abstractmethod
+    def _shut_down(self, grace: float | None) -> threading.Event:
+        """Refuses new calls, gives in-flight ones ``grace`` seconds; does not block. Returns an
+        event set once every call has finished."""
+
+    @abstractmethod
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        """Blocks until the server stopped (or ``timeout`` seconds); ``True`` on timeout."""
+
+
+class RetrievalServer(StartedServer):
+    """A started server of the Python engine and what it owns: stop it with :meth:`stop`."""
+
+    def __init__(
+        self,
+        server: grpc.Server,
+        port: int,
+        slot: RetrieverSlot,
+        health_servicer: HealthServicer,
+        batcher: MicroBatcher | None,
+        health_server: tuple[grpc.Server, int] | None = None,
+    ) -> None:
+        super().__init__(port, slot, None if health_server is None else health_server[1])
+        self._server = server
+        self._health_server = None if health_server is None else health_server[0]
+        self._health = health_servicer
+        self._batcher = batcher
+
+    def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", SERVICE_NAME):  # "" is the whole server, which most probes ask for
+            self._health.set(service, status)
+
     def _shut_down(self, grace: float | None) -> threading.Event:
         if self._batcher is not None:
             self._batcher.close()  # calls already in it are still answered
@@ -399,7 +420,6 @@ class RetrievalServer:
         return self._server.stop(grace)
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
-        """Blocks until the server stopped (or ``timeout`` seconds); ``True`` on timeout."""
         return bool(self._server.wait_for_termination(timeout))
 
 
@@ -550,11 +570,11 @@ def serve_forever(
     *,
     access: AccessControl | None = None,
     metrics: Metrics | None = None,
-    on_start: Callable[[RetrievalServer], None] | None = None,
+    on_start: Callable[[StartedServer], None] | None = None,
     reuse_port: bool = False,
     serving: bool = True,
 ) -> None:
-    """Serves until SIGTERM or SIGINT, then stops gracefully.
+    """Serves until SIGTERM or SIGINT with the engine ``config.engine`` names, then stops gracefully.
 
     On the signal the health status turns NOT_SERVING, calls are still answered for
     ``config.drain`` seconds (while load balancers move away), then new calls are refused and
@@ -579,14 +599,7 @@ def serve_forever(
     access = AccessControl.from_config(config) if access is None else access
     served = _serve_metrics(config.metrics, access.metrics_auth)
     try:
-        server, bound = create_server(
-            retriever,
-            config,
-            access=access,
-            metrics=served or metrics,
-            reuse_port=reuse_port,
-            serving=serving,
-        )
+        server, bound = _create(retriever, config, access, served or metrics, reuse_port, serving)
         _log_started(server, config, bound)
         with StopGuard(budget=config.drain + config.grace + STOP_MARGIN) as guard:
             if on_start is not None:
@@ -596,6 +609,25 @@ def serve_forever(
         if served is not None:
             served.close()
     logger.info("server stopped")
+
+
+def _create(
+    retriever: Retriever | RetrieverSlot,
+    config: ServerConfig,
+    access: AccessControl,
+    metrics: Metrics | None,
+    reuse_port: bool,
+    serving: bool,
+) -> tuple[StartedServer, int]:
+    """The started server of ``config.engine``: :func:`create_server`, or the native engine's
+    :func:`~retrieval.serving.native_server.create_native_server` (which has no access control)."""
+    if config.engine == "native":
+        from retrieval.serving.native_server import create_native_server
+
+        return create_native_server(retriever, config, reuse_port=reuse_port, serving=serving)
+    return create_server(
+        retriever, config, access=access, metrics=metrics, reuse_port=reuse_port, serving=serving
+    )
 
 
 def _serve_metrics(config: MetricsConfig, auth: BasicAuth | None) -> Metrics | None:
@@ -616,15 +648,16 @@ def _serve_metrics(config: MetricsConfig, auth: BasicAuth | None) -> Metrics | N
     return metrics
 
 
-def _log_started(server: RetrievalServer, config: ServerConfig, bound: int) -> None:
+def _log_started(server: StartedServer, config: ServerConfig, bound: int) -> None:
     tls = " with TLS" if config.tls.cert else ""
+    engine = " (native engine)" if config.engine == "native" else ""
     version = server.slot.current.model_version
-    logger.info("serving %s (model %s) on %s:%d%s", SERVICE_NAME, version, config.host, bound, tls)
+    logger.info("serving %s (model %s) on %s:%d%s%s", SERVICE_NAME, version, config.host, bound, tls, engine)
     if server.health_port is not None:
         logger.info("health checks in plaintext on %s:%d", config.host, server.health_port)
 
 
-def _serve_until_stopped(server: RetrievalServer, guard: StopGuard, grace: float, drain: float) -> None:
+def _serve_until_stopped(server: StartedServer, guard: StopGuard, grace: float, drain: float) -> None:
     """Waits until ``server`` stopped. The first signal starts its stop in a thread of its own (a
     step that hangs cannot hold this loop, nor a second signal); a stop, whoever asked for it
     (a group's supervisor), arms ``guard`` :data:`STOP_MARGIN` s after the calls' grace."""

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from retrieval.serving.metrics import Metrics
     from retrieval.serving.reload import RetrieverSlot
     from retrieval.serving.retriever import Retriever
-    from retrieval.serving.server import RetrievalServer
+    from retrieval.serving.server import StartedServer
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class WorkerLink:
         """Tells the supervisor this worker could not start (it then exits)."""
         self.send(("failed", reason))
 
-    def start(self, server: RetrievalServer) -> None:
+    def start(self, server: StartedServer) -> None:
         """Reports ``server`` ready to the supervisor and follows its messages in daemon threads
         (pass it as ``serve_forever``'s ``on_start``)."""
         slot = server.slot
@@ -158,7 +158,7 @@ class WorkerLink:
             leave_folder(self._metrics, self._metrics_lock)
             self._metrics_lock = None
 
-    def _follow(self, server: RetrievalServer, versions: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
+    def _follow(self, server: StartedServer, versions: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
         """Reads the supervisor's messages: heartbeats, health and stop are answered here at
         once (none of them waits); version work, which takes seconds, goes to ``versions``."""
         while True:
@@ -182,7 +182,7 @@ class WorkerLink:
             else:
                 versions.put(message)
 
-    def _versions(self, server: RetrievalServer, messages: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
+    def _versions(self, server: StartedServer, messages: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
         """Loads, swaps and discards versions as the supervisor asks (two-phase reload)."""
         from retrieval.serving.reload import describe_error, load_deployment, swap_version
         from retrieval.storage.manifest import ArtifactError

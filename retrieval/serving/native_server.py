@@ -1,0 +1,115 @@
+"""The native engine as ``mitt serve --engine native`` runs it: :func:`create_native_server` starts
+a :class:`~retrieval.serving.native.NativeServer` on a :class:`RetrieverSlot`'s version, following
+its swaps, and returns it as a :class:`~retrieval.serving.server.StartedServer`, which
+:func:`~retrieval.serving.server.serve_forever` and a serving group's worker drive as they drive
+the Python engine's: health, SIGTERM's drain and grace, hot reload, the group's two-phase swaps.
+
+Example:
+    >>> server, port = create_native_server(retriever, ServerConfig(port=0, engine="native"))
+    >>> server.stop(grace=5.0).wait()
+"""
+
+from __future__ import annotations
+
+import threading
+
+from retrieval.serving.addresses import host_addresses, join_host_port
+from retrieval.serving.config import ServerConfig, check_server_config
+from retrieval.serving.native import NativeServer, check_native
+from retrieval.serving.native_kernel import native_servable
+from retrieval.serving.reload import RetrieverSlot
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import StartedServer
+
+__all__ = ["NativeRetrievalServer", "create_native_server"]
+
+
+class NativeRetrievalServer(StartedServer):
+    """A started native server (:func:`create_native_server`): stop it with :meth:`stop`."""
+
+    def __init__(self, server: NativeServer, port: int, slot: RetrieverSlot) -> None:
+        super().__init__(port, slot)
+        self.engine = server
+        """The engine itself (its counters)."""
+        self._terminated = threading.Event()
+
+    def set_serving(self, serving: bool) -> None:
+        self.engine.set_serving(serving)
+
+    def _shut_down(self, grace: float | None) -> threading.Event:
+        def stop() -> None:
+            self.engine.stop(grace or 0.0)  # blocks until every call has finished (GIL released)
+            self._terminated.set()
+
+        threading.Thread(target=stop, name="native-stop", daemon=True).start()
+        return self._terminated
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return not self._terminated.wait(timeout)
+
+
+def create_native_server(
+    retriever: Retriever | RetrieverSlot,
+    config: ServerConfig | None = None,
+    *,
+    reuse_port: bool = False,
+    serving: bool = True,
+) -> tuple[NativeRetrievalServer, int]:
+    """Starts the native engine for ``retriever`` as ``config`` says: its address (every one its
+    host resolves to), micro-batching, limits and FAISS threads; each swap of the slot (a
+    :class:`~retrieval.serving.reload.DeploymentWatcher`'s, a group's) is handed to the engine.
+
+    Args:
+        retriever: answers the requests; a :class:`RetrieverSlot` to swap it while serving.
+        config: how to serve; ``None``: its defaults.
+        reuse_port: share the port with other servers that set it (a serving group's workers).
+        serving: report SERVING once started; ``False`` leaves it NOT_SERVING until
+            :meth:`~retrieval.serving.server.StartedServer.set_serving`.
+
+    Returns:
+        ``(server, bound port)``; the server is started.
+
+    Raises:
+        ValueError: fields of ``config`` that do not go together, or an option the native engine
+            does not implement yet (:func:`~retrieval.serving.native.check_native`).
+        NativeEngineMissing: the engine is not built.
+        OSError: an address cannot be bound (nothing is left serving).
+    """
+    config = check_server_config(config or ServerConfig(engine="native"), artifacts=False)
+    check_native(config)
+    slot = retriever if isinstance(retriever, RetrieverSlot) else RetrieverSlot(retriever)
+    addresses = _addresses(config.host, config.port)
+    threads = config.search_threads
+    server = NativeServer(
+        native_servable(slot.current, slot.model_info(), threads),
+        batching=config.batching,
+        limits=config.limits,
+    )
+    try:
+        port = server.start(addresses, serving=serving, reuse_port=reuse_port)
+    except RuntimeError:
+        raise OSError(
+            f"cannot serve gRPC on {config.host}:{config.port}: the address is in use or not available"
+        ) from None
+    server.follow(slot, threads)
+    return NativeRetrievalServer(server, port, slot), port
+
+
+def _addresses(host: str, port: int) -> list[str]:
+    """``address:port`` of every address ``host`` resolves to, as the Python engine binds them
+    (:func:`~retrieval.serving.addresses.bind_every_address`).
+
+    Raises:
+        OSError: ``host`` does not resolve, or resolves to several addresses with ``port`` 0
+            (each would get a port of its own).
+    """
+    try:
+        found = [address for _, address in host_addresses(host)]
+    except OSError as e:
+        raise OSError(f"cannot serve gRPC on {host}:{port}: {e.strerror or e}") from None
+    if port == 0 and len(found) > 1:
+        raise OSError(
+            f"cannot serve gRPC on {host}:0 with the native engine: {host} has {len(found)} addresses "
+            "and each would get a port of its own; give a port"
+        )
+    return [join_host_port(address, port) for address in found]

@@ -336,6 +336,44 @@ def save_din(
     return out
 
 
+NUM_UNCLICKED = 4
+"""Unclicked items a DSTN of :func:`save_dstn` reads."""
+
+
+def save_dstn(
+    out: Path, vocab: ItemVocab, model_version: str, config: dict[str, Any] | None, seed: int = 0
+) -> Path:
+    """An untrained DSTN (seeded weights) with ``g = 1`` so its own part, which reads the
+    unclicked items, moves the logits; ``config`` is saved as the artifact's ``config.json``."""
+    import keras
+
+    from rankers import build_ranker
+    from retrieval.artifacts.ranker import save_ranker
+
+    kwargs = {
+        "num_items": len(vocab),
+        "dim": 8,
+        "max_len": MAX_LEN,
+        "attention_units": 8,
+        "hidden_units": [8],
+        "context_size": 5,
+        "ranker_scale_init": 1.0,
+    }
+    keras.utils.set_random_seed(seed)
+    ranker = build_ranker("dstn", **kwargs)
+    ranker.build()
+    ranker.retrieval_weight.assign(0.01)
+    save_ranker(out, ranker, "dstn", kwargs, vocab, model_version, config=config)
+    return out
+
+
+def config_of(**changes: Any) -> dict[str, Any]:
+    """A DSTN ranker's ``config.json`` (``num_unclicked`` :data:`NUM_UNCLICKED`) with ``changes``."""
+    from retrieval.ranking.config import RankerConfig
+
+    return {**RankerConfig(ranker="dstn", num_unclicked=NUM_UNCLICKED).to_dict(), **changes}
+
+
 RANKER_ITEMS, RANKER_DIM, RANKER_MAX_LEN, RANKER_ATTRIBUTES = 24, 8, 8, 6
 """The sizes of :func:`make_ranker`'s rankers (their own catalogue, not :data:`ITEMS`)."""
 RANKER_CONTEXT = 3  # DSTN's context size (the requests carry RANKER_CONTEXT + 1 context items)

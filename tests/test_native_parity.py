@@ -41,8 +41,7 @@ from retrieval.serving.config import LimitsConfig
 from retrieval.serving.native_kernel import native_servable
 from retrieval.serving.reload import RetrieverSlot, load_deployment
 from retrieval.serving.retriever import Retriever
-from tests.helpers import local, run_tool, save_din, serving
-from tests.test_rerank_unclicked import config_of, save_dstn
+from tests.helpers import config_of, local, run_tool, save_din, save_dstn, serving
 
 try:
     native.native_module()

@@ -11,53 +11,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import keras
 import numpy as np
 import pytest
 
-from rankers import build_ranker
 from retrieval.api.client import RetrievalClient
 from retrieval.api.convert import query_from_request, request_from_query
 from retrieval.api.errors import InvalidArgument
 from retrieval.api.types import MAX_FILTER_IDS, Query, Rerank
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.artifacts.model import ModelArtifact
-from retrieval.artifacts.ranker import DEFAULT_NUM_UNCLICKED, LoadedRanker, load_ranker, save_ranker
+from retrieval.artifacts.ranker import DEFAULT_NUM_UNCLICKED, LoadedRanker, load_ranker
 from retrieval.data.interactions import build_sequences
 from retrieval.data.loaders import load_interactions
-from retrieval.data.vocab import ItemVocab
 from retrieval.ranking.config import RankerConfig
 from retrieval.ranking.data import build_ranking_data
 from retrieval.serving.retriever import Retriever
-from tests.helpers import HISTORY, MAX_LEN, REPO_ROOT, save_din
-
-NUM_UNCLICKED = 4
-
-
-def save_dstn(
-    out: Path, vocab: ItemVocab, model_version: str, config: dict[str, Any] | None, seed: int = 0
-) -> Path:
-    """An untrained DSTN (seeded weights) with ``g = 1`` so its own part, which reads the
-    unclicked items, moves the logits; ``config`` is saved as the artifact's ``config.json``."""
-    kwargs = {
-        "num_items": len(vocab),
-        "dim": 8,
-        "max_len": MAX_LEN,
-        "attention_units": 8,
-        "hidden_units": [8],
-        "context_size": 5,
-        "ranker_scale_init": 1.0,
-    }
-    keras.utils.set_random_seed(seed)
-    ranker = build_ranker("dstn", **kwargs)
-    ranker.build()
-    ranker.retrieval_weight.assign(0.01)
-    save_ranker(out, ranker, "dstn", kwargs, vocab, model_version, config=config)
-    return out
-
-
-def config_of(**changes: Any) -> dict[str, Any]:
-    return {**RankerConfig(ranker="dstn", num_unclicked=NUM_UNCLICKED).to_dict(), **changes}
+from tests.helpers import HISTORY, NUM_UNCLICKED, REPO_ROOT, config_of, save_din, save_dstn
 
 
 class Spy:

@@ -32,7 +32,7 @@ from retrieval.cli import serve
 from retrieval.serving import native
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.stopping import STOP_MARGIN
-from tests.helpers import REPO_ROOT, connected, serving
+from tests.helpers import REPO_ROOT, connected, scrape, serving
 
 SLACK = 30.0
 """Seconds a loaded 2-core machine may add to a bound (process start-up aside)."""
@@ -198,17 +198,9 @@ def test_mitt_serve_engine_native_answers_as_the_python_engine_and_stops_on_sigt
     with serving(python) as address, RetrievalClient(address) as client:
         expected = [client.retrieve(query) for query in queries]
         expected_batch = client.batch_retrieve(queries[:8])
-    drain, grace = 2.0, 3.0
-    args = [
-        "--model",
-        str(model_dir),
-        "--index",
-        str(index_dir),
-        "--drain",
-        str(drain),
-        "--grace",
-        str(grace),
-    ]
+    drain, grace, metrics_port = 2.0, 3.0, free_port()
+    args = ["--model", str(model_dir), "--index", str(index_dir), "--metrics-port", str(metrics_port)]
+    args += ["--drain", str(drain), "--grace", str(grace)]
     with served(tmp_path, *args) as (process, address, log), connected(address, retries=0) as client:
         for query, want in zip(queries, expected, strict=True):
             got = client.retrieve(query)
@@ -222,6 +214,15 @@ def test_mitt_serve_engine_native_answers_as_the_python_engine_and_stops_on_sigt
         assert client.model_info().model_version == version
         with pytest.raises(Exception, match="k must be"):
             client.retrieve(ids[:2], k=0)
+        samples = scrape(metrics_port)
+        for method, code, calls in [
+            ("Retrieve", "OK", 40),
+            ("BatchRetrieve", "OK", 1),
+            ("GetModelInfo", "OK", 1),
+            ("Retrieve", "INVALID_ARGUMENT", 1),
+        ]:
+            assert samples[("retrieval_requests_total", (("code", code), ("method", method)))] == calls
+        assert samples[("retrieval_model_info", (("model_version", version),))] == 1
         assert f"(model {version}) on 127.0.0.1" in log.read_text() and "(native engine)" in log.read_text()
         # A plain channel (RetrievalClient's checks health: it would stop sending once NOT_SERVING).
         with grpc.insecure_channel(address) as channel:
@@ -294,9 +295,10 @@ def reload_under_load(
     process: subprocess.Popen[bytes],
     log: Path,
     versions: list[tuple[Path, Path, str]],
-) -> None:
+) -> int:
     """Publishes the second version under 4 callers' load until every caller has seen it and
-    40 more calls were answered; checks no call failed and each moved once."""
+    40 more calls were answered; checks no call failed and each moved once. Returns the calls
+    answered."""
     (model_1, _, v1), (model_2, index_2, v2) = versions
     with Callers(address, list(read_model_vocab(model_1).ids[:5])) as callers:
         callers.wait_for(40, process, log)
@@ -309,6 +311,7 @@ def reload_under_load(
     callers.moved(v1, v2)
     with RetrievalClient(address) as client:
         assert client.model_info().model_version == v2
+    return callers.calls
 
 
 @pytest.mark.slow  # a watched deployment, a version published under load: ~20 s
@@ -333,9 +336,20 @@ def test_a_native_group_reloads_in_two_phases_under_load_failing_no_call(
     built()
     root = tmp_path / "live"
     publish_deployment(*model_versions[0][:2], root)
-    with Group(tmp_path, "--engine", "native", "--watch", str(root), "--watch-interval", "0.05") as group:
-        reload_under_load(group.address, root, group.process, group.log, model_versions)
-        assert f"the group now serves model {model_versions[1][2]}" in group.log.read_text()
+    metrics_port = free_port()
+    args = ["--engine", "native", "--watch", str(root), "--watch-interval", "0.05"]
+    with Group(tmp_path, *args, "--metrics-port", str(metrics_port)) as group:
+        answered = reload_under_load(group.address, root, group.process, group.log, model_versions)
+        v2 = model_versions[1][2]
+        assert f"the group now serves model {v2}" in group.log.read_text()
+        # The workers' counts, summed by the supervisor (each worker moves its own every second).
+        ok = ("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))
+        deadline = time.monotonic() + SLACK
+        while (samples := scrape(metrics_port)).get(ok) != answered:
+            assert time.monotonic() < deadline, (samples.get(ok), answered)
+            time.sleep(0.2)
+        assert samples[("retrieval_model_info", (("model_version", v2),))] == 1
+        assert samples[("retrieval_workers", ())] == 2
         assert group.stop()[0] == 0
 
 

@@ -8,6 +8,11 @@
 
 namespace mitt::native {
 
+size_t Admission::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_.size();
+}
+
 uint64_t ResidentBytes() {
   FILE* statm = std::fopen("/proc/self/statm", "r");
   if (statm == nullptr) return 0;

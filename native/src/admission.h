@@ -57,6 +57,8 @@ class Admission {
   // Refuses the calls still waiting (as after their wait) and ends the timer thread; later calls
   // are admitted at once (the server is stopping: its batcher refuses them). Idempotent.
   void Close();
+  // Heavy calls waiting for room now.
+  size_t waiting() const;
   // admission.screen: a request of `bytes` over cheap_bytes while heavy calls leave no room to
   // wait is refused unread.
   std::optional<Refusal> Screen(uint64_t bytes) const;

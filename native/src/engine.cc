@@ -161,6 +161,7 @@ void Engine::Compute(const Servable& servable, std::vector<Row>& rows, Deadline 
   }
   ++batches_;
   rows_ += rows.size();
+  metrics_.Batch(rows.size());
   for (uint64_t seen = max_batch_rows_; rows.size() > seen && !max_batch_rows_.compare_exchange_weak(seen, rows.size());) {
   }
   if (Late(rows, deadline, "the index search")) return;

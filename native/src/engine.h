@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "call_metrics.h"
 #include "merge.h"
 #include "pending_call.h"
 
@@ -33,7 +34,8 @@ class Engine {
   // Sends a finished call's answers (or its status) and releases what it held.
   using Finish = std::function<void(std::unique_ptr<PendingCall>)>;
 
-  Engine(size_t explain_top, Finish finish) : explain_top_(explain_top), finish_(std::move(finish)) {}
+  Engine(size_t explain_top, CallMetrics& metrics, Finish finish)
+      : explain_top_(explain_top), metrics_(metrics), finish_(std::move(finish)) {}
 
   // Computes the batch's slices, then finishes its finished calls (each exactly once).
   void Answer(Batch batch);
@@ -63,6 +65,7 @@ class Engine {
   bool Late(std::vector<Row>& rows, Deadline deadline, const char* stage);
 
   const size_t explain_top_;
+  CallMetrics& metrics_;
   const Finish finish_;
   Merger merger_;  // Answer's, on the batcher's thread
   std::atomic<uint64_t> calls_{0}, rows_{0}, batches_{0}, max_batch_rows_{0}, kernel_errors_{0}, cancelled_{0},

@@ -328,6 +328,8 @@ ServerOptions OptionsOf(const nb::dict& py) {
   options.max_request_bytes = Field<int>(py, "max_request_bytes");
   options.max_response_bytes = Field<int>(py, "max_response_bytes");
   options.explain_top = Field<size_t>(py, "explain_top");
+  options.latency_bounds = Field<std::vector<double>>(py, "latency_buckets");
+  options.batch_bounds = Field<std::vector<double>>(py, "batch_buckets");
   const auto printable = Field<nb::bytes>(py, "printable");
   options.printable.assign(static_cast<const uint8_t*>(printable.data()),
                            static_cast<const uint8_t*>(printable.data()) + printable.size());
@@ -336,6 +338,32 @@ ServerOptions OptionsOf(const nb::dict& py) {
     throw std::invalid_argument("max_batch, max_queued and max_queue must be >= 1 and max_wait_us >= 0");
   }
   return options;
+}
+
+// A histogram as Python reads it: (bucket counts, sum).
+nb::tuple HistogramOf(const Histogram& histogram) {
+  return nb::make_tuple(nb::cast(histogram.buckets), histogram.sum);
+}
+
+// The engine's metrics (retrieval.serving.native_metrics reads them): "latency" (method, code) ->
+// histogram, "refusals" (method, code, reason) -> count, "batches" a histogram, "queues" name -> depth.
+nb::dict MetricsOf(const NativeServer& server) {
+  const CallMetrics::Snapshot snapshot = server.metrics();
+  nb::dict latency, refusals, queues;
+  for (const auto& [key, histogram] : snapshot.latency) latency[nb::make_tuple(key.first, key.second)] = HistogramOf(histogram);
+  for (const auto& [key, count] : snapshot.refusals) {
+    refusals[nb::make_tuple(std::get<0>(key), std::get<1>(key), std::get<2>(key))] = count;
+  }
+  const Queues depth = server.queues();
+  queues["calls"] = depth.calls;
+  queues["batch"] = depth.batch;
+  queues["heavy"] = depth.heavy;
+  nb::dict out;
+  out["latency"] = latency;
+  out["refusals"] = refusals;
+  out["batches"] = HistogramOf(snapshot.batches);
+  out["queues"] = queues;
+  return out;
 }
 
 // protobuf's log, without its line for each request holding invalid UTF-8: such a request is
@@ -393,6 +421,7 @@ NB_MODULE(_native, m) {
           [](PyNativeServer& self, nb::handle info) { self.server().SetModelInfo(PyNativeServer::Bytes(info)); },
           nb::arg("model_info"))
       .def_prop_ro("port", [](PyNativeServer& self) { return self.server().port(); })
+      .def("metrics", [](PyNativeServer& self) { return mitt::native::MetricsOf(self.server()); })
       .def("counters", [](PyNativeServer& self) {
         const Counters c = self.server().counters();
         nb::dict out;

@@ -11,6 +11,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "call_metrics.h"
 #include "python_text.h"
 #include "query.h"
 #include "retrieval.pb.h"
@@ -22,7 +23,7 @@ struct PendingCall {
   grpc::CallbackServerContext* context = nullptr;
   grpc::ServerUnaryReactor* reactor = nullptr;
   grpc::ByteBuffer* response = nullptr;  // owned by gRPC
-  bool batch = false;                    // a BatchRetrieve (its answers in one BatchRetrieveResponse)
+  Method method = Method::kRetrieve;     // a BatchRetrieve's answers go in one BatchRetrieveResponse
   std::shared_ptr<const Servable> servable;  // the version it was checked with answers it
   std::vector<Query> queries;
   std::vector<retrieval::v1::RetrieveResponse> answers;  // one per query

@@ -24,12 +24,13 @@ NativeServer::NativeServer(std::shared_ptr<const Servable> servable, std::string
       slot_(std::move(servable), std::move(model_info)),
       admission_(options_.admission),
       calls_(options_.max_queued),
-      engine_(options_.explain_top, [this](std::unique_ptr<PendingCall> call) {
+      metrics_(options_.latency_bounds, options_.batch_bounds),
+      engine_(options_.explain_top, metrics_, [this](std::unique_ptr<PendingCall> call) {
         const grpc::Status status = call->status;
         service_.End(std::move(call), status);
       }),
       batcher_(options_.batching, [this](Batch batch) { engine_.Answer(std::move(batch)); }),
-      service_(slot_, checker_, options_.units, admission_, calls_, batcher_) {}
+      service_(slot_, checker_, options_.units, admission_, calls_, batcher_, metrics_) {}
 
 NativeServer::~NativeServer() { Stop(0); }
 

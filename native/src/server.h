@@ -14,6 +14,7 @@
 #include "admission.h"
 #include "batcher.h"
 #include "call_limit.h"
+#include "call_metrics.h"
 #include "cost.h"
 #include "engine.h"
 #include "python_text.h"
@@ -33,6 +34,13 @@ struct ServerOptions {
   int max_response_bytes = 0;
   size_t explain_top = 3;     // events an explanation lists per interest
   std::vector<uint8_t> printable;  // PythonText's table
+  std::vector<double> latency_bounds, batch_bounds;  // the metrics' histograms (Python's buckets)
+};
+
+// What the metrics' queue depths read: calls held (of max_queued), queries waiting for a batch,
+// heavy calls waiting for room.
+struct Queues {
+  size_t calls = 0, batch = 0, heavy = 0;
 };
 
 class NativeServer {
@@ -67,6 +75,8 @@ class NativeServer {
     counters.queued = batcher_.queued_rows();
     return counters;
   }
+  CallMetrics::Snapshot metrics() const { return metrics_.Read(); }
+  Queues queues() const { return {calls_.held(), batcher_.queued_rows(), admission_.waiting()}; }
 
  private:
   void SetStatus(bool serving);  // under lifecycle_mu_, server_ running
@@ -77,6 +87,7 @@ class NativeServer {
   ServableSlot slot_;
   Admission admission_;
   CallLimit calls_;
+  CallMetrics metrics_;
   Engine engine_;
   MicroBatcher batcher_;
   RetrievalService service_;

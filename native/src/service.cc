@@ -17,6 +17,12 @@ grpc::Status Indexed(const grpc::Status& status, size_t index) {
   return {status.error_code(), "requests[" + std::to_string(index) + "]: " + status.error_message()};
 }
 
+// The grpc-retry-pushback-ms trailer of a refusal: retry after `seconds`.
+void AddPushback(grpc::CallbackServerContext* context, double seconds) {
+  const double ms = std::max(1.0, std::nearbyint(seconds * 1000));  // round() of Python: ties to even
+  context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(static_cast<int64_t>(ms)));
+}
+
 void Put(const std::string& bytes, grpc::ByteBuffer* buffer) {
   grpc::Slice slice(bytes);
   grpc::ByteBuffer filled(&slice, 1);
@@ -43,33 +49,43 @@ std::vector<size_t> Chunks(const std::vector<double>& costs, double chunk_cost) 
 
 }  // namespace
 
-void RetrievalService::End(std::unique_ptr<PendingCall> call, const grpc::Status& status,
-                           std::optional<double> retry_after) {
+void RetrievalService::End(std::unique_ptr<PendingCall> call, const grpc::Status& status) {
+  Finish(std::move(call), status, nullptr);
+}
+
+void RetrievalService::End(std::unique_ptr<PendingCall> call, const Refusal& refused) {
+  Finish(std::move(call), {grpc::StatusCode::RESOURCE_EXHAUSTED, refused.message}, &refused);
+}
+
+void RetrievalService::Finish(std::unique_ptr<PendingCall> call, const grpc::Status& status, const Refusal* refused) {
   if (status.ok()) {
-    if (call->batch) {
+    if (call->method == Method::kBatchRetrieve) {
       retrieval::v1::BatchRetrieveResponse answers;
       for (auto& answer : call->answers) answers.add_responses()->Swap(&answer);
       Put(answers.SerializeAsString(), call->response);
-    } else {
+    } else if (call->method == Method::kRetrieve) {  // GetModelInfo's answer is in place already
       Put(call->answers.front().SerializeAsString(), call->response);
     }
-  } else if (retry_after) {
-    const double ms = std::max(1.0, std::nearbyint(*retry_after * 1000));  // round() of Python: ties to even
-    call->context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(static_cast<int64_t>(ms)));
+  } else if (refused != nullptr && refused->retry_after) {
+    AddPushback(call->context, *refused->retry_after);
   }
-  call->reactor->Finish(status);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - call->arrived).count();
+  // Counted before it is sent, as the Python engine counts: a client holding its answer sees it counted.
+  metrics_.Answered(call->method, status.error_code(), seconds, refused != nullptr ? refused->reason : "");
+  call->reactor->Finish(status);
   if (call->heavy) admission_.Leave(call->cost, seconds);
   calls_.Leave(seconds);
 }
 
 std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContext* context,
-                                                      grpc::ByteBuffer* response, bool batch) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!calls_.Enter()) {
+                                                      grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* response,
+                                                      Method method) {
+  if (!calls_.Enter()) {  // refused before anything is held
+    const auto arrived = std::chrono::steady_clock::now();
     const Refusal refused = calls_.Refused();
-    const double ms = std::max(1.0, std::nearbyint(*refused.retry_after * 1000));
-    context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(static_cast<int64_t>(ms)));
+    AddPushback(context, *refused.retry_after);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
+    metrics_.Answered(method, grpc::StatusCode::RESOURCE_EXHAUSTED, seconds, refused.reason);
     reactor->Finish({grpc::StatusCode::RESOURCE_EXHAUSTED, refused.message});
     return nullptr;
   }
@@ -77,7 +93,7 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
   call->context = context;
   call->reactor = reactor;
   call->response = response;
-  call->batch = batch;
+  call->method = method;
   call->arrived = std::chrono::steady_clock::now();
   call->servable = slot_.current();  // one version for the whole call
   if (const auto deadline = DeadlineOf(*context); deadline && *deadline <= std::chrono::system_clock::now()) {
@@ -92,7 +108,7 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
 bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request,
                             google::protobuf::Message* message, const char* type) {
   if (const auto refused = admission_.Screen(request.Length())) {
-    End(std::move(call), {grpc::StatusCode::RESOURCE_EXHAUSTED, refused->message}, refused->retry_after);
+    End(std::move(call), *refused);
     return false;
   }
   grpc::ByteBuffer copy(request);  // the reader consumes its buffer
@@ -107,9 +123,10 @@ bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::Byte
 
 grpc::ServerUnaryReactor* RetrievalService::Retrieve(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
-  auto call = Arrive(context, response, false);
-  if (call == nullptr) return context->DefaultReactor();
-  grpc::ServerUnaryReactor* reactor = call->reactor;
+  // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto call = Arrive(context, reactor, response, Method::kRetrieve);
+  if (call == nullptr) return reactor;
   retrieval::v1::RetrieveRequest parsed;
   if (!Read(call, *request, &parsed, "retrieval.v1.RetrieveRequest")) return reactor;
   if (grpc::Status status = checker_.CheckSizes(parsed); !status.ok()) {
@@ -132,9 +149,10 @@ grpc::ServerUnaryReactor* RetrievalService::Retrieve(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* RetrievalService::BatchRetrieve(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
-  auto call = Arrive(context, response, true);
-  if (call == nullptr) return context->DefaultReactor();
-  grpc::ServerUnaryReactor* reactor = call->reactor;
+  // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto call = Arrive(context, reactor, response, Method::kBatchRetrieve);
+  if (call == nullptr) return reactor;
   retrieval::v1::BatchRetrieveRequest parsed;
   if (!Read(call, *request, &parsed, "retrieval.v1.BatchRetrieveRequest")) return reactor;
   const auto count = static_cast<size_t>(parsed.requests_size());
@@ -178,14 +196,14 @@ grpc::ServerUnaryReactor* RetrievalService::BatchRetrieve(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* RetrievalService::GetModelInfo(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
-  auto call = Arrive(context, response, false);
-  if (call == nullptr) return context->DefaultReactor();
-  grpc::ServerUnaryReactor* reactor = call->reactor;
+  // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto call = Arrive(context, reactor, response, Method::kGetModelInfo);
+  if (call == nullptr) return reactor;
   retrieval::v1::GetModelInfoRequest parsed;
   if (!Read(call, *request, &parsed, "retrieval.v1.GetModelInfoRequest")) return reactor;
   Put(*slot_.model_info(), response);
-  call->reactor->Finish(grpc::Status::OK);
-  calls_.Leave(std::chrono::duration<double>(std::chrono::steady_clock::now() - call->arrived).count());
+  End(std::move(call), grpc::Status::OK);
   return reactor;
 }
 
@@ -204,8 +222,7 @@ void RetrievalService::Admit(std::unique_ptr<PendingCall> call, grpc::Status che
   PendingCall* held = call.release();  // owned by the admission's callback from here
   admission_.Enter(held->cost, until, [this, held, checked](std::optional<Refusal> refused) {
     std::unique_ptr<PendingCall> admitted(held);
-    if (refused) return End(std::move(admitted), {grpc::StatusCode::RESOURCE_EXHAUSTED, refused->message},
-                            refused->retry_after);
+    if (refused) return End(std::move(admitted), *refused);
     admitted->heavy = true;
     if (!checked.ok()) return End(std::move(admitted), checked);
     Queue(std::move(admitted));
@@ -220,11 +237,11 @@ void RetrievalService::Queue(std::unique_ptr<PendingCall> call) {
     case MicroBatcher::Queued::kStopping:
       return End(std::move(call), {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"});
     case MicroBatcher::Queued::kFull:
-      return End(std::move(call),
-                 {grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: " + std::to_string(batcher_.max_queue()) +
-                                                            " requests queued, retry in about " +
-                                                            Fixed(retry_after * 1000, 0) + " ms"},
-                 retry_after);
+      return End(std::move(call), Refusal{"batch_queue_full",
+                                          "server busy: " + std::to_string(batcher_.max_queue()) +
+                                              " requests queued, retry in about " + Fixed(retry_after * 1000, 0) +
+                                              " ms",
+                                          retry_after});
   }
 }
 

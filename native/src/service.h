@@ -13,6 +13,7 @@
 #include "admission.h"
 #include "batcher.h"
 #include "call_limit.h"
+#include "call_metrics.h"
 #include "cost.h"
 #include "request.h"
 #include "retrieval.grpc.pb.h"
@@ -27,8 +28,9 @@ using RawRetrievalService = retrieval::v1::RetrievalService::WithRawCallbackMeth
 class RetrievalService final : public RawRetrievalService {
  public:
   RetrievalService(const ServableSlot& slot, const RequestChecker& checker, const CostUnits& units,
-                   Admission& admission, CallLimit& calls, MicroBatcher& batcher)
-      : slot_(slot), checker_(checker), units_(units), admission_(admission), calls_(calls), batcher_(batcher) {}
+                   Admission& admission, CallLimit& calls, MicroBatcher& batcher, CallMetrics& metrics)
+      : slot_(slot), checker_(checker), units_(units), admission_(admission), calls_(calls), batcher_(batcher),
+        metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Retrieve(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -37,14 +39,18 @@ class RetrievalService final : public RawRetrievalService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;
 
-  // Sends a call's answers (status OK) or its status, and releases what it held: the engine's
-  // last step for every call it answers, and the service's for every call it refuses.
-  void End(std::unique_ptr<PendingCall> call, const grpc::Status& status,
-           std::optional<double> retry_after = std::nullopt);
+  // Sends a call's answers (status OK) or its status, releases what it held and counts it (a
+  // capacity refusal by its reason): the engine's last step for every call it answers, and the
+  // service's for every call it refuses.
+  void End(std::unique_ptr<PendingCall> call, const grpc::Status& status);
+  void End(std::unique_ptr<PendingCall> call, const Refusal& refused);
 
  private:
-  // A held call for `context`, or nullptr when the call limit refused it (answered already).
-  std::unique_ptr<PendingCall> Arrive(grpc::CallbackServerContext* context, grpc::ByteBuffer* response, bool batch);
+  // A held call for `context` answered by `reactor` (its default reactor), or nullptr when it was
+  // refused (the call limit, a deadline already passed) and answered already.
+  std::unique_ptr<PendingCall> Arrive(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+                                      grpc::ByteBuffer* response, Method method);
+  void Finish(std::unique_ptr<PendingCall> call, const grpc::Status& status, const Refusal* refused);
   // Parses `request` into `message`; false (the call ended) when it does not parse or is refused unread.
   bool Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request, google::protobuf::Message* message,
             const char* type);
@@ -59,6 +65,7 @@ class RetrievalService final : public RawRetrievalService {
   Admission& admission_;
   CallLimit& calls_;
   MicroBatcher& batcher_;
+  CallMetrics& metrics_;
 };
 
 }  // namespace mitt::native

@@ -25,6 +25,11 @@ if TYPE_CHECKING:  # a group's supervisor imports this module without the servin
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+"""Upper bounds (seconds) of ``retrieval_request_seconds``' buckets (the native engine's too)."""
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+"""Upper bounds of ``retrieval_batch_size``'s buckets (the native engine's too)."""
+
 
 @dataclass(frozen=True)
 class BasicAuth:
@@ -87,6 +92,12 @@ class _HttpEndpoint:
 
     def __init__(self) -> None:
         self._http: Any = None
+        self._before_scrape: list[Callable[[], None]] = []
+
+    def before_scrape(self, hook: Callable[[], None]) -> None:
+        """Registers ``hook()``, called before each ``/metrics`` answer (e.g. to read counts kept
+        elsewhere: the native engine's)."""
+        self._before_scrape.append(hook)
 
     def serve(self, port: int, host: str = "127.0.0.1", auth: BasicAuth | None = None) -> int:
         """Serves ``/metrics`` on ``host:port`` (0 picks a free port) in a daemon thread,
@@ -95,7 +106,12 @@ class _HttpEndpoint:
         Returns:
             The bound port.
         """
-        app = make_wsgi_app(self.registry)
+        exported = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            for hook in self._before_scrape:
+                hook()
+            return exported(environ, start_response)
 
         class Server(ThreadingWSGIServer):
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -147,7 +163,9 @@ class Metrics(_HttpEndpoint):
     ``retrieval_access_file_errors_total`` (changes of the access file not applied) and
     ``retrieval_access_file_stale`` (1 while the identities in force are not the file's),
     ``retrieval_model_info{model_version}`` = 1 for the version in service, and
-    ``retrieval_reload_refusals_total`` (deployment versions refused).
+    ``retrieval_reload_refusals_total`` (deployment versions refused). The native engine's
+    counts are moved in under the same names
+    (:class:`~retrieval.serving.native_metrics.NativeMetrics`).
 
     A ``worker`` of a serving group (:mod:`retrieval.serving.group`, in a process started with
     ``PROMETHEUS_MULTIPROC_DIR`` set) keeps only the per-request metrics, which the group's
@@ -165,7 +183,7 @@ class Metrics(_HttpEndpoint):
             "retrieval_request_seconds",
             "Time to answer a request",
             ["method", "code"],
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.refusals = Counter(
@@ -197,7 +215,7 @@ class Metrics(_HttpEndpoint):
         self.batch_size = Histogram(
             "retrieval_batch_size",
             "Queries per user-tower call",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
         self.search = Histogram(

@@ -48,6 +48,7 @@ from retrieval.api.types import (
 )
 from retrieval.serving.config import BatchingConfig, LimitsConfig, ServerConfig
 from retrieval.serving.memory import trimmer
+from retrieval.serving.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -145,7 +146,6 @@ def _not_native(config: ServerConfig) -> dict[str, bool]:
         "--tls-cert (tls.cert)": config.tls.cert is not None,
         # No request threads: gRPC C++'s callback API runs no thread per call.
         "--threads (threads)": config.threads != ServerConfig().threads,
-        "--metrics-port (metrics.port)": config.metrics.port != 0,
     }
 
 
@@ -227,6 +227,8 @@ class NativeServer:
             "max_response_bytes": limits.max_response_bytes,
             "explain_top": EXPLAIN_TOP,
             "printable": printable_table(),
+            "latency_buckets": [float(b) for b in LATENCY_BUCKETS],
+            "batch_buckets": [float(b) for b in BATCH_BUCKETS],
         }
         self._server = native_module().NativeServer(servable, options)
         # The handover's copies (a million ids at 1M items) are freed: give their pages back, and
@@ -312,6 +314,15 @@ class NativeServer:
         ``alone`` (their batched search came back short), calls past their ``deadline_exceeded``
         while computing; and the queries ``queued`` for a batch now."""
         return dict(self._server.counters())
+
+    def metrics(self) -> dict[str, Any]:
+        """Everything the engine counted since it started, as the metrics endpoint exports it
+        (:class:`~retrieval.serving.native_metrics.NativeMetrics` reads it): ``latency``
+        ``(method, code number) -> (bucket counts, sum of seconds)`` over ``LATENCY_BUCKETS``
+        then +inf, ``refusals`` ``(method, code number, reason) -> calls`` (reason ``""``: the
+        code's name), ``batches`` ``(bucket counts, sum of rows)`` over ``BATCH_BUCKETS`` then
+        +inf, and ``queues`` ``{"calls", "batch", "heavy"} -> depth now``."""
+        return dict(self._server.metrics())
 
     def __enter__(self) -> Self:
         if not self.port:

@@ -152,7 +152,10 @@ class NativeKernel:
             n = min(int(fetch[members].max()), ntotal)
             allowed = None if group < 0 else allows[group]
             queries = np.ascontiguousarray(encoded[members][users, slots])
+            started = time.perf_counter()
             found_scores, found_ids = index.search(queries, n, SearchFilter.of(allow=allowed))
+            if self.retriever.observe_search is not None:  # retrieval_index_search_seconds
+                self.retriever.observe_search(time.perf_counter() - started)
             ids[members[users], slots, :n] = found_ids
             scores[members[users], slots, :n] = found_scores
             fetched[members] = n

@@ -15,8 +15,10 @@ import threading
 
 from retrieval.serving.addresses import host_addresses, join_host_port
 from retrieval.serving.config import ServerConfig, check_server_config
+from retrieval.serving.metrics import Metrics
 from retrieval.serving.native import NativeServer, check_native
 from retrieval.serving.native_kernel import native_servable
+from retrieval.serving.native_metrics import NativeMetrics
 from retrieval.serving.reload import RetrieverSlot
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import StartedServer
@@ -27,10 +29,13 @@ __all__ = ["NativeRetrievalServer", "create_native_server"]
 class NativeRetrievalServer(StartedServer):
     """A started native server (:func:`create_native_server`): stop it with :meth:`stop`."""
 
-    def __init__(self, server: NativeServer, port: int, slot: RetrieverSlot) -> None:
+    def __init__(
+        self, server: NativeServer, port: int, slot: RetrieverSlot, metrics: NativeMetrics | None = None
+    ) -> None:
         super().__init__(port, slot)
         self.engine = server
         """The engine itself (its counters)."""
+        self._metrics = metrics
         self._terminated = threading.Event()
 
     def set_serving(self, serving: bool) -> None:
@@ -39,6 +44,8 @@ class NativeRetrievalServer(StartedServer):
     def _shut_down(self, grace: float | None) -> threading.Event:
         def stop() -> None:
             self.engine.stop(grace or 0.0)  # blocks until every call has finished (GIL released)
+            if self._metrics is not None:
+                self._metrics.stop()  # the last calls counted
             self._terminated.set()
 
         threading.Thread(target=stop, name="native-stop", daemon=True).start()
@@ -52,6 +59,7 @@ def create_native_server(
     retriever: Retriever | RetrieverSlot,
     config: ServerConfig | None = None,
     *,
+    metrics: Metrics | None = None,
     reuse_port: bool = False,
     serving: bool = True,
 ) -> tuple[NativeRetrievalServer, int]:
@@ -62,6 +70,8 @@ def create_native_server(
     Args:
         retriever: answers the requests; a :class:`RetrieverSlot` to swap it while serving.
         config: how to serve; ``None``: its defaults.
+        metrics: where the engine's counts go (:class:`NativeMetrics`), under the Python
+            engine's names; ``None`` for none. Its HTTP endpoint is started separately.
         reuse_port: share the port with other servers that set it (a serving group's workers).
         serving: report SERVING once started; ``False`` leaves it NOT_SERVING until
             :meth:`~retrieval.serving.server.StartedServer.set_serving`.
@@ -92,7 +102,12 @@ def create_native_server(
             f"cannot serve gRPC on {config.host}:{config.port}: the address is in use or not available"
         ) from None
     server.follow(slot, threads)
-    return NativeRetrievalServer(server, port, slot), port
+    moved = None
+    if metrics is not None:
+        metrics.follow(slot)
+        moved = NativeMetrics(server, metrics)
+        moved.start()
+    return NativeRetrievalServer(server, port, slot, moved), port
 
 
 def _addresses(host: str, port: int) -> list[str]:

@@ -624,7 +624,9 @@ def _create(
     if config.engine == "native":
         from retrieval.serving.native_server import create_native_server
 
-        return create_native_server(retriever, config, reuse_port=reuse_port, serving=serving)
+        return create_native_server(
+            retriever, config, metrics=metrics, reuse_port=reuse_port, serving=serving
+        )
     return create_server(
         retriever, config, access=access, metrics=metrics, reuse_port=reuse_port, serving=serving
     )

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -166,10 +167,15 @@ def serve(args: argparse.Namespace) -> None:
     until SIGTERM."""
     stopping = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stopping)  # before gRPC's threads start: they inherit it
+    timers: dict[str, float] = {}
     if args.serve == "native":
         from retrieval.serving import Retriever, native_servable
 
-        servable = native_servable(Retriever.from_dirs(*deployment(args)))
+        retriever = Retriever.from_dirs(*deployment(args))
+        if args.stages_out:
+            time_kernel(retriever, timers)
+        servable = native_servable(retriever)
+        del retriever  # the kernel keeps it
     else:
         servable = toy_servable(args.serve, args.items, args.dim)
     server = NativeServer(servable)
@@ -179,6 +185,30 @@ def serve(args: argparse.Namespace) -> None:
     signal.sigwait(stopping)
     server.stop(5.0)
     log.info("counters %s", server.counters())
+    if args.stages_out:
+        Path(args.stages_out).write_text(json.dumps({"counters": server.counters(), **timers}))
+
+
+def time_kernel(retriever: Any, seconds: dict[str, float]) -> None:
+    """Adds each call's time of the retriever's user tower to ``seconds["tower"]`` and of its
+    index search to ``seconds["faiss"]`` (as the kernel calls them; wall time on the batcher's
+    thread, which holds the GIL throughout)."""
+    seconds.update(tower=0.0, faiss=0.0)
+
+    def timed(function: Any, key: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds[key] += time.perf_counter() - started
+
+        return call
+
+    retriever.model = dataclasses.replace(
+        retriever.model, user_vectors=timed(retriever.model.user_vectors, "tower")
+    )
+    retriever.index.search = timed(retriever.index.search, "faiss")
 
 
 def random_requests(items: int, count: int, seed: int = 1) -> list[retrieval_pb2.RetrieveRequest]:
@@ -371,6 +401,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_data_root_argument(p)
     p.add_argument("--serve", choices=[*TOYS, "native"], help=argparse.SUPPRESS)  # run a native server
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--stages-out", type=Path, help=argparse.SUPPRESS)  # --serve native: write its timers
     args = p.parse_args(argv)
     if args.items < 2 * K + HISTORY or args.seconds <= 0 or min(args.concurrency) < 1:
         p.error(f"need --items >= {2 * K + HISTORY}, --seconds > 0 and concurrency >= 1")

@@ -5,9 +5,11 @@ show the calls held. Needs ``make native`` (skips without it)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Any
 
 import grpc
 import pytest
@@ -23,7 +25,7 @@ from retrieval.serving.native_server import create_native_server
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import StartedServer, create_server
 from tests.helpers import ITEMS, connected, local, scrape
-from tests.test_native_server import Held, toy_servable
+from tests.test_native_server import Held, ToyKernel, toy_servable
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -163,3 +165,31 @@ def test_a_capacity_refusal_counts_by_its_reason_and_the_queues_show_the_held_ca
         server.stop(0)
         moved.stop()
         metrics.close()
+
+
+class Slow(ToyKernel):
+    """A toy kernel whose searches take at least 5 ms."""
+
+    def search(self, *args: Any) -> Any:
+        time.sleep(0.005)
+        return super().search(*args)
+
+
+def test_the_stage_timers_count_each_stage_of_every_call() -> None:
+    """10 calls one after another through a kernel taking 5 ms: the kernel stage holds at least
+    the 50 ms slept and at most the calls' time; every other stage counted something."""
+    server = native.NativeServer(toy_servable(Slow()))
+    address = f"127.0.0.1:{server.start()}"
+    try:
+        with connected(address, retries=0) as client:
+            started = time.perf_counter()
+            for i in range(10):
+                client.retrieve([f"item{i}"], 3)
+            elapsed_ns = (time.perf_counter() - started) * 1e9
+        counters = server.counters()
+    finally:
+        server.stop(0)
+    assert counters["calls"] == counters["batches"] == 10
+    assert 50e6 <= counters["kernel_ns"] <= elapsed_ns
+    for stage in ("parse_ns", "checks_ns", "merge_ns", "response_ns"):
+        assert 0 < counters[stage] < counters["kernel_ns"], stage

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "python_text.h"
@@ -114,6 +115,7 @@ std::vector<std::function<void()>> Admission::Settle(std::chrono::steady_clock::
 }
 
 void Admission::Expire() {
+  pthread_setname_np(pthread_self(), "mitt-admission");
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     auto ready = Settle(std::chrono::steady_clock::now());

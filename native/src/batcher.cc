@@ -1,5 +1,7 @@
 #include "batcher.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 namespace mitt::native {
@@ -78,6 +80,7 @@ Batch MicroBatcher::TakeChunk() {
 }
 
 void MicroBatcher::Run() {
+  pthread_setname_np(pthread_self(), "mitt-batcher");  // as top -H and /proc/PID/task/*/comm show it
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     ready_.wait(lock, [this] { return stopping_ || !cheap_.empty() || !heavy_.empty(); });

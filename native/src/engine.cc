@@ -126,6 +126,7 @@ void Engine::Compute(const Servable& servable, std::vector<Row>& rows, Deadline 
   for (size_t i = 0, p = 0; i < queries; ++i) {
     if (rows[i].query->previous) rows.push_back({nullptr, i, &previous[p++], {}, {}});
   }
+  const auto searching = Stages::Clock::now();
 
   SearchInput in;
   in.batch = rows.size();
@@ -164,11 +165,16 @@ void Engine::Compute(const Servable& servable, std::vector<Row>& rows, Deadline 
   metrics_.Batch(rows.size());
   for (uint64_t seen = max_batch_rows_; rows.size() > seen && !max_batch_rows_.compare_exchange_weak(seen, rows.size());) {
   }
+  stages_.Add(Stage::kKernel, searching);
   if (Late(rows, deadline, "the index search")) return;
+  const auto merging = Stages::Clock::now();
   Merge(servable, out, rows);
   Rerank(servable, rows, queries);
+  stages_.Add(Stage::kMerge, merging);
   if (Late(rows, deadline, "the rerank")) return;
+  const auto responding = Stages::Clock::now();
   Respond(servable, out, explain_rows, rows, queries);
+  stages_.Add(Stage::kResponse, responding);
 }
 
 void Engine::Merge(const Servable& servable, const SearchOutput& out, std::vector<Row>& rows) {

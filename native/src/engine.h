@@ -14,6 +14,7 @@
 #include "call_metrics.h"
 #include "merge.h"
 #include "pending_call.h"
+#include "stages.h"
 
 namespace mitt::native {
 
@@ -34,8 +35,8 @@ class Engine {
   // Sends a finished call's answers (or its status) and releases what it held.
   using Finish = std::function<void(std::unique_ptr<PendingCall>)>;
 
-  Engine(size_t explain_top, CallMetrics& metrics, Finish finish)
-      : explain_top_(explain_top), metrics_(metrics), finish_(std::move(finish)) {}
+  Engine(size_t explain_top, CallMetrics& metrics, Stages& stages, Finish finish)
+      : explain_top_(explain_top), metrics_(metrics), stages_(stages), finish_(std::move(finish)) {}
 
   // Computes the batch's slices, then finishes its finished calls (each exactly once).
   void Answer(Batch batch);
@@ -66,6 +67,7 @@ class Engine {
 
   const size_t explain_top_;
   CallMetrics& metrics_;
+  Stages& stages_;
   const Finish finish_;
   Merger merger_;  // Answer's, on the batcher's thread
   std::atomic<uint64_t> calls_{0}, rows_{0}, batches_{0}, max_batch_rows_{0}, kernel_errors_{0}, cancelled_{0},

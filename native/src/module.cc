@@ -434,6 +434,13 @@ NB_MODULE(_native, m) {
         out["alone"] = c.alone;
         out["deadline_exceeded"] = c.deadline_exceeded;
         out["queued"] = c.queued;
+        const mitt::native::Stages& stages = self.server().stages();
+        using mitt::native::Stage;
+        out["parse_ns"] = stages.nanoseconds(Stage::kParse);
+        out["checks_ns"] = stages.nanoseconds(Stage::kChecks);
+        out["kernel_ns"] = stages.nanoseconds(Stage::kKernel);
+        out["merge_ns"] = stages.nanoseconds(Stage::kMerge);
+        out["response_ns"] = stages.nanoseconds(Stage::kResponse);
         return out;
       });
 }

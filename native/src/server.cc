@@ -25,12 +25,12 @@ NativeServer::NativeServer(std::shared_ptr<const Servable> servable, std::string
       admission_(options_.admission),
       calls_(options_.max_queued),
       metrics_(options_.latency_bounds, options_.batch_bounds),
-      engine_(options_.explain_top, metrics_, [this](std::unique_ptr<PendingCall> call) {
+      engine_(options_.explain_top, metrics_, stages_, [this](std::unique_ptr<PendingCall> call) {
         const grpc::Status status = call->status;
         service_.End(std::move(call), status);
       }),
       batcher_(options_.batching, [this](Batch batch) { engine_.Answer(std::move(batch)); }),
-      service_(slot_, checker_, options_.units, admission_, calls_, batcher_, metrics_) {}
+      service_(slot_, checker_, options_.units, admission_, calls_, batcher_, metrics_, stages_) {}
 
 NativeServer::~NativeServer() { Stop(0); }
 

@@ -76,6 +76,7 @@ class NativeServer {
     return counters;
   }
   CallMetrics::Snapshot metrics() const { return metrics_.Read(); }
+  const Stages& stages() const { return stages_; }
   Queues queues() const { return {calls_.held(), batcher_.queued_rows(), admission_.waiting()}; }
 
  private:
@@ -88,6 +89,7 @@ class NativeServer {
   Admission admission_;
   CallLimit calls_;
   CallMetrics metrics_;
+  Stages stages_;
   Engine engine_;
   MicroBatcher batcher_;
   RetrievalService service_;

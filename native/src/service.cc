@@ -59,6 +59,7 @@ void RetrievalService::End(std::unique_ptr<PendingCall> call, const Refusal& ref
 
 void RetrievalService::Finish(std::unique_ptr<PendingCall> call, const grpc::Status& status, const Refusal* refused) {
   if (status.ok()) {
+    const auto serialising = Stages::Clock::now();
     if (call->method == Method::kBatchRetrieve) {
       retrieval::v1::BatchRetrieveResponse answers;
       for (auto& answer : call->answers) answers.add_responses()->Swap(&answer);
@@ -66,6 +67,7 @@ void RetrievalService::Finish(std::unique_ptr<PendingCall> call, const grpc::Sta
     } else if (call->method == Method::kRetrieve) {  // GetModelInfo's answer is in place already
       Put(call->answers.front().SerializeAsString(), call->response);
     }
+    stages_.Add(Stage::kResponse, serialising);
   } else if (refused != nullptr && refused->retry_after) {
     AddPushback(call->context, *refused->retry_after);
   }
@@ -107,6 +109,7 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
 
 bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request,
                             google::protobuf::Message* message, const char* type) {
+  const auto parsing = Stages::Clock::now();
   if (const auto refused = admission_.Screen(request.Length())) {
     End(std::move(call), *refused);
     return false;
@@ -118,6 +121,7 @@ bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::Byte
                                  ": Error parsing message with type '" + type + "'"));
     return false;
   }
+  stages_.Add(Stage::kParse, parsing);
   return true;
 }
 
@@ -129,6 +133,7 @@ grpc::ServerUnaryReactor* RetrievalService::Retrieve(grpc::CallbackServerContext
   if (call == nullptr) return reactor;
   retrieval::v1::RetrieveRequest parsed;
   if (!Read(call, *request, &parsed, "retrieval.v1.RetrieveRequest")) return reactor;
+  const auto checking = Stages::Clock::now();
   if (grpc::Status status = checker_.CheckSizes(parsed); !status.ok()) {
     End(std::move(call), status);
     return reactor;
@@ -142,6 +147,7 @@ grpc::ServerUnaryReactor* RetrievalService::Retrieve(grpc::CallbackServerContext
   // one computes alone, checked as a batch checks (the lookups before the category).
   if (checked.ok() && admission_.IsCheap(call->cost)) checked = checker_.Validate(parsed, servable);
   if (checked.ok()) checked = checker_.Prepare(parsed, servable, &call->queries.front());
+  stages_.Add(Stage::kChecks, checking);
   Admit(std::move(call), checked);
   return reactor;
 }
@@ -155,6 +161,7 @@ grpc::ServerUnaryReactor* RetrievalService::BatchRetrieve(grpc::CallbackServerCo
   if (call == nullptr) return reactor;
   retrieval::v1::BatchRetrieveRequest parsed;
   if (!Read(call, *request, &parsed, "retrieval.v1.BatchRetrieveRequest")) return reactor;
+  const auto checking = Stages::Clock::now();
   const auto count = static_cast<size_t>(parsed.requests_size());
   const uint32_t most = checker_.limits().max_batch;
   if (count > most) {  // before looking at any request
@@ -190,6 +197,7 @@ grpc::ServerUnaryReactor* RetrievalService::BatchRetrieve(grpc::CallbackServerCo
     }
   }
   if (checked.ok() && !admission_.IsCheap(call->cost)) call->chunks = Chunks(costs, admission_.limits().chunk_cost);
+  stages_.Add(Stage::kChecks, checking);
   Admit(std::move(call), checked);
   return reactor;
 }

@@ -18,6 +18,7 @@
 #include "request.h"
 #include "retrieval.grpc.pb.h"
 #include "servable_slot.h"
+#include "stages.h"
 
 namespace mitt::native {
 
@@ -28,9 +29,10 @@ using RawRetrievalService = retrieval::v1::RetrievalService::WithRawCallbackMeth
 class RetrievalService final : public RawRetrievalService {
  public:
   RetrievalService(const ServableSlot& slot, const RequestChecker& checker, const CostUnits& units,
-                   Admission& admission, CallLimit& calls, MicroBatcher& batcher, CallMetrics& metrics)
+                   Admission& admission, CallLimit& calls, MicroBatcher& batcher, CallMetrics& metrics,
+                   Stages& stages)
       : slot_(slot), checker_(checker), units_(units), admission_(admission), calls_(calls), batcher_(batcher),
-        metrics_(metrics) {}
+        metrics_(metrics), stages_(stages) {}
 
   grpc::ServerUnaryReactor* Retrieve(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -66,6 +68,7 @@ class RetrievalService final : public RawRetrievalService {
   CallLimit& calls_;
   MicroBatcher& batcher_;
   CallMetrics& metrics_;
+  Stages& stages_;
 };
 
 }  // namespace mitt::native

@@ -312,7 +312,10 @@ class NativeServer:
         """``calls``, ``rows`` (queries) and ``batches`` (kernel calls) answered, the largest
         batch's rows (``max_batch_rows``), ``kernel_errors``, ``cancelled`` calls, rows answered
         ``alone`` (their batched search came back short), calls past their ``deadline_exceeded``
-        while computing; and the queries ``queued`` for a batch now."""
+        while computing; the queries ``queued`` for a batch now; and the nanoseconds spent in
+        each stage since the start (wall time on the thread running it): requests parsed
+        (``parse_ns``), checked and looked up (``checks_ns``), batches' kernel calls
+        (``kernel_ns``), merges (``merge_ns``), answers built and serialised (``response_ns``)."""
         return dict(self._server.counters())
 
     def metrics(self) -> dict[str, Any]:

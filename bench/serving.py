@@ -18,10 +18,12 @@ Rows: the bare echo service (a Python gRPC server answering every Retrieve with 
 (the default), the same with the user tower compiled by XLA (``--xla``), without micro-batching
 (``--max-batch 1``), and with micro-batching plus a DIN rerank of
 200 candidates per request (``RetrieveRequest.rerank``; the ranker's weights are initialised,
-not trained: latency only), plain and with ``--xla`` (user tower and ranker compiled), at
-concurrency 1, 8 and 32. Each row also reports the CPU time per
-request of the server process and of the client. Each rerank server is also measured with its
-users' plain and reranked requests interleaved at concurrency 1 (:func:`paired_load`), which
+not trained: latency only), plain and with ``--xla`` (user tower and ranker compiled), and the
+native engine (``--engine native``: C++ gRPC, the model called once per micro-batch; ``make
+native`` builds it), at concurrency 1, 8 and 32; ``--rows`` keeps some of them. Each row also
+reports the CPU time per request of the server process and of the client. Each rerank server
+is also measured with its users' plain and reranked requests interleaved at concurrency 1
+(:func:`paired_load`), which
 gives the latency the rerank adds free of the drift between rows; likewise the micro-batching
 server with each user's plain request interleaved with its ``explain=true`` twin
 (``RetrieveRequest.explain``: what explanations cost at concurrency 1, p50 and p99). With
@@ -32,7 +34,8 @@ its processes, PSS counting a page shared by n processes 1/n in each (the memory
 is one copy for the whole group; RSS would count it once per process). Prints a
 Markdown table and writes ``results.json`` and ``table.md`` to ``--out``. Targets: p99 <= 5 ms
 at concurrency 1; QPS at concurrency 32 >= 50% of the echo's; the rerank adds <= 5 ms to p99
-at concurrency 1 (interleaved; plain and ``--xla``); no errors.
+at concurrency 1 (interleaved; plain and ``--xla``); no errors; the native engine's
+(:data:`NATIVE_TARGETS`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from bench.context import commit
 from bench.data import REPO, add_data_root_argument, dataset_file
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 
@@ -69,6 +73,29 @@ RETRIEVAL = "retrieval (micro-batching)"
 RETRIEVAL_XLA = "retrieval (micro-batching, --xla)"
 RERANK = f"retrieval + DIN rerank of {RERANK_CANDIDATES}"
 RERANK_XLA = f"retrieval + DIN rerank of {RERANK_CANDIDATES}, --xla"
+NATIVE = "retrieval (native engine)"
+NO_BATCHING = "retrieval (no batching)"
+ROWS = {
+    "echo": "echo",
+    "retrieval": RETRIEVAL,
+    "xla": RETRIEVAL_XLA,
+    "no-batching": NO_BATCHING,
+    "rerank": RERANK,
+    "rerank-xla": RERANK_XLA,
+    "native": NATIVE,
+}
+"""``--rows`` names -> the rows' servers."""
+NATIVE_TARGETS = {
+    "qps_over_python_at_32": 3.0,
+    "qps_over_echo_at_32": 0.6,
+    "p99_at_32_ms": 10.0,
+    "p99_at_1_ms": 2.0,
+    "p99_at_8_ms": 5.0,
+    "server_cpu_at_32_ms": 0.4,
+}
+"""The native engine's targets (issue 44): QPS at 32 in flight over the Python engine's (one
+process) and the echo's (at least), p99 at 32, 1 and 8 in flight and server CPU per request at
+32 (at most); and its resident memory at most the Python engine's."""
 TARGET_GROUP_MEMORY = 1.4
 """A 2-process group's memory (PSS) over one process's: the target of the serving group."""
 
@@ -490,10 +517,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "echo": (["-m", "bench.serving", "--echo", "--k", str(args.k)], batch),
         RETRIEVAL: (serve, batch),
         RETRIEVAL_XLA: ([*serve, "--xla"], batch),
-        "retrieval (no batching)": ([*serve, "--max-batch", "1"], batch),
+        NO_BATCHING: ([*serve, "--max-batch", "1"], batch),
         RERANK: ([*serve, "--ranker", str(ranker_dir)], reranked),
         RERANK_XLA: ([*serve, "--xla", "--ranker", str(ranker_dir)], reranked),
+        NATIVE: ([*serve, "--engine", "native"], batch),
     }
+    servers = {name: server for name, server in servers.items() if name in {ROWS[row] for row in args.rows}}
     for n in (n for n in args.processes if n > 1):
         servers[f"echo ({n} processes)"] = ([*servers["echo"][0], "--processes", str(n)], batch)
         servers[group_name(n)] = ([*serve[:-1], str(n)], batch)
@@ -538,6 +567,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.serving " + " ".join(sys.argv[1:]),
+        "commit": commit(),
         "items": args.items,
         "num_interests": 4,
         "k": args.k,
@@ -590,7 +620,35 @@ def checks(rows: list[dict[str, Any]], paired: dict[str, dict[str, Any]] | None 
     if explain := (paired or {}).get(RETRIEVAL):
         out["explain_added_p50_at_1_ms"] = explain["added_p50_ms"]
         out["explain_added_p99_at_1_ms"] = explain["added_p99_ms"]
+    out.update(native_checks(by))
     out["errors"] = sum(r["errors"] for r in rows)
+    return out
+
+
+def native_checks(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """The native engine's measures against :data:`NATIVE_TARGETS` (``native_<measure>`` and
+    ``native_<measure>_ok``), from the rows present."""
+    one, eight, busy = (by.get((NATIVE, c)) for c in (1, 8, 32))
+    python, echo = by.get((RETRIEVAL, 32)), by.get(("echo", 32))
+    measures: dict[str, float] = {}
+    if busy is not None:
+        measures.update(p99_at_32_ms=busy["p99_ms"], server_cpu_at_32_ms=busy["server_cpu_ms"] or 0.0)
+        if python is not None:
+            measures["qps_over_python_at_32"] = busy["qps"] / python["qps"]
+        if echo is not None:
+            measures["qps_over_echo_at_32"] = busy["qps"] / echo["qps"]
+    if one is not None:
+        measures["p99_at_1_ms"] = one["p99_ms"]
+    if eight is not None:
+        measures["p99_at_8_ms"] = eight["p99_ms"]
+    out: dict[str, Any] = {}
+    for name, value in measures.items():
+        target = NATIVE_TARGETS[name]
+        out[f"native_{name}"] = round(value, 3)
+        out[f"native_{name}_ok"] = value >= target if name.startswith("qps") else value <= target
+    if busy and python and busy.get("server_memory") and python.get("server_memory"):
+        ratio = busy["server_memory"]["rss_mb"] / python["server_memory"]["rss_mb"]
+        out["native_rss_over_python"], out["native_rss_over_python_ok"] = round(ratio, 3), ratio <= 1.0
     return out
 
 
@@ -598,17 +656,19 @@ def table(results: dict[str, Any]) -> str:
     lines = [
         f"{results['items']:,} items, K={results['num_interests']}, k={results['k']}, "
         f"index {results['index']} (recall@50 {results['index_recall']}), "
-        f"{results['cpus']} CPUs, {results['date']}",
+        f"{results['cpus']} CPUs, {results['date']}, commit {results.get('commit', 'unknown')}, "
+        f"load average at the end {', '.join(f'{x:.1f}' for x in results['load_average'])}",
         "",
         "| server | concurrency | QPS | p50 ms | p90 ms | p99 ms | errors | server CPU ms/req "
-        "| client CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| client CPU ms/req | server RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["rows"]:
         server_cpu = "–" if r.get("server_cpu_ms") is None else f"{r['server_cpu_ms']:.2f}"
+        rss = "–" if not r.get("server_memory") else f"{r['server_memory']['rss_mb']:,.0f}"
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} "
-            f"| {r['p99_ms']:.2f} | {r['errors']} | {server_cpu} | {r['client_cpu_ms']:.2f} |"
+            f"| {r['p99_ms']:.2f} | {r['errors']} | {server_cpu} | {r['client_cpu_ms']:.2f} | {rss} |"
         )
     c = results["checks"]
     lines.append("")
@@ -618,6 +678,16 @@ def table(results: dict[str, Any]) -> str:
             f"{TARGET_P99_MS}: {'met' if c.get('p99_at_1_ok' + suffix) else 'NOT met'}); QPS at "
             f"concurrency 32 = {c.get('qps_share_of_echo_at_32' + suffix)} x echo (target >= "
             f"{TARGET_ECHO_SHARE}: {'met' if c.get('qps_share_ok' + suffix) else 'NOT met'})"
+        )
+    for name, target in NATIVE_TARGETS.items():
+        if f"native_{name}" in c:
+            bound = ">=" if name.startswith("qps") else "<="
+            met = "met" if c[f"native_{name}_ok"] else "NOT met"
+            lines.append(f"{NATIVE}: {name} = {c[f'native_{name}']} (target {bound} {target}: {met})")
+    if "native_rss_over_python" in c:
+        met = "met" if c["native_rss_over_python_ok"] else "NOT met"
+        lines.append(
+            f"{NATIVE}: RSS / the Python engine's at 32 = {c['native_rss_over_python']} (target <= 1: {met})"
         )
     lines += [
         f"errors: {c['errors']}",
@@ -685,6 +755,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="+",
         default=[1],
         help="also rows for serving groups of these sizes (> 1), and echoes of as many processes",
+    )
+    p.add_argument(
+        "--rows",
+        nargs="+",
+        choices=list(ROWS),
+        default=list(ROWS),
+        help="the servers measured (default: all)",
     )
     p.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)  # run the echo server
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)

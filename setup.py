@@ -77,11 +77,11 @@ DEV_TOOLS = [
     "types-protobuf",
     "grpc-stubs",
     "cryptography>=42",  # self-signed certificates for the TLS tests
-    # Exact: tests/test_proto.py compares the checked-in generated code byte for byte with its
+    # Exact: tests/api/test_proto.py compares the checked-in generated code byte for byte with its
     # output, which names the grpcio-tools and protobuf versions it came from.
     "grpcio-tools==1.85.1",
     "milvus-lite>=3.2,<4",  # an embedded Milvus server for the Milvus backend's tests
-    "proto-plus>=1.29,<2",  # the top-level `proto` package that ours must live beside (tests/test_proto.py)
+    "proto-plus>=1.29,<2",  # the top-level `proto` package ours must live beside (tests/api/test_proto.py)
 ]
 
 setup(

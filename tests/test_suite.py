@@ -1,6 +1,7 @@
 """Rules of the test suite itself, read from the code (AST).
 
-Shared helpers come from ``tests/helpers.py``, never from ``tests/conftest.py`` (pytest loads a
+Shared helpers come from ``tests/helpers.py`` (or a package folder's own ``helpers.py``, such as
+``tests/serving/helpers.py``), never from ``tests/conftest.py`` (pytest loads a
 conftest itself; importing it as a module runs it a second time, with copies of its fixtures)
 nor from another test file (which ties two test files together and runs the other one's module
 code). The code strings a test runs in a child process (``python -c CODE``) follow the same rule.
@@ -49,12 +50,15 @@ def string_imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
 
 
 def forbidden(name: str) -> str | None:
-    """The test module ``name`` reaches into (``tests.conftest``, ``tests.test_x``), or None."""
+    """The test module ``name`` reaches into (``tests.conftest``, ``tests.serving.test_x``), or None."""
     parts = name.split(".")
     if parts[0] == "conftest":
         return "conftest"
-    if parts[0] == "tests" and len(parts) > 1 and (parts[1] == "conftest" or parts[1].startswith("test_")):
-        return f"tests.{parts[1]}"
+    if parts[0] != "tests":
+        return None
+    for depth, part in enumerate(parts[1:], start=2):
+        if part == "conftest" or part.startswith("test_"):
+            return ".".join(parts[:depth])
     return None
 
 
@@ -71,7 +75,7 @@ def bad_imports(source: str, filename: str) -> list[str]:
 
 
 def test_no_test_file_imports_the_conftest_or_another_test_file() -> None:
-    files = sorted(TESTS.glob("*.py"))
+    files = sorted(TESTS.rglob("*.py"))
     assert TESTS / "conftest.py" in files and TESTS / "helpers.py" in files
     offenders = [
         bad
@@ -89,12 +93,13 @@ def test_no_test_file_imports_the_conftest_or_another_test_file() -> None:
         ("import tests.conftest", ["x.py:1: tests.conftest"]),
         ("from tests import conftest", ["x.py:1: tests.conftest"]),
         ("import conftest", ["x.py:1: conftest"]),
-        ("import os\nfrom tests.test_server import make_model", ["x.py:2: tests.test_server"]),
+        ("import os\nfrom tests.serving.test_server import f", ["x.py:2: tests.serving.test_server"]),
         ("from tests import helpers, test_server", ["x.py:1: tests.test_server"]),
-        ("def f():\n    from tests.test_rerank import save_din", ["x.py:2: tests.test_rerank"]),
+        ("from tests.serving import test_server", ["x.py:1: tests.serving.test_server"]),
+        ("def f():\n    from tests.ranking.test_rerank import g", ["x.py:2: tests.ranking.test_rerank"]),
         # The code a test runs in a child process: a str.format template that does not parse whole.
-        ('CHILD = """\nimport sys\nsys.path.insert(0, {repo!r})\nfrom tests.test_faults import X\n"""',
-         ["x.py:4: tests.test_faults"]),
+        ('CHILD = """\nimport sys\nsys.path.insert(0, {r!r})\nfrom tests.artifacts.test_faults import X"""',
+         ["x.py:4: tests.artifacts.test_faults"]),
         ("from tests.helpers import run_tool, make_model", []),
         ("import tests.helpers\nfrom tests import helpers", []),
         ('NOTE = "from the conftest, the import of tests.conftest is refused"', []),  # prose, not code
@@ -102,3 +107,21 @@ def test_no_test_file_imports_the_conftest_or_another_test_file() -> None:
 )  # fmt: skip
 def test_the_rule_sees_every_spelling(source: str, expected: list[str]) -> None:
     assert bad_imports(source, "x.py") == expected
+
+
+MIRRORED = {
+    "towers",
+    "rankers",
+    "index",
+    "bench",
+    *(p.parent.name for p in (REPO_ROOT / "retrieval").glob("*/__init__.py")),
+}
+"""The folders of ``tests/``: one per package (``retrieval``'s layers by their own names) beside the
+suite-wide tests (layout, docs, packaging, configuration) at the top."""
+
+
+def test_the_tests_mirror_the_packages() -> None:
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders <= MIRRORED, f"test folders naming no package: {sorted(folders - MIRRORED)}"
+    assert all((TESTS / folder / "__init__.py").is_file() for folder in folders)
+    assert {"serving", "data", "towers", "index"} <= folders

@@ -8,7 +8,7 @@
     python -m bench.robustness --group                      # a serving group's workers killed, stopped
 
 Requests come from one Hypothesis generator (:func:`~bench.robustness.strategies.calls`, shared
-with ``tests/test_fuzz_rpc.py``): ``Retrieve``, ``BatchRetrieve`` and ``GetModelInfo`` with
+with ``tests/serving/test_fuzz_rpc.py``): ``Retrieve``, ``BatchRetrieve`` and ``GetModelInfo`` with
 random, huge and out-of-range numbers, empty and huge lists, unknown and duplicate ids, NaN/inf
 ``diversity_lambda``, odd unicode, known and unknown ``category``, oversized messages, hand-made
 wire bytes (a negative varint for ``k``, unknown fields) and, unless ``--no-undecodable``, bytes

@@ -11,7 +11,7 @@ case per failure of a worker:
 * SIGTERM of the supervisor while one worker is stopped (a stuck step of the stop), once and
   twice: the time to exit against ``--grace`` plus the documented margin.
 
-:class:`Availability` (the load and the probes) is shared with ``tests/test_workers.py``.
+:class:`Availability` (the load and the probes) is shared with ``tests/serving/test_workers.py``.
 """
 
 from __future__ import annotations

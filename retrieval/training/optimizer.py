@@ -44,7 +44,7 @@ def _sum_rows_first(optimizer: keras.optimizers.Optimizer) -> None:
     one (its second moment of an item is then the sum of the squares, not the square of the
     sum), so the step an item takes depends on how its gradient was split: one device and two
     replicas move the table differently (5% apart after the 16 steps of
-    ``tests/test_distributed.py``) although their gradients agree to 1e-7. Summing first gives
+    ``tests/training/test_distributed.py``) although their gradients agree to 1e-7. Summing first gives
     Adam's textbook update, the same for any split; the cost is a dense ``[items, d]``
     gradient, which Keras 3's Adam builds anyway. The override lives on the instance, so the
     saved optimizer is a plain Keras one.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 from itertools import combinations
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -18,11 +17,12 @@ from tests.helpers import (
     RANKER_DIM,
     RANKER_ITEMS,
     RANKER_MAX_LEN,
+    REPO_ROOT,
     make_ranker,
     tiered,
 )
 
-# The shared ranker fixture's sizes (tests/helpers.py, also used by tests/test_ranker_xla.py).
+# The shared ranker fixture's sizes (tests/helpers.py, also used by tests/rankers/test_ranker_xla.py).
 NUM_ITEMS, DIM, MAX_LEN, NUM_ATTRIBUTES = RANKER_ITEMS, RANKER_DIM, RANKER_MAX_LEN, RANKER_ATTRIBUTES
 CLUSTER_SIZE = 6  # items 1..24 in 4 clusters of 6: cluster(i) = (i - 1) // 6
 CONTEXT = RANKER_CONTEXT  # DSTN's context size in these tests (the requests carry CONTEXT + 1 context items)
@@ -136,7 +136,7 @@ def test_only_the_last_max_len_history_items_are_read(name: str) -> None:
 
 
 def test_rankers_import_only_keras_numpy_tensorflow_and_towers() -> None:
-    root = Path(__file__).resolve().parent.parent / "rankers"
+    root = REPO_ROOT / "rankers"
     allowed = {"__future__", "abc", "collections", "itertools", "typing", "keras", "numpy", "tensorflow"}
     for path in root.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

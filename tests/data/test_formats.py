@@ -1,6 +1,6 @@
 """Your own data: tables under any column names and timestamp units, pandas DataFrames, SASRec's
 pair format and RecBole's atomic files; each read and trained on with one command (the files
-each refuses, with the file and line: tests/test_malformed_data.py)."""
+each refuses, with the file and line: tests/data/test_malformed_data.py)."""
 
 from __future__ import annotations
 

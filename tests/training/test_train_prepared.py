@@ -1,7 +1,7 @@
 """Training and evaluation from a prepared folder (tools/prepare_data.py) instead of the raw log.
 
 The oracle is the in-memory run on the same log with the same seed. A prepared folder holds the
-same vocabulary, split, item counts and examples (tests/test_parquet_data.py); what differs is
+same vocabulary, split, item counts and examples (tests/data/test_parquet_data.py); what differs is
 the order of the examples (a shuffle buffer over row groups instead of one permutation of the
 epoch), so the runs are compared with one batch per epoch, where order cannot matter.
 """

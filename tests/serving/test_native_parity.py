@@ -3,8 +3,8 @@ both, serving the same retriever, compared: status codes, what each error messag
 but for the two whose wording is gRPC's own: an undecodable request and one over the size limit,
 which must name the same thing; and a deadline's, worded by whichever side saw it pass first:
 how soon each engine answers decides whether a deadline passes, so deadlines are tested on each
-engine, tests/test_native_server.py for this one), item ids and interests exactly, scores (retrieval, rank,
-interest vectors, explanation weights) to float32 rounding.
+engine, tests/serving/test_native_server.py for this one), item ids and interests exactly, scores
+(retrieval, rank, interest vectors, explanation weights) to float32 rounding.
 
 The calls: every request shape of ``bench.robustness``'s Hypothesis generator (typed requests in
 and out of the limits, hand-made wire bytes, undecodable bytes, batches of them) over the

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from retrieval.api.v1 import retrieval_pb2
-from tests.helpers import HISTORY, brute_force, make_model
+from tests.helpers import HISTORY, REPO_ROOT, brute_force, make_model
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "retrieval/api/v1"
 GENERATED = ["retrieval_pb2.py", "retrieval_pb2.pyi", "retrieval_pb2_grpc.py"]
 
@@ -25,8 +24,8 @@ def test_generated_code_is_not_stale(tmp_path: Path, name: str) -> None:
     # runs in a subprocess: protoc's C++ runtime crashes a process that has already loaded TensorFlow.
     args = [sys.executable, "-m", "grpc_tools.protoc", f"-I{PACKAGE}=proto", f"--python_out={tmp_path}"]
     args += [f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", "proto/retrieval.proto"]
-    subprocess.run(args, check=True, cwd=REPO)
-    fresh, checked_in = tmp_path / PACKAGE / name, REPO / PACKAGE / name
+    subprocess.run(args, check=True, cwd=REPO_ROOT)
+    fresh, checked_in = tmp_path / PACKAGE / name, REPO_ROOT / PACKAGE / name
     assert fresh.read_bytes() == checked_in.read_bytes(), f"{PACKAGE}/{name} is stale: run `make proto`"
 
 
@@ -71,7 +70,7 @@ def test_client_and_server_run_beside_proto_plus() -> None:
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("proto-plus is not installed (pip install -e '.[dev]' installs it)")
     done = subprocess.run(
-        [sys.executable, "-c", BESIDE_PROTO_PLUS], capture_output=True, text=True, cwd=REPO, timeout=120
+        [sys.executable, "-c", BESIDE_PROTO_PLUS], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])

@@ -25,7 +25,7 @@ from retrieval.serving.native_server import create_native_server
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import StartedServer, create_server
 from tests.helpers import ITEMS, connected, local, scrape
-from tests.test_native_server import Held, ToyKernel, toy_servable
+from tests.serving.helpers import Held, ToyKernel, toy_servable
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -154,12 +154,16 @@ def test_a_capacity_refusal_counts_by_its_reason_and_the_queues_show_the_held_ca
             ("reason", "queue_full"),
         )
         assert during[("retrieval_refusals_total", reason)] == 1
-        assert during[("retrieval_queue_depth", (("queue", "calls"),))] == 1
+        ok = ("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))
+        calls = ("retrieval_queue_depth", (("queue", "calls"),))
+        assert during[calls] == 1
         assert during[("retrieval_queue_depth", (("queue", "batch"),))] == 0
-        assert ("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve"))) not in during
-        after = scrape(port)
-        assert after[("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))] == 1
-        assert after[("retrieval_queue_depth", (("queue", "calls"),))] == 0
+        assert ok not in during
+        # The client has its answer before the server's handler has counted it done: wait for that.
+        deadline = time.monotonic() + 10
+        while ((after := scrape(port)).get(ok), after.get(calls)) != (1, 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (after[ok], after[calls]) == (1, 0)
         assert (after[("retrieval_batch_size_count", ())], after[("retrieval_batch_size_sum", ())]) == (1, 1)
     finally:
         server.stop(0)

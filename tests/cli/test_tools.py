@@ -21,9 +21,9 @@ import pytest
 
 from retrieval.cli.dispatch import COMMANDS, DISTRIBUTION, missing_library
 from retrieval.environment import ABSL_NOTICE, shown_log_lines
+from tests.helpers import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
-TOOLS = sorted(p.stem for p in (REPO / "tools").glob("*.py"))
+TOOLS = sorted(p.stem for p in (REPO_ROOT / "tools").glob("*.py"))
 SCRIPTS = [tool for tool in TOOLS if tool != "demo"]
 """The tools that run a ``mitt`` command (the demo runs them all, in a checkout)."""
 ENTRIES = [*(f"tools/{tool}.py" for tool in TOOLS), *(f"mitt {name}" for name in COMMANDS)]
@@ -68,12 +68,17 @@ def run_child(
     the command modules it loaded."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env["COLUMNS"] = "110"  # argparse wraps to it: the help fits the source's line length
-    tool = str(REPO / entry) if entry.startswith("tools/") else ""
+    tool = str(REPO_ROOT / entry) if entry.startswith("tools/") else ""
     argv = list(args) if tool else [*entry.split()[1:], *args]
     commands = [f"retrieval.cli.{command.module}" for command in COMMANDS.values()]
-    code = CHILD.format(repo=str(REPO), tool=tool, heavy=HEAVY, blocked=blocked, commands=commands)
+    code = CHILD.format(repo=str(REPO_ROOT), tool=tool, heavy=HEAVY, blocked=blocked, commands=commands)
     done = subprocess.run(
-        [sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO, env=env, timeout=300
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=300,
     )
     *printed, last = done.stdout.splitlines(keepends=True)
     done.stdout = "".join(printed)  # what the command printed, without the child's report
@@ -88,7 +93,7 @@ def prog(entry: str) -> str:
 
 def load_tool(name: str) -> ModuleType:
     """``tools/<name>.py`` as a module, its ``main`` not run."""
-    spec = importlib.util.spec_from_file_location(f"tools_{name}", REPO / "tools" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", REPO_ROOT / "tools" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -167,7 +172,7 @@ def test_the_commands_start_through_one_module() -> None:
     calls = {"ArgumentParser", "basicConfig"}
     found = []
     for command in COMMANDS.values():
-        path = REPO / "retrieval" / "cli" / f"{command.module}.py"
+        path = REPO_ROOT / "retrieval" / "cli" / f"{command.module}.py"
         for node in ast.walk(ast.parse(path.read_text())):
             name = getattr(node, "func", None)
             if isinstance(node, ast.Call) and getattr(name, "attr", getattr(name, "id", "")) in calls:
@@ -178,7 +183,7 @@ def test_the_commands_start_through_one_module() -> None:
 def test_each_summary_is_its_commands_first_docstring_line() -> None:
     """``mitt --help`` reads them from its table, never from the modules (which it does not import)."""
     for name, command in COMMANDS.items():
-        source = (REPO / "retrieval" / "cli" / f"{command.module}.py").read_text()
+        source = (REPO_ROOT / "retrieval" / "cli" / f"{command.module}.py").read_text()
         docstring = ast.get_docstring(ast.parse(source))
         assert docstring is not None and docstring.splitlines()[0] == command.summary, name
 

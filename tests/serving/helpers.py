@@ -1,0 +1,122 @@
+"""Helpers of the serving tests: a toy kernel for the native engine (a brute-force search over
+random item vectors, the reference answers come from the same numbers) and its servable."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from retrieval.api.v1 import retrieval_pb2
+from retrieval.serving import native
+from retrieval.serving.native_kernel import NativeServable
+
+NUM_ITEMS, DIM, NUM_INTERESTS, MAX_LEN = 60, 16, 3, 8
+VOCAB = [f"item{i}" for i in range(NUM_ITEMS)]  # dense id i + 1
+
+
+def built() -> None:
+    """Skips the test when the engine is not built."""
+    try:
+        native.native_module()
+    except native.NativeEngineMissing as e:
+        pytest.skip(f"{e}")
+
+
+# --- a brute-force kernel and the reference answer ---------------------------------------------------
+
+_rng = np.random.default_rng(44)
+ITEM_VECTORS = _rng.normal(size=(NUM_ITEMS + 1, DIM)).astype(np.float32)
+ITEM_VECTORS[0] = 0.0  # padding
+PROJECTIONS = _rng.normal(size=(NUM_INTERESTS, DIM, DIM)).astype(np.float32)
+
+
+def toy_tower(histories: np.ndarray) -> np.ndarray:
+    """K projections of the history's mean item vector: float32 ``[B, K, d]``."""
+    counts = np.maximum((histories > 0).sum(axis=1, keepdims=True), 1)
+    mean = ITEM_VECTORS[histories].sum(axis=1) / counts  # [B, d]
+    return np.einsum("bd,kde->bke", mean, PROJECTIONS).astype(np.float32)
+
+
+def brute_force(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The toy tower and an exact search: per row and interest the ``max(fetch)`` best items,
+    best first (ties: smaller id)."""
+    scores = toy_tower(histories) @ ITEM_VECTORS[1:].T  # [B, K, N]
+    order = np.argsort(-scores, axis=-1, kind="stable")[..., : int(fetch.max())]
+    return (order + 1).astype(np.int64), np.take_along_axis(scores, order, axis=-1)
+
+
+Search = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+class ToyKernel:
+    """The engine's kernel over ``search(histories, fetch) -> (ids, scores)`` (by default
+    :func:`brute_force`; no filters: the tests here send none): the interests are the toy
+    tower's, and no row is ever short (each is said to be searched as deep as its shortest list)."""
+
+    def __init__(self, search: Search = brute_force) -> None:
+        self._search = search
+
+    def search(
+        self,
+        histories: np.ndarray,
+        fetch: np.ndarray,
+        allow_group: np.ndarray,
+        allows: Sequence[np.ndarray],
+        events: Any,
+        want_interests: bool,
+        explain_rows: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, None]:
+        ids, scores = self._search(histories, fetch)
+        fetched = (ids >= 0).sum(axis=2).min(axis=1).astype(np.int32)  # every list full: none short
+        interests = toy_tower(histories)
+        if ids.shape[1] != NUM_INTERESTS:  # a search answering for other interests than the tower's
+            interests = np.ones((len(histories), ids.shape[1], DIM), np.float32)
+        return ids, scores, fetched, interests, None
+
+    def alone(self, *args: Any) -> Any:
+        raise AssertionError("no row of these tests comes back short")
+
+    def rescore(self, *args: Any) -> Any:
+        raise AssertionError("these tests ask for no DIVERSITY merge")
+
+    def rerank(self, *args: Any) -> Any:
+        raise AssertionError("these tests rerank nothing")
+
+
+def toy_servable(
+    kernel: Any = None, vocabulary: Sequence[str] = VOCAB, version: str = "v-native"
+) -> NativeServable:
+    """A servable of ``kernel`` (by default a :class:`ToyKernel`) over ``vocabulary``, whose ids
+    past VOCAB are items added after training (not read as history)."""
+    return NativeServable(
+        kernel=kernel or ToyKernel(),
+        vocabulary=list(vocabulary),
+        tower_items=NUM_ITEMS,
+        model_version=version,
+        max_len=MAX_LEN,
+        num_interests=NUM_INTERESTS,
+        num_items=len(vocabulary),
+        category_members={},
+        category_codes=np.arange(len(vocabulary) + 1, dtype=np.int64),
+        explanation="unavailable",
+        rankers={},
+        side_features=False,
+        model_info=retrieval_pb2.ModelInfo(model_version=version).SerializeToString(),
+    )
+
+
+class Held(ToyKernel):
+    """A :class:`ToyKernel` whose searches set ``entered``, then wait for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def search(self, *args: Any) -> Any:
+        self.entered.set()
+        assert self.release.wait(10)
+        return super().search(*args)

@@ -27,10 +27,9 @@ import grpc
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.data import dataset_file
-from bench.robustness.deploys import Case
+from bench.robustness.deploys import Case, report_cases
 from bench.robustness.processes import rss_kb
-from bench.robustness.soak import Version, build_versions
+from bench.robustness.soak import Version, soak_versions
 from bench.serving import Started, cpu_seconds, free_port, requests, start
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 
@@ -505,10 +504,8 @@ def _refusals(metrics: str) -> dict[tuple[str, str], float]:
 def abuse_main(args: argparse.Namespace) -> int:
     """``--abuse``: builds (or reuses) the soak's first version, runs every case, prints a row per
     case; exits 1 if one fails."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    data = args.soak_data or dataset_file("ml100k", args.data_root)
-    train_args = ["--model", args.soak_tower, "--epochs", str(args.soak_epochs)]
-    version = build_versions(args.out / "soak-versions", data, train_args)[0]
+    data, _, versions = soak_versions(args)
+    version = versions[0]
     cheap = requests(data, 50)
     started = time.monotonic()
     cases = [
@@ -521,8 +518,4 @@ def abuse_main(args: argparse.Namespace) -> int:
         invalid_mixed(version, cheap, args.abuse / 2),
         refusals_visible(version, cheap),
     ]
-    print("| case | figures | passed |\n|---|---|---|")
-    for case in cases:
-        print(f"| {case.name} | {case.figures} | {'yes' if case.passed else 'NO'} |")
-    print(f"{sum(c.passed for c in cases)}/{len(cases)} passed in {time.monotonic() - started:.0f} s")
-    return 0 if all(c.passed for c in cases) else 1
+    return report_cases(cases, started)

@@ -14,7 +14,6 @@ import argparse
 import json
 import logging
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -24,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.data import REPO, dataset_file
-from bench.robustness.processes import start_watching_server, tool_command, tool_env
-from bench.robustness.soak import Version, build_versions
+from bench.data import REPO
+from bench.robustness.processes import start_watching_server, stop_server, tool_command, tool_env
+from bench.robustness.soak import Version, soak_versions
 from retrieval.api import RetrievalClient
 from retrieval.storage import MANIFEST, sha256_file
 
@@ -43,6 +42,16 @@ class Case:
     name: str
     figures: str
     passed: bool
+
+
+def report_cases(cases: Sequence[Case], started: float) -> int:
+    """Prints a row per case and how many passed since ``started`` (``time.monotonic()``);
+    returns the exit code: 1 if a case failed."""
+    print("| case | figures | passed |\n|---|---|---|")
+    for case in cases:
+        print(f"| {case.name} | {case.figures} | {'yes' if case.passed else 'NO'} |")
+    print(f"{sum(c.passed for c in cases)}/{len(cases)} passed in {time.monotonic() - started:.0f} s")
+    return 0 if all(c.passed for c in cases) else 1
 
 
 def resign(folder: Path) -> Path:
@@ -116,15 +125,6 @@ def deploy(model_dir: Path, index_dir: Path, root: Path) -> subprocess.Completed
     return subprocess.run(command, cwd=REPO, env=tool_env(), capture_output=True, text=True)
 
 
-def _stop(server: subprocess.Popen[bytes]) -> None:
-    server.send_signal(signal.SIGTERM)
-    try:
-        server.wait(30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-
-
 def refused_deploys(versions: Sequence[Version], work: Path) -> list[Case]:
     """Serves ``versions[0]`` from a root under ``work`` (a watching child server), deploys a
     NaN-embeddings, a NaN-index and a broken-tower copy of ``versions[1]``, each of which must be
@@ -179,7 +179,7 @@ def refused_deploys(versions: Sequence[Version], work: Path) -> list[Case]:
                 )
             )
     finally:
-        _stop(server)
+        stop_server(server)
     cases.append(restart(root, work / "restart.log", good, history))
     return cases
 
@@ -195,7 +195,7 @@ def restart(root: Path, log_file: Path, expected: Version, history: list[str]) -
             answered = client.retrieve(history, k=5).model_version
             info = client.model_info()
     finally:
-        _stop(server)
+        stop_server(server)
     refused = (root / "current").resolve().name
     errors = [line for line in log_file.read_text(errors="replace").splitlines() if " ERROR " in line]
     named = any(refused in line and expected.version in line for line in errors)
@@ -336,14 +336,6 @@ def run_deploys(versions: Sequence[Version], out: Path) -> list[Case]:
 def deploys_main(args: argparse.Namespace) -> int:
     """``--deploys``: builds (or reuses) the soak's two versions, runs every case, prints a row
     per case; exits 1 if one fails."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    data = args.soak_data or dataset_file("ml100k", args.data_root)
-    train_args = ["--model", args.soak_tower, "--epochs", str(args.soak_epochs)]
-    versions = build_versions(args.out / "soak-versions", data, train_args)
+    _, _, versions = soak_versions(args)
     started = time.monotonic()
-    cases = run_deploys(versions, args.out)
-    print("| case | figures | passed |\n|---|---|---|")
-    for case in cases:
-        print(f"| {case.name} | {case.figures} | {'yes' if case.passed else 'NO'} |")
-    print(f"{sum(c.passed for c in cases)}/{len(cases)} passed in {time.monotonic() - started:.0f} s")
-    return 0 if all(c.passed for c in cases) else 1
+    return report_cases(run_deploys(versions, args.out), started)

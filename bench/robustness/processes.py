@@ -4,6 +4,7 @@ read from a running server (its version, its resident memory)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -95,3 +96,13 @@ def start_watching_server(
                     f"the server did not start (exit code {process.poll()}); log: {log_file}"
                 ) from None
             time.sleep(0.3)
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server's graceful stop), then kill after 30 s."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()

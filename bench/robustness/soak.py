@@ -9,8 +9,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -29,6 +27,7 @@ from bench.robustness.processes import (
     rss_kb,
     run_tool_process,
     start_watching_server,
+    stop_server,
     tool_command,
     tool_env,
 )
@@ -205,7 +204,7 @@ def run_soak(
         alive = server.poll() is None
         final_version = model_version_of(address, timeout=30) if alive else None
     finally:
-        _stop(server)
+        stop_server(server)
     summary = summarise_soak(trace, old.version, new.version, windows, rss_limit)
     summary["checks"]["server_alive"] = alive
     summary["checks"]["serves_new_at_end"] = final_version == new.version
@@ -232,24 +231,20 @@ def run_soak(
     }
 
 
-def _stop(server: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the server's graceful stop), then kill after 30 s."""
-    server.send_signal(signal.SIGTERM)
-    try:
-        server.wait(30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
+def soak_versions(args: argparse.Namespace) -> tuple[Path, list[str], list[Version]]:
+    """What every robustness run starts with: logging on, then the data file, the training
+    arguments and the versions trained from them (:func:`build_versions`, reused when built)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    data = args.soak_data or dataset_file("ml100k", args.data_root)
+    train_args = ["--model", args.soak_tower, "--epochs", str(args.soak_epochs)]
+    return data, train_args, build_versions(args.out / "soak-versions", data, train_args)
 
 
 def soak_main(args: argparse.Namespace) -> int:
     """``--soak``: builds (or reuses) two versions, runs :func:`run_soak`, prints and saves it."""
     from bench.serving import requests
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    data = args.soak_data or dataset_file("ml100k", args.data_root)
-    train_args = ["--model", args.soak_tower, "--epochs", str(args.soak_epochs)]
-    versions = build_versions(args.out / "soak-versions", data, train_args)
+    data, train_args, versions = soak_versions(args)
     batch = requests(data, args.k)
     result = run_soak(
         versions, batch, args.soak, args.out, args.load_fraction, args.probe_seconds, args.probe_concurrency

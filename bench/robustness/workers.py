@@ -33,10 +33,10 @@ from typing import Self
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.data import REPO, dataset_file
-from bench.robustness.deploys import Case
+from bench.data import REPO
+from bench.robustness.deploys import Case, report_cases
 from bench.robustness.processes import tool_command, tool_env
-from bench.robustness.soak import Version, build_versions
+from bench.robustness.soak import Version, soak_versions
 from retrieval.api import SERVICE_NAME, RetrievalClient
 
 log = logging.getLogger("bench.robustness")
@@ -321,14 +321,6 @@ def run_group_cases(version: Version, out: Path) -> list[Case]:
 def group_main(args: argparse.Namespace) -> int:
     """``--group``: builds (or reuses) the soak's first version, runs every case, prints a row
     per case; exits 1 if one fails."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    data = args.soak_data or dataset_file("ml100k", args.data_root)
-    train_args = ["--model", args.soak_tower, "--epochs", str(args.soak_epochs)]
-    version = build_versions(args.out / "soak-versions", data, train_args)[0]
+    version = soak_versions(args)[2][0]
     started = time.monotonic()
-    cases = run_group_cases(version, args.out)
-    print("| case | figures | passed |\n|---|---|---|")
-    for case in cases:
-        print(f"| {case.name} | {case.figures} | {'yes' if case.passed else 'NO'} |")
-    print(f"{sum(c.passed for c in cases)}/{len(cases)} passed in {time.monotonic() - started:.0f} s")
-    return 0 if all(c.passed for c in cases) else 1
+    return report_cases(run_group_cases(version, args.out), started)

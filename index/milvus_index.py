@@ -150,26 +150,12 @@ class MilvusIndex(VectorIndex):
         *,
         uri: str,
         collection: str,
-        index_type: str = "HNSW",
-        index_params: dict[str, Any] | None = None,
-        search_params: dict[str, Any] | None = None,
-        token: str | None = None,
-        token_env: str = TOKEN_ENV,
-        overwrite: bool = False,
+        **options: Any,
     ) -> MilvusIndex:
-        """:meth:`create` followed by :meth:`add`."""
+        """:meth:`create` (``options`` are its keyword arguments) for the vectors' dimension,
+        followed by :meth:`add`."""
         vectors = check_matrix(vectors, "vectors")
-        index = cls.create(
-            uri,
-            collection,
-            vectors.shape[1],
-            index_type=index_type,
-            index_params=index_params,
-            search_params=search_params,
-            token=token,
-            token_env=token_env,
-            overwrite=overwrite,
-        )
+        index = cls.create(uri, collection, vectors.shape[1], **options)
         index.add(ids, vectors)
         return index
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/support/status.h>
+
 namespace mitt::native {
 
 // admission.AdmissionLimits, handed over from Python.
@@ -28,12 +30,13 @@ struct AdmissionLimits {
   uint64_t max_memory_bytes = 0;  // 0 = no ceiling
 };
 
-// Why a call was refused for want of capacity: RESOURCE_EXHAUSTED with `message` and, when
-// known, the grpc-retry-pushback-ms trailer.
+// Why a call was refused, for want of capacity (RESOURCE_EXHAUSTED) or by access control: `code`
+// with `message` and, when known, the grpc-retry-pushback-ms trailer.
 struct Refusal {
-  std::string reason;  // retrieval_refusals_total's label: heavy_capacity, memory, unread_large...
+  std::string reason;  // retrieval_refusals_total's label: heavy_capacity, memory, rate_limit, permission...
   std::string message;
   std::optional<double> retry_after;  // seconds
+  grpc::StatusCode code = grpc::StatusCode::RESOURCE_EXHAUSTED;
 };
 
 class Admission {

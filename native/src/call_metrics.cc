@@ -23,11 +23,12 @@ void CallMetrics::Observe(Histogram& histogram, const std::vector<double>& bound
   histogram.sum += value;
 }
 
-void CallMetrics::Answered(Method method, grpc::StatusCode code, double seconds, const std::string& reason) {
+void CallMetrics::Answered(Method method, grpc::StatusCode code, double seconds, const std::string& reason,
+                           std::string_view identity) {
   const std::string name = MethodName(method);
   std::lock_guard<std::mutex> lock(mu_);
   Observe(counted_.latency[{name, static_cast<int>(code)}], latency_bounds_, seconds);
-  if (code != grpc::StatusCode::OK) ++counted_.refusals[{name, static_cast<int>(code), reason}];
+  if (code != grpc::StatusCode::OK) ++counted_.refusals[{name, static_cast<int>(code), reason, std::string(identity)}];
 }
 
 void CallMetrics::Batch(size_t rows) {

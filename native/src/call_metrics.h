@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -35,14 +36,17 @@ class CallMetrics {
   }
 
   // A call of `method` ended with `code` after `seconds`; one not OK is also a refusal, for
-  // `reason` ("": the code's name in lower case, as Python names it).
-  void Answered(Method method, grpc::StatusCode code, double seconds, const std::string& reason = "");
+  // `reason` ("": the code's name in lower case, as Python names it), by the caller's `identity`
+  // (of the access file; "" when there is none or it is not known).
+  void Answered(Method method, grpc::StatusCode code, double seconds, const std::string& reason = "",
+                std::string_view identity = {});
   // A kernel call of `rows` queries.
   void Batch(size_t rows);
 
   struct Snapshot {
     std::map<std::pair<std::string, int>, Histogram> latency;                 // (method, code)
-    std::map<std::tuple<std::string, int, std::string>, uint64_t> refusals;  // (method, code, reason)
+    // (method, code, reason, identity)
+    std::map<std::tuple<std::string, int, std::string, std::string>, uint64_t> refusals;
     Histogram batches;
   };
   // Everything counted since the start.

@@ -280,8 +280,7 @@ std::shared_ptr<const Servable> MakeServable(nb::handle py) {
 class PyNativeServer {
  public:
   PyNativeServer(nb::handle servable, ServerOptions options)
-      : server_(std::make_unique<NativeServer>(MakeServable(servable), Bytes(servable.attr("model_info")),
-                                               std::move(options))) {}
+      : server_(std::make_unique<NativeServer>(MakeServable(servable), WholeInfo(servable), std::move(options))) {}
 
   ~PyNativeServer() {
     nb::gil_scoped_release release;  // the batcher's thread may be waiting for the GIL
@@ -295,6 +294,13 @@ class PyNativeServer {
     return std::string(view.c_str(), view.size());
   }
 
+  // The servable's ModelInfo to every caller (Python sets what callers without `admin` see
+  // before it serves).
+  static ModelInfos WholeInfo(nb::handle servable) {
+    std::string info = Bytes(servable.attr("model_info"));
+    return {info, info};
+  }
+
  private:
   std::unique_ptr<NativeServer> server_;
 };
@@ -305,8 +311,34 @@ T Field(const nb::dict& values, const char* name) {
   return nb::cast<T>(values[name]);
 }
 
+// An access file's identities as Python hands them over (retrieval.serving.native.identity_table):
+// (name, permissions, rate or None, burst or None, token SHA-256 digests, certificate names) each;
+// None for no access file.
+std::shared_ptr<const Identities> IdentitiesOf(nb::handle table) {
+  if (table.is_none()) return nullptr;
+  auto identities = std::make_shared<Identities>();
+  for (nb::handle entry : table) {
+    const auto fields = nb::cast<nb::tuple>(entry);
+    auto identity = std::make_shared<const Identity>(Identity{
+        nb::cast<std::string>(fields[0]), nb::cast<std::vector<std::string>>(fields[1]),
+        fields[2].is_none() ? std::nullopt : std::optional<double>(nb::cast<double>(fields[2])),
+        fields[3].is_none() ? std::nullopt : std::optional<double>(nb::cast<double>(fields[3])), false});
+    for (nb::handle digest : fields[4]) identities->by_token.emplace(PyNativeServer::Bytes(digest), identity);
+    for (nb::handle name : fields[5]) identities->by_certificate.emplace(nb::cast<std::string>(name), identity);
+  }
+  return identities;
+}
+
 ServerOptions OptionsOf(const nb::dict& py) {
   ServerOptions options;
+  const auto access = Field<nb::dict>(py, "access");
+  if (!access["rate_limit"].is_none()) {
+    const auto limit = nb::cast<nb::tuple>(access["rate_limit"]);
+    options.access.rate_limit.emplace(nb::cast<double>(limit[0]), nb::cast<double>(limit[1]));
+  }
+  for (auto [method, permission] : Field<nb::dict>(access, "method_permissions")) {
+    options.access.method_permissions.emplace(nb::cast<std::string>(method), nb::cast<std::string>(permission));
+  }
   const auto limits = Field<nb::dict>(py, "limits");
   options.limits = {Field<uint32_t>(limits, "max_k"),          Field<uint32_t>(limits, "max_history"),
                     Field<uint32_t>(limits, "max_per_interest_k"), Field<uint32_t>(limits, "max_filter_ids"),
@@ -325,6 +357,7 @@ ServerOptions OptionsOf(const nb::dict& py) {
   options.batching = {Field<size_t>(py, "max_batch"), std::chrono::microseconds(Field<int64_t>(py, "max_wait_us")),
                       options.admission.batch_cost, Field<size_t>(py, "max_queue")};
   options.max_queued = Field<uint32_t>(py, "max_queued");
+  options.reflection = Field<bool>(py, "reflection");
   options.max_request_bytes = Field<int>(py, "max_request_bytes");
   options.max_response_bytes = Field<int>(py, "max_response_bytes");
   options.explain_top = Field<size_t>(py, "explain_top");
@@ -352,7 +385,7 @@ nb::dict MetricsOf(const NativeServer& server) {
   nb::dict latency, refusals, queues;
   for (const auto& [key, histogram] : snapshot.latency) latency[nb::make_tuple(key.first, key.second)] = HistogramOf(histogram);
   for (const auto& [key, count] : snapshot.refusals) {
-    refusals[nb::make_tuple(std::get<0>(key), std::get<1>(key), std::get<2>(key))] = count;
+    refusals[nb::make_tuple(std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key))] = count;
   }
   const Queues depth = server.queues();
   queues["calls"] = depth.calls;
@@ -410,16 +443,21 @@ NB_MODULE(_native, m) {
           nb::call_guard<nb::gil_scoped_release>())
       .def(
           "swap",
-          [](PyNativeServer& self, nb::handle servable) {
+          [](PyNativeServer& self, nb::handle servable, nb::bytes whole, nb::bytes cut) {
             auto next = mitt::native::MakeServable(servable);
-            std::string info = PyNativeServer::Bytes(servable.attr("model_info"));
-            self.server().Swap(std::move(next), std::move(info));
+            self.server().Swap(std::move(next), {PyNativeServer::Bytes(whole), PyNativeServer::Bytes(cut)});
           },
-          nb::arg("servable"))
+          nb::arg("servable"), nb::arg("model_info"), nb::arg("public_model_info"))
       .def(
           "set_model_info",
-          [](PyNativeServer& self, nb::handle info) { self.server().SetModelInfo(PyNativeServer::Bytes(info)); },
-          nb::arg("model_info"))
+          [](PyNativeServer& self, nb::bytes whole, nb::bytes cut) {
+            self.server().SetModelInfo({PyNativeServer::Bytes(whole), PyNativeServer::Bytes(cut)});
+          },
+          nb::arg("model_info"), nb::arg("public_model_info"))
+      .def(
+          "set_identities",
+          [](PyNativeServer& self, nb::handle table) { self.server().SetIdentities(mitt::native::IdentitiesOf(table)); },
+          nb::arg("identities").none())
       .def_prop_ro("port", [](PyNativeServer& self) { return self.server().port(); })
       .def("metrics", [](PyNativeServer& self) { return mitt::native::MetricsOf(self.server()); })
       .def("counters", [](PyNativeServer& self) {

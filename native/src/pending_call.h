@@ -11,6 +11,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "access.h"
 #include "call_metrics.h"
 #include "python_text.h"
 #include "query.h"
@@ -25,6 +26,7 @@ struct PendingCall {
   grpc::ByteBuffer* response = nullptr;  // owned by gRPC
   Method method = Method::kRetrieve;     // a BatchRetrieve's answers go in one BatchRetrieveResponse
   std::shared_ptr<const Servable> servable;  // the version it was checked with answers it
+  std::shared_ptr<const Identity> caller;    // nullptr: anonymous, every permission, nothing checked
   std::vector<Query> queries;
   std::vector<retrieval::v1::RetrieveResponse> answers;  // one per query
   double cost = 0;             // the call's (admission units)

@@ -10,30 +10,36 @@
 
 namespace mitt::native {
 
+// The serialized ModelInfo GetModelInfo answers: `whole` to callers with the admin permission
+// (and to every caller without an access file), `cut` to the others (its last_refusal and
+// access_file_error as server.public_refusal cuts them, in Python).
+struct ModelInfos {
+  std::string whole, cut;
+};
+
 class ServableSlot {
  public:
-  ServableSlot(std::shared_ptr<const Servable> servable, std::string model_info)
-      : servable_(std::move(servable)), model_info_(std::make_shared<const std::string>(std::move(model_info))) {}
+  ServableSlot(std::shared_ptr<const Servable> servable, ModelInfos model_info)
+      : servable_(std::move(servable)), model_info_(std::make_shared<const ModelInfos>(std::move(model_info))) {}
 
   std::shared_ptr<const Servable> current() const {
     std::lock_guard<std::mutex> lock(mu_);
     return servable_;
   }
-  // The serialized ModelInfo GetModelInfo answers.
-  std::shared_ptr<const std::string> model_info() const {
+  std::shared_ptr<const ModelInfos> model_info() const {
     std::lock_guard<std::mutex> lock(mu_);
     return model_info_;
   }
   // Puts `servable` in service; the calls checked with the previous one finish on it.
-  void Swap(std::shared_ptr<const Servable> servable, std::string model_info) {
-    auto info = std::make_shared<const std::string>(std::move(model_info));
+  void Swap(std::shared_ptr<const Servable> servable, ModelInfos model_info) {
+    auto info = std::make_shared<const ModelInfos>(std::move(model_info));
     std::lock_guard<std::mutex> lock(mu_);
     servable_.swap(servable);
     model_info_.swap(info);
   }  // the previous version is released here, outside the lock, once no call holds it
-  // A new ModelInfo for the same version (a refused reload counted in it).
-  void SetModelInfo(std::string model_info) {
-    auto info = std::make_shared<const std::string>(std::move(model_info));
+  // A new ModelInfo for the same version (a refused reload counted in it, the access file's state).
+  void SetModelInfo(ModelInfos model_info) {
+    auto info = std::make_shared<const ModelInfos>(std::move(model_info));
     std::lock_guard<std::mutex> lock(mu_);
     model_info_.swap(info);
   }
@@ -41,7 +47,7 @@ class ServableSlot {
  private:
   mutable std::mutex mu_;
   std::shared_ptr<const Servable> servable_;
-  std::shared_ptr<const std::string> model_info_;
+  std::shared_ptr<const ModelInfos> model_info_;
 };
 
 }  // namespace mitt::native

@@ -6,6 +6,8 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 
 namespace mitt::native {
 namespace {
@@ -15,13 +17,29 @@ const std::string& ServiceName() {
   return name;
 }
 
+// Drops server reflection's plugin from a server's builder (--no-reflection): gRPC registers the
+// plugin for every server of the process once it is linked in.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+                                    return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(plugin.get()) !=
+                                           nullptr;
+                                  }),
+                   plugins->end());
+  }
+};
+
 }  // namespace
 
-NativeServer::NativeServer(std::shared_ptr<const Servable> servable, std::string model_info, ServerOptions options)
+NativeServer::NativeServer(std::shared_ptr<const Servable> servable, ModelInfos model_info, ServerOptions options)
     : options_(std::move(options)),
       text_(options_.printable),
       checker_(options_.limits, text_),
       slot_(std::move(servable), std::move(model_info)),
+      access_(text_, options_.access),
       admission_(options_.admission),
       calls_(options_.max_queued),
       metrics_(options_.latency_bounds, options_.batch_bounds),
@@ -30,7 +48,7 @@ NativeServer::NativeServer(std::shared_ptr<const Servable> servable, std::string
         service_.End(std::move(call), status);
       }),
       batcher_(options_.batching, [this](Batch batch) { engine_.Answer(std::move(batch)); }),
-      service_(slot_, checker_, options_.units, admission_, calls_, batcher_, metrics_, stages_) {}
+      service_(slot_, checker_, options_.units, access_, admission_, calls_, batcher_, metrics_, stages_) {}
 
 NativeServer::~NativeServer() { Stop(0); }
 
@@ -50,6 +68,7 @@ int NativeServer::Start(const std::vector<std::string>& addresses, bool serving,
     builder.AddListeningPort(addresses[i], grpc::InsecureServerCredentials(), &ports[i]);
   }
   builder.RegisterService(&service_);
+  if (!options_.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   if (options_.max_request_bytes > 0) builder.SetMaxReceiveMessageSize(options_.max_request_bytes);
   if (options_.max_response_bytes > 0) builder.SetMaxSendMessageSize(options_.max_response_bytes);
   // A second server on the port would silently take half the traffic: refuse it, as the Python

@@ -11,6 +11,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "access.h"
 #include "admission.h"
 #include "batcher.h"
 #include "call_limit.h"
@@ -26,6 +27,7 @@ namespace mitt::native {
 
 struct ServerOptions {
   Limits limits;
+  AccessOptions access;
   CostUnits units;
   AdmissionLimits admission;
   BatchOptions batching;
@@ -35,6 +37,7 @@ struct ServerOptions {
   size_t explain_top = 3;     // events an explanation lists per interest
   std::vector<uint8_t> printable;  // PythonText's table
   std::vector<double> latency_bounds, batch_bounds;  // the metrics' histograms (Python's buckets)
+  bool reflection = true;  // serve gRPC server reflection (--no-reflection: false)
 };
 
 // What the metrics' queue depths read: calls held (of max_queued), queries waiting for a batch,
@@ -45,7 +48,7 @@ struct Queues {
 
 class NativeServer {
  public:
-  NativeServer(std::shared_ptr<const Servable> servable, std::string model_info, ServerOptions options);
+  NativeServer(std::shared_ptr<const Servable> servable, ModelInfos model_info, ServerOptions options);
   // Stops without grace if still running.
   ~NativeServer();
   NativeServer(const NativeServer&) = delete;
@@ -64,10 +67,13 @@ class NativeServer {
   // every call is finished. Idempotent.
   void Stop(double grace_seconds);
   // Serves `servable` from the next call on; calls already checked finish on the previous one.
-  void Swap(std::shared_ptr<const Servable> servable, std::string model_info) {
+  void Swap(std::shared_ptr<const Servable> servable, ModelInfos model_info) {
     slot_.Swap(std::move(servable), std::move(model_info));
   }
-  void SetModelInfo(std::string model_info) { slot_.SetModelInfo(std::move(model_info)); }
+  void SetModelInfo(ModelInfos model_info) { slot_.SetModelInfo(std::move(model_info)); }
+  // The access file's identities from the next call on (nullptr: none); Python hands them over
+  // at the start and again on each reload of the file.
+  void SetIdentities(std::shared_ptr<const Identities> identities) { access_.SetIdentities(std::move(identities)); }
 
   int port() const { return port_; }
   Counters counters() const {
@@ -86,6 +92,7 @@ class NativeServer {
   const PythonText text_;
   const RequestChecker checker_;
   ServableSlot slot_;
+  AccessControl access_;
   Admission admission_;
   CallLimit calls_;
   CallMetrics metrics_;

@@ -54,7 +54,7 @@ void RetrievalService::End(std::unique_ptr<PendingCall> call, const grpc::Status
 }
 
 void RetrievalService::End(std::unique_ptr<PendingCall> call, const Refusal& refused) {
-  Finish(std::move(call), {grpc::StatusCode::RESOURCE_EXHAUSTED, refused.message}, &refused);
+  Finish(std::move(call), {refused.code, refused.message}, &refused);
 }
 
 void RetrievalService::Finish(std::unique_ptr<PendingCall> call, const grpc::Status& status, const Refusal* refused) {
@@ -73,7 +73,8 @@ void RetrievalService::Finish(std::unique_ptr<PendingCall> call, const grpc::Sta
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - call->arrived).count();
   // Counted before it is sent, as the Python engine counts: a client holding its answer sees it counted.
-  metrics_.Answered(call->method, status.error_code(), seconds, refused != nullptr ? refused->reason : "");
+  metrics_.Answered(call->method, status.error_code(), seconds, refused != nullptr ? refused->reason : "",
+                    call->caller != nullptr ? call->caller->label() : std::string_view());
   call->reactor->Finish(status);
   if (call->heavy) admission_.Leave(call->cost, seconds);
   calls_.Leave(seconds);
@@ -87,8 +88,8 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
     const Refusal refused = calls_.Refused();
     AddPushback(context, *refused.retry_after);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
-    metrics_.Answered(method, grpc::StatusCode::RESOURCE_EXHAUSTED, seconds, refused.reason);
-    reactor->Finish({grpc::StatusCode::RESOURCE_EXHAUSTED, refused.message});
+    metrics_.Answered(method, refused.code, seconds, refused.reason);
+    reactor->Finish({refused.code, refused.message});
     return nullptr;
   }
   auto call = std::make_unique<PendingCall>();
@@ -102,6 +103,13 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
     const double late = std::chrono::duration<double>(std::chrono::system_clock::now() - *deadline).count();
     End(std::move(call), {grpc::StatusCode::DEADLINE_EXCEEDED,
                           "the deadline passed " + Fixed(late, 3) + " s before the server started"});
+    return nullptr;
+  }
+  // From the metadata alone, before the request is read: a caller refused costs no parse.
+  std::optional<Refusal> refused = access_.Identify(*context, &call->caller);
+  if (!refused) refused = access_.Allow(method, call->caller.get());
+  if (refused) {
+    End(std::move(call), *refused);
     return nullptr;
   }
   return call;
@@ -210,7 +218,9 @@ grpc::ServerUnaryReactor* RetrievalService::GetModelInfo(grpc::CallbackServerCon
   if (call == nullptr) return reactor;
   retrieval::v1::GetModelInfoRequest parsed;
   if (!Read(call, *request, &parsed, "retrieval.v1.GetModelInfoRequest")) return reactor;
-  Put(*slot_.model_info(), response);
+  const std::shared_ptr<const ModelInfos> info = slot_.model_info();
+  const bool whole = call->caller == nullptr || call->caller->Has("admin");
+  Put(whole ? info->whole : info->cut, response);
   End(std::move(call), grpc::Status::OK);
   return reactor;
 }

@@ -1,5 +1,6 @@
 // retrieval.v1.RetrievalService on gRPC's callback API, each call in the Python engine's order
-// (docs/serving.md, "Admission"): the call limit, the deadline, the request read and parsed, its
+// (docs/serving.md, "Admission"): the call limit, the deadline, the caller's identity, permission
+// and rate, the request read and parsed, its
 // lengths, its cost and admission, its checks and lookups; then it is queued for the batcher,
 // which answers it. Requests arrive as bytes (raw methods) so that one that does not parse is
 // refused INVALID_ARGUMENT, as the Python engine refuses it.
@@ -10,6 +11,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "access.h"
 #include "admission.h"
 #include "batcher.h"
 #include "call_limit.h"
@@ -29,10 +31,10 @@ using RawRetrievalService = retrieval::v1::RetrievalService::WithRawCallbackMeth
 class RetrievalService final : public RawRetrievalService {
  public:
   RetrievalService(const ServableSlot& slot, const RequestChecker& checker, const CostUnits& units,
-                   Admission& admission, CallLimit& calls, MicroBatcher& batcher, CallMetrics& metrics,
-                   Stages& stages)
-      : slot_(slot), checker_(checker), units_(units), admission_(admission), calls_(calls), batcher_(batcher),
-        metrics_(metrics), stages_(stages) {}
+                   AccessControl& access, Admission& admission, CallLimit& calls, MicroBatcher& batcher,
+                   CallMetrics& metrics, Stages& stages)
+      : slot_(slot), checker_(checker), units_(units), access_(access), admission_(admission), calls_(calls),
+        batcher_(batcher), metrics_(metrics), stages_(stages) {}
 
   grpc::ServerUnaryReactor* Retrieve(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -48,8 +50,9 @@ class RetrievalService final : public RawRetrievalService {
   void End(std::unique_ptr<PendingCall> call, const Refusal& refused);
 
  private:
-  // A held call for `context` answered by `reactor` (its default reactor), or nullptr when it was
-  // refused (the call limit, a deadline already passed) and answered already.
+  // A held call for `context` answered by `reactor` (its default reactor), its caller identified,
+  // authorized and rate-limited; nullptr when it was refused (the call limit, a deadline already
+  // passed, access control) and answered already.
   std::unique_ptr<PendingCall> Arrive(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
                                       grpc::ByteBuffer* response, Method method);
   void Finish(std::unique_ptr<PendingCall> call, const grpc::Status& status, const Refusal* refused);
@@ -64,6 +67,7 @@ class RetrievalService final : public RawRetrievalService {
   const ServableSlot& slot_;
   const RequestChecker& checker_;
   const CostUnits& units_;
+  AccessControl& access_;
   Admission& admission_;
   CallLimit& calls_;
   MicroBatcher& batcher_;

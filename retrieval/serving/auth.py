@@ -244,6 +244,17 @@ class AccessFile:
         self.stale: str | None = None
         """Why the identities in force are not the file's, ``None`` while they are."""
 
+    @property
+    def identities(self) -> Identities:
+        """The identities in force (the last good file's)."""
+        return self._identities
+
+    def check(self) -> None:
+        """Re-reads the file if it changed, at most every ``check_interval`` seconds, as
+        :meth:`identify` does first: the native engine, which reads no file on its calls, calls
+        it from a thread of its own."""
+        self._reload_if_changed()
+
     def on_reload(self, hook: Callable[[bool], None]) -> None:
         """Registers ``hook(applied)``, called after every change of the file is read: ``True``
         when it is in force, ``False`` when it was not applied."""

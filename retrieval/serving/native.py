@@ -27,10 +27,11 @@ import functools
 import importlib
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Sequence
 from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import numpy as np
 
@@ -53,6 +54,8 @@ from retrieval.serving.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from retrieval.serving.access import AccessControl
+    from retrieval.serving.auth import AccessFile, Identities
     from retrieval.serving.native_kernel import NativeServable
     from retrieval.serving.reload import RetrieverSlot
     from retrieval.serving.retriever import Retriever
@@ -138,11 +141,11 @@ def _not_native(config: ServerConfig) -> dict[str, bool]:
     whether ``config`` sets it."""
     access = config.access
     return {
-        "--access-file (access.file)": access.file is not None,
-        "--rate-limit (access.rate_limit)": access.rate_limit > 0,
         "--access-log-sample (access.log_sample)": access.log_sample > 0,
         "--health-port (access.health_port)": access.health_port != 0,
-        "--no-reflection (access.reflection)": not access.reflection,
+        # Server reflection is gRPC's own service: the engine cannot check its calls' credentials.
+        "server reflection with --access-file or --rate-limit (add --no-reflection)": access.reflection
+        and (access.file is not None or access.rate_limit > 0),
         "--tls-cert (tls.cert)": config.tls.cert is not None,
         # No request threads: gRPC C++'s callback API runs no thread per call.
         "--threads (threads)": config.threads != ServerConfig().threads,
@@ -162,6 +165,22 @@ def check_native(config: ServerConfig) -> None:
         if given:
             raise ValueError(f"the native engine does not implement {option} yet: serve with --engine python")
     native_module()
+
+
+def _identity_table(
+    identities: Identities,
+) -> list[tuple[str, list[str], float | None, float | None, list[bytes], list[str]]]:
+    """An access file's identities as the engine takes them: ``(name, permissions, rate, burst,
+    token SHA-256 digests, certificate names)`` each."""
+    table: dict[str, tuple[str, list[str], float | None, float | None, list[bytes], list[str]]] = {}
+    for credentials, field in ((identities.by_token, 4), (identities.by_certificate, 5)):
+        for credential, identity in credentials.items():
+            entry = table.setdefault(
+                identity.name,
+                (identity.name, sorted(identity.permissions), identity.rate, identity.burst, [], []),
+            )
+            cast(list[Any], entry[field]).append(credential)
+    return list(table.values())
 
 
 @functools.cache
@@ -189,6 +208,8 @@ class NativeServer:
         *,
         batching: BatchingConfig | None = None,
         limits: LimitsConfig | None = None,
+        access: AccessControl | None = None,
+        reflection: bool = True,
     ) -> None:
         """Hands the servable over to the engine (nothing is served yet).
 
@@ -199,13 +220,26 @@ class NativeServer:
             limits: what one call may cost: the message sizes, the calls held at once
                 (``max_queued``, 0 = :data:`MAX_QUEUED`) and the cost admission's bounds; ``None``
                 for the defaults.
+            access: who may call and how often: its access file's identities (re-read while
+                serving, :meth:`AccessFile.check` in a thread of the engine's) and its rate limit's
+                rate and burst, checked by the engine with its own buckets; ``None``: anyone,
+                anything, no limit. Its access log is not implemented yet.
+            reflection: serve gRPC server reflection (gRPC's own service, whose calls the engine
+                does not check: :func:`check_native` refuses it beside access control).
 
         Raises:
             NativeEngineMissing: the engine is not built.
-            ValueError: a repeated vocabulary id, an inconsistent servable.
+            ValueError: a repeated vocabulary id, an inconsistent servable, an access log.
         """
+        from retrieval.serving.auth import METHOD_PERMISSIONS
+
         batching = batching or BatchingConfig()
         limits = limits or LimitsConfig()
+        if access is not None and access.access_log is not None:
+            raise ValueError(
+                "the native engine does not implement the access log yet: serve with --engine python"
+            )
+        rate_limit = None if access is None or access.rate_limit is None else access.rate_limit
         options: dict[str, Any] = {
             "limits": LIMITS,
             "cost": COST,
@@ -219,10 +253,15 @@ class NativeServer:
                 "chunk_cost": limits.chunk_cost,
                 "max_memory_bytes": limits.max_memory_bytes or 0,
             },
+            "access": {
+                "rate_limit": None if rate_limit is None else (rate_limit.rate, rate_limit.burst),
+                "method_permissions": METHOD_PERMISSIONS,
+            },
             "max_batch": batching.max_batch,
             "max_wait_us": round(batching.max_wait * 1e6),
             "max_queue": MAX_QUEUE,
             "max_queued": limits.max_queued or MAX_QUEUED,
+            "reflection": reflection,
             "max_request_bytes": limits.max_request_bytes,
             "max_response_bytes": limits.max_response_bytes,
             "explain_top": EXPLAIN_TOP,
@@ -231,6 +270,13 @@ class NativeServer:
             "batch_buckets": [float(b) for b in BATCH_BUCKETS],
         }
         self._server = native_module().NativeServer(servable, options)
+        self._info_lock = threading.Lock()
+        self._model_info = servable.model_info
+        self._access_file_error = ""
+        self._stopping = threading.Event()
+        self.set_model_info(servable.model_info)
+        if access is not None and access.identities is not None:
+            self._follow_access(access.identities)
         # The handover's copies (a million ids at 1M items) are freed: give their pages back, and
         # fix glibc's mmap threshold as the Python engine's server does (large requests).
         self._trimmer = trimmer()
@@ -273,7 +319,9 @@ class NativeServer:
         Raises:
             ValueError: a repeated vocabulary id, an inconsistent servable.
         """
-        self._server.swap(servable)
+        with self._info_lock:
+            self._model_info = servable.model_info
+            self._server.swap(servable, *self._model_infos())
         self._trimmer.trim()
 
     def follow(self, slot: RetrieverSlot, search_threads: int | None = 1) -> None:
@@ -300,12 +348,52 @@ class NativeServer:
 
     def set_model_info(self, model_info: bytes) -> None:
         """What ``GetModelInfo`` answers from now on (a serialized ``ModelInfo``: the same version
-        with a refused reload counted, say)."""
-        self._server.set_model_info(model_info)
+        with a refused reload counted, say), with the access file's error as the Python engine
+        sets it (:meth:`_model_infos`)."""
+        with self._info_lock:
+            self._model_info = model_info
+            self._server.set_model_info(*self._model_infos())
+
+    def _model_infos(self) -> tuple[bytes, bytes]:
+        """``GetModelInfo``'s answers, as the Python engine's servicer makes them: the model info
+        with ``access_file_error`` (why the access file in force is stale), whole for callers with
+        the ``admin`` permission (every caller without an access file), and as the others see it
+        (``last_refusal`` and ``access_file_error`` cut by ``public_refusal``)."""
+        from retrieval.api.v1 import retrieval_pb2
+        from retrieval.serving.server import public_refusal
+
+        info = retrieval_pb2.ModelInfo.FromString(self._model_info)
+        info.access_file_error = self._access_file_error
+        whole = info.SerializeToString()
+        info.last_refusal = public_refusal(info.last_refusal)
+        info.access_file_error = public_refusal(info.access_file_error)
+        return whole, info.SerializeToString()
+
+    def _follow_access(self, access_file: AccessFile) -> None:
+        """Serves ``access_file``'s identities, and after each change of the file those in force
+        (a change not applied keeps the last good file's and sets ``access_file_error``), read by
+        a thread checking the file every ``check_interval`` seconds until :meth:`stop`."""
+
+        def read(applied: bool) -> None:
+            if applied:
+                self._server.set_identities(_identity_table(access_file.identities))
+            with self._info_lock:
+                self._access_file_error = access_file.stale or ""
+                self._server.set_model_info(*self._model_infos())
+
+        access_file.on_reload(read)
+        read(True)
+
+        def check(stopping: threading.Event) -> None:
+            while not stopping.wait(access_file.check_interval):
+                access_file.check()
+
+        threading.Thread(target=check, args=(self._stopping,), name="native-access-file", daemon=True).start()
 
     def stop(self, grace: float = 5.0) -> None:
         """Reports NOT_SERVING, takes no new calls, lets the calls in flight finish for ``grace``
         seconds, cancels the rest; returns when all are finished. Idempotent."""
+        self._stopping.set()
         self._server.stop(grace)
 
     def counters(self) -> dict[str, int]:
@@ -322,9 +410,10 @@ class NativeServer:
         """Everything the engine counted since it started, as the metrics endpoint exports it
         (:class:`~retrieval.serving.native_metrics.NativeMetrics` reads it): ``latency``
         ``(method, code number) -> (bucket counts, sum of seconds)`` over ``LATENCY_BUCKETS``
-        then +inf, ``refusals`` ``(method, code number, reason) -> calls`` (reason ``""``: the
-        code's name), ``batches`` ``(bucket counts, sum of rows)`` over ``BATCH_BUCKETS`` then
-        +inf, and ``queues`` ``{"calls", "batch", "heavy"} -> depth now``."""
+        then +inf, ``refusals`` ``(method, code number, reason, identity) -> calls``
+        (reason ``""``: the code's name; identity ``""``: none known), ``batches`` ``(bucket
+        counts, sum of rows)`` over ``BATCH_BUCKETS`` then +inf, and ``queues`` ``{"calls",
+        "batch", "heavy"} -> depth now``."""
         return dict(self._server.metrics())
 
     def __enter__(self) -> Self:

@@ -5,7 +5,8 @@ not end OK by why (a capacity refusal's reason, else the code's name), and the r
 kernel call, at the buckets :class:`~retrieval.serving.metrics.Metrics` uses
 (:meth:`NativeServer.metrics`). :class:`NativeMetrics` moves what was counted since its last read
 into a :class:`Metrics`: ``retrieval_requests_total``, ``retrieval_request_seconds``,
-``retrieval_refusals_total`` (identity ``""``: the engine has no access file),
+``retrieval_refusals_total`` (by the caller's identity of the access file, ``""`` when
+there is none or it is not known),
 ``retrieval_batch_size`` and ``retrieval_queue_depth`` (calls held, queries waiting for a batch,
 heavy calls waiting), before every scrape of an endpoint served here and every
 :data:`SYNC_INTERVAL` seconds (a serving group's worker, whose supervisor reads the counts its
@@ -76,10 +77,10 @@ class NativeMetrics:
                 code = CODE_NAMES[number]
                 metrics.requests.labels(method, code).inc(sum(added))
                 _observed(metrics.latency.labels(method, code), added, seconds - old_seconds)
-            for (method, number, reason), count in now["refusals"].items():
+            for (method, number, reason, identity), count in now["refusals"].items():
                 code = CODE_NAMES[number]
-                added_calls = count - last["refusals"].get((method, number, reason), 0)
-                metrics.refusals.labels(method, code, reason or code.lower(), "").inc(added_calls)
+                added_calls = count - last["refusals"].get((method, number, reason, identity), 0)
+                metrics.refusals.labels(method, code, reason or code.lower(), identity).inc(added_calls)
             buckets, rows = now["batches"]
             old_buckets, old_rows = last["batches"]
             _observed(metrics.batch_size, _added(buckets, old_buckets), rows - old_rows)

@@ -1,7 +1,7 @@
 """The native engine as ``mitt serve --engine native`` runs it: :func:`create_native_server` starts
 a :class:`~retrieval.serving.native.NativeServer` on a :class:`RetrieverSlot`'s version, following
 its swaps, and returns it as a :class:`~retrieval.serving.server.StartedServer`, which
-:func:`~retrieval.serving.server.serve_forever` and a serving group's worker drive as they drive
+:func:`~retrieval.serving.run.serve_forever` and a serving group's worker drive as they drive
 the Python engine's: health, SIGTERM's drain and grace, hot reload, the group's two-phase swaps.
 
 Example:
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 
+from retrieval.serving.access import AccessControl
 from retrieval.serving.addresses import host_addresses, join_host_port
 from retrieval.serving.config import ServerConfig, check_server_config
 from retrieval.serving.metrics import Metrics
@@ -59,17 +60,21 @@ def create_native_server(
     retriever: Retriever | RetrieverSlot,
     config: ServerConfig | None = None,
     *,
+    access: AccessControl | None = None,
     metrics: Metrics | None = None,
     reuse_port: bool = False,
     serving: bool = True,
 ) -> tuple[NativeRetrievalServer, int]:
     """Starts the native engine for ``retriever`` as ``config`` says: its address (every one its
-    host resolves to), micro-batching, limits and FAISS threads; each swap of the slot (a
-    :class:`~retrieval.serving.reload.DeploymentWatcher`'s, a group's) is handed to the engine.
+    host resolves to), micro-batching, limits, access control and FAISS threads; each swap of the
+    slot (a :class:`~retrieval.serving.reload.DeploymentWatcher`'s, a group's) is handed to the
+    engine.
 
     Args:
         retriever: answers the requests; a :class:`RetrieverSlot` to swap it while serving.
         config: how to serve; ``None``: its defaults.
+        access: who may call, and how often; ``None``: as ``config.access`` says
+            (:meth:`AccessControl.from_config`, which reads its files).
         metrics: where the engine's counts go (:class:`NativeMetrics`), under the Python
             engine's names; ``None`` for none. Its HTTP endpoint is started separately.
         reuse_port: share the port with other servers that set it (a serving group's workers).
@@ -80,13 +85,16 @@ def create_native_server(
         ``(server, bound port)``; the server is started.
 
     Raises:
-        ValueError: fields of ``config`` that do not go together, or an option the native engine
-            does not implement yet (:func:`~retrieval.serving.native.check_native`).
+        ValueError: fields of ``config`` that do not go together, an option the native engine
+            does not implement yet (:func:`~retrieval.serving.native.check_native`), an invalid
+            access file.
         NativeEngineMissing: the engine is not built.
-        OSError: an address cannot be bound (nothing is left serving).
+        OSError: an address cannot be bound (nothing is left serving), or a file of
+            ``config.access`` cannot be read.
     """
     config = check_server_config(config or ServerConfig(engine="native"), artifacts=False)
     check_native(config)
+    access = AccessControl.from_config(config) if access is None else access
     slot = retriever if isinstance(retriever, RetrieverSlot) else RetrieverSlot(retriever)
     addresses = _addresses(config.host, config.port)
     threads = config.search_threads
@@ -94,10 +102,13 @@ def create_native_server(
         native_servable(slot.current, slot.model_info(), threads),
         batching=config.batching,
         limits=config.limits,
+        access=access,
+        reflection=config.access.reflection,
     )
     try:
         port = server.start(addresses, serving=serving, reuse_port=reuse_port)
     except RuntimeError:
+        server.stop(0)  # its access file's thread too
         raise OSError(
             f"cannot serve gRPC on {config.host}:{config.port}: the address is in use or not available"
         ) from None
@@ -105,6 +116,8 @@ def create_native_server(
     moved = None
     if metrics is not None:
         metrics.follow(slot)
+        if access.identities is not None:
+            metrics.follow_access(access.identities)
         moved = NativeMetrics(server, metrics)
         moved.start()
     return NativeRetrievalServer(server, port, slot, moved), port

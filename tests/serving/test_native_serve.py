@@ -54,17 +54,20 @@ def folders(tmp_path: Path) -> list[str]:
     return ["--model", str(tmp_path / "model"), "--index", str(tmp_path / "index")]
 
 
+REFLECTION_CHECKED = "server reflection with --access-file or --rate-limit (add --no-reflection)"
+"""Access control without --no-reflection: gRPC's reflection service would take calls unchecked."""
+
+
 @pytest.mark.parametrize(
     ("given", "named"),
     [
-        (["--access-file", "{file}"], "--access-file (access.file)"),
-        (["--rate-limit", "5"], "--rate-limit (access.rate_limit)"),
+        (["--access-file", "{file}"], REFLECTION_CHECKED),
+        (["--rate-limit", "5"], REFLECTION_CHECKED),
         (["--access-log-sample", "0.5"], "--access-log-sample (access.log_sample)"),
         (["--health-port", "1"], "--health-port (access.health_port)"),
-        (["--no-reflection"], "--no-reflection (access.reflection)"),
         (["--tls-cert", "{file}", "--tls-key", "{file}"], "--tls-cert (tls.cert)"),
         (["--threads", "8"], "--threads (threads)"),
-        (["--set", "access.rate_limit=5"], "--rate-limit (access.rate_limit)"),
+        (["--set", "access.rate_limit=5"], REFLECTION_CHECKED),
     ],
 )
 def test_options_the_native_engine_lacks_are_refused_at_start_in_one_line(

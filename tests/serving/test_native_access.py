@@ -1,0 +1,415 @@
+"""Access control on the native engine (issue 44): tokens, permissions and rate limits answered as
+the Python engine answers them. The same calls (good, wrong, missing and malformed tokens;
+methods an identity may not call; identities and client addresses past their rate) go to both
+engines, started by ``mitt serve``'s own path from the same ``ServerConfig``, and are compared:
+status codes, messages (but for the milliseconds of a retry, which each engine's own clock
+decides), ``grpc-retry-pushback-ms`` trailers, ``GetModelInfo`` as admins and others see it, and
+``/metrics`` (``retrieval_refusals_total`` by code, reason and identity, the access file's
+errors and staleness). The access file is re-read by both after a change, a typo and a deletion.
+Concurrent callers share one bucket, many rounds. Needs ``make native`` (skips without it)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from retrieval.api.v1 import retrieval_pb2
+from retrieval.serving import native
+from retrieval.serving.config import AccessConfig
+from retrieval.serving.metrics import Metrics
+from retrieval.serving.native_server import create_native_server
+from retrieval.serving.retriever import Retriever
+from retrieval.serving.server import StartedServer, create_server
+from tests.helpers import ITEMS, local, scrape
+
+ACCESS = """
+[identities.team-a]
+tokens = ["token-a"]
+permissions = ["retrieve", "info"]
+
+[identities.team-b]
+token_sha256 = ["{sha_b}"]
+permissions = ["info"]
+
+[identities.ops]
+token_env = "OPS_TOKEN_FOR_NATIVE_TESTS"
+permissions = ["admin"]
+
+[identities.slow]
+tokens = ["token-slow"]
+permissions = ["retrieve"]
+rate = 0.0001
+burst = 2
+
+[identities.free]
+tokens = ["token-free"]
+permissions = ["retrieve", "info"]
+rate = 0
+
+[identities.service]
+certificates = ["client"]
+permissions = ["info"]
+""".replace("{sha_b}", hashlib.sha256(b"token-b").hexdigest())
+
+RATE = 0.0001
+"""The server's rate limit: no token comes back while a test runs (one every 10,000 s)."""
+
+PUSHBACK = "grpc-retry-pushback-ms"
+SERVICE = "/retrieval.v1.RetrievalService/"
+RETRY_IN = re.compile(r"retry in \d+ ms")
+
+Metadata = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a call got: its code, message (a retry's milliseconds masked), pushback (ms) and answer."""
+
+    code: grpc.StatusCode
+    details: str
+    pushback: int | None
+    body: bytes | None
+
+
+@pytest.fixture(autouse=True)
+def built(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        native.native_module()
+    except native.NativeEngineMissing as e:
+        pytest.skip(f"{e}")
+    monkeypatch.setenv("OPS_TOKEN_FOR_NATIVE_TESTS", "token-ops")
+
+
+@contextmanager
+def both(retriever: Retriever, access: AccessConfig) -> Iterator[dict[str, tuple[grpc.Channel, int]]]:
+    """A server of each engine for ``access`` (``--no-reflection``: the native engine does not
+    check reflection's calls), each with its metrics: engine -> (channel, metrics port)."""
+    found = {}
+    with ExitStack() as stack:
+        for engine in ("python", "native"):
+            config = local(engine=engine, access=access)
+            metrics = Metrics()
+            port = metrics.serve(0)
+            stack.callback(metrics.close)
+            server: StartedServer
+            if engine == "native":
+                server, bound = create_native_server(retriever, config, metrics=metrics)
+            else:
+                server, bound = create_server(retriever, config, metrics=metrics)
+            stack.callback(stopped, server)
+            channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{bound}"))
+            grpc.channel_ready_future(channel).result(timeout=10)
+            found[engine] = (channel, port)
+        yield found
+
+
+def stopped(server: StartedServer) -> None:
+    server.stop(None).wait(30)
+
+
+def config(access_file: Path | None = None, rate: float = 0.0, burst: float | None = None) -> AccessConfig:
+    return AccessConfig(
+        file=None if access_file is None else str(access_file),
+        rate_limit=rate,
+        rate_burst=burst,
+        reflection=False,
+    )
+
+
+def request(method: str) -> bytes:
+    """A good request of ``method``."""
+    if method == "Retrieve":
+        return retrieval_pb2.RetrieveRequest(history=ITEMS[:3], k=5).SerializeToString()
+    if method == "BatchRetrieve":
+        one = retrieval_pb2.RetrieveRequest(history=ITEMS[4:6], k=3)
+        return retrieval_pb2.BatchRetrieveRequest(requests=[one, one]).SerializeToString()
+    return retrieval_pb2.GetModelInfoRequest().SerializeToString()
+
+
+def call(channel: grpc.Channel, method: str, metadata: Metadata = ()) -> Answer:
+    """``method`` with a good request and ``metadata``, as raw bytes."""
+    send = channel.unary_unary(SERVICE + method, None, None)
+    try:
+        body, rpc = send.with_call(request(method), metadata=metadata, timeout=30)
+    except grpc.RpcError as e:
+        error: Any = e  # a grpc.Call too
+        pushback = dict(error.trailing_metadata() or ()).get(PUSHBACK)
+        details = RETRY_IN.sub("retry in N ms", error.details() or "")
+        return Answer(error.code(), details, None if pushback is None else int(pushback), None)
+    assert PUSHBACK not in dict(rpc.trailing_metadata() or ())
+    return Answer(grpc.StatusCode.OK, "", None, body)
+
+
+def bearer(token: str) -> Metadata:
+    return (("authorization", f"Bearer {token}"),)
+
+
+CREDENTIALS: dict[str, Metadata] = {
+    "none": (),
+    "team-a": bearer("token-a"),
+    "team-b (sha256)": bearer("token-b"),
+    "ops (env)": bearer("token-ops"),
+    "free": bearer("token-free"),
+    "wrong": bearer("token-c"),
+    "lower-case scheme, spaces": (("authorization", "bearer   token-a  "),),
+    "basic scheme": (("authorization", "Basic dG9rZW4tYQ=="),),
+    "scheme alone": (("authorization", "Bearer"),),
+    "blank token": (("authorization", "Bearer    "),),
+    "first bearer entry": (("authorization", "Basic x"), ("authorization", "Bearer token-a")),
+    "two bearer entries": (("authorization", "Bearer token-b"), ("authorization", "Bearer token-a")),
+    "other metadata": (("x-token", "token-a"),),
+}
+"""Metadata to send, by what it is."""
+
+METHODS = ("Retrieve", "BatchRetrieve", "GetModelInfo")
+
+
+def refusals(port: int) -> dict[tuple[tuple[str, str], ...], float]:
+    """``retrieval_refusals_total``'s samples by labels, and the access file's two samples."""
+    wanted = ("retrieval_refusals_total", "retrieval_access_file_errors_total", "retrieval_access_file_stale")
+    return {
+        (("name", name), *labels): value for (name, labels), value in scrape(port).items() if name in wanted
+    }
+
+
+def assert_same_answers(
+    found: dict[str, tuple[grpc.Channel, int]], sent: Sequence[tuple[str, Metadata]]
+) -> list[Answer]:
+    """Sends each ``(method, metadata)`` of ``sent`` to both engines in turn: the same answers
+    (``GetModelInfo`` as the same message; the retrievals' ids and answers compared by the
+    parity tests); returns the Python engine's."""
+    answers = []
+    for method, metadata in sent:
+        python, ours = (call(found[engine][0], method, metadata) for engine in ("python", "native"))
+        what = f"{method} with {metadata}"
+        assert (ours.code, ours.details) == (python.code, python.details), what
+        assert (ours.pushback is None) == (python.pushback is None), what
+        if method == "GetModelInfo" and python.body is not None:
+            assert ours.body is not None
+            assert retrieval_pb2.ModelInfo.FromString(ours.body) == retrieval_pb2.ModelInfo.FromString(
+                python.body
+            )
+        answers.append(python)
+    return answers
+
+
+def assert_same_metrics(
+    found: dict[str, tuple[grpc.Channel, int]],
+) -> dict[tuple[tuple[str, str], ...], float]:
+    """Both engines' refusal counts (and access file samples) are equal; returns them."""
+    python, ours = (refusals(found[engine][1]) for engine in ("python", "native"))
+    assert ours == python
+    return python
+
+
+def test_tokens_and_permissions_are_answered_as_the_python_engine_answers_them(
+    retriever: Retriever, tmp_path: Path
+) -> None:
+    access_file = tmp_path / "access.toml"
+    access_file.write_text(ACCESS)
+    with both(retriever, config(access_file)) as found:
+        sent = [(method, metadata) for metadata in CREDENTIALS.values() for method in METHODS]
+        answers = dict(zip(sent, assert_same_answers(found, sent), strict=True))
+        counted = assert_same_metrics(found)
+    codes = {
+        (method, name): answers[(method, CREDENTIALS[name])].code
+        for method in METHODS
+        for name in CREDENTIALS
+    }
+    # Worked out from the file: team-a retrieves and reads info, team-b only reads info.
+    assert codes[("Retrieve", "team-a")] == codes[("GetModelInfo", "team-b (sha256)")] == grpc.StatusCode.OK
+    assert codes[("BatchRetrieve", "team-b (sha256)")] == grpc.StatusCode.PERMISSION_DENIED
+    assert (
+        codes[("Retrieve", "ops (env)")]
+        == codes[("Retrieve", "lower-case scheme, spaces")]
+        == grpc.StatusCode.OK
+    )
+    assert codes[("Retrieve", "first bearer entry")] == grpc.StatusCode.OK
+    assert codes[("Retrieve", "two bearer entries")] == grpc.StatusCode.PERMISSION_DENIED  # the first: team-b
+    for name in ("none", "basic scheme", "scheme alone", "blank token", "other metadata"):
+        assert answers[("Retrieve", CREDENTIALS[name])].details.startswith("missing credentials"), name
+    assert answers[("GetModelInfo", CREDENTIALS["wrong"])].details == "invalid bearer token"
+    denied = answers[("BatchRetrieve", CREDENTIALS["team-b (sha256)"])].details
+    assert denied == "identity 'team-b' may not call BatchRetrieve (needs permission 'retrieve')"
+    key = (("name", "retrieval_refusals_total"), ("code", "UNAUTHENTICATED"), ("identity", ""))
+    assert counted[(*key, ("method", "Retrieve"), ("reason", "missing_credentials"))] == 5
+    assert counted[(*key, ("method", "Retrieve"), ("reason", "invalid_token"))] == 1
+    denied_key = (("code", "PERMISSION_DENIED"), ("identity", "team-b"), ("method", "BatchRetrieve"))
+    # team-b's own token, and two tokens of which team-b's comes first
+    assert counted[(("name", "retrieval_refusals_total"), *denied_key, ("reason", "permission"))] == 2
+
+
+def test_rate_limits_refuse_the_same_calls_with_the_same_pushback(
+    retriever: Retriever, tmp_path: Path
+) -> None:
+    """Identities past their burst (the server's 3, or their own), unidentified callers past their
+    address's, a call refused its permission taking no token, an unlimited identity."""
+    access_file = tmp_path / "access.toml"
+    access_file.write_text(ACCESS)
+    wrong, slow, team_b = CREDENTIALS["wrong"], bearer("token-slow"), CREDENTIALS["team-b (sha256)"]
+    sent = [
+        *[("GetModelInfo", slow)] * 3,  # slow may not: refused its permission, no token taken
+        *[("Retrieve", slow)] * 4,  # its own burst of 2, then its own rate
+        *[("GetModelInfo", team_b)] * 5,  # the server's burst of 3
+        *[("Retrieve", wrong)] * 5,  # 3 refused UNAUTHENTICATED, then 127.0.0.1's bucket is empty
+        ("Retrieve", CREDENTIALS["none"]),
+        *[("Retrieve", CREDENTIALS["free"])] * 10,  # rate 0: unlimited
+    ]
+    with both(retriever, config(access_file, rate=RATE, burst=3)) as found:
+        answers = assert_same_answers(found, sent)
+        pushbacks = {engine: [call(found[engine][0], "Retrieve", slow).pushback] for engine in found}
+        counted = assert_same_metrics(found)
+    codes = [a.code.name for a in answers]
+    assert codes == [
+        *["PERMISSION_DENIED"] * 3,
+        *["OK"] * 2,
+        *["RESOURCE_EXHAUSTED"] * 2,
+        *["OK"] * 3,
+        *["RESOURCE_EXHAUSTED"] * 2,
+        *["UNAUTHENTICATED"] * 3,
+        *["RESOURCE_EXHAUSTED"] * 3,
+        *["OK"] * 10,
+    ]
+    limit = "rate limit of 0.0001 requests/s"
+    assert answers[5].details == f"{limit} (burst 2) for identity 'slow' exceeded, retry in N ms"
+    assert answers[10].details == f"{limit} (burst 3) for identity 'team-b' exceeded, retry in N ms"
+    assert (
+        answers[15].details
+        == f"{limit} (burst 3) for unauthenticated calls from 127.0.0.1 exceeded, retry in N ms"
+    )
+    # A token every 10,000 s: the next is (1 - what was earned) / rate away, a bit under 10^7 ms.
+    for engine, (pushback,) in pushbacks.items():
+        assert pushback is not None and 9_990_000 <= pushback <= 10_000_000, engine
+    labels = (("name", "retrieval_refusals_total"), ("code", "RESOURCE_EXHAUSTED"))
+    assert counted[(*labels, ("identity", "slow"), ("method", "Retrieve"), ("reason", "rate_limit"))] == 3
+    assert counted[(*labels, ("identity", ""), ("method", "Retrieve"), ("reason", "rate_limit"))] == 3
+
+
+def test_without_an_access_file_each_client_address_has_a_bucket(retriever: Retriever) -> None:
+    sent = [(method, ()) for method in METHODS for _ in range(2)]
+    with both(retriever, config(rate=RATE, burst=4.0)) as found:
+        answers = assert_same_answers(found, sent)
+        counted = assert_same_metrics(found)
+    assert [a.code.name for a in answers] == ["OK"] * 4 + ["RESOURCE_EXHAUSTED"] * 2
+    assert answers[-1].details == (
+        "rate limit of 0.0001 requests/s (burst 4) for identity '127.0.0.1' exceeded, retry in N ms"
+    )
+    labels = (
+        ("code", "RESOURCE_EXHAUSTED"),
+        ("identity", ""),
+        ("method", "GetModelInfo"),
+        ("reason", "rate_limit"),
+    )
+    assert {key: n for key, n in counted.items() if n} == {(("name", "retrieval_refusals_total"), *labels): 2}
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Waits until ``check()`` (both engines re-read the file within about a second)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not seen within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+def test_the_access_file_is_reread_and_a_bad_one_leaves_the_last_good_in_force(
+    retriever: Retriever, tmp_path: Path
+) -> None:
+    """A token revoked and one added apply on both; a typo, then a deletion, keep the last good
+    identities, set ``access_file_error`` (whole for ``admin``, cut for the others) and count an
+    error each; a good file again clears it."""
+    access_file = tmp_path / "access.toml"
+    access_file.write_text(ACCESS)
+    team_a, ops, team_b = CREDENTIALS["team-a"], CREDENTIALS["ops (env)"], CREDENTIALS["team-b (sha256)"]
+    infos = [("GetModelInfo", ops), ("GetModelInfo", team_a), ("Retrieve", team_a)]
+    with both(retriever, config(access_file)) as found:
+
+        def everywhere(metadata: Metadata, code: grpc.StatusCode) -> Callable[[], bool]:
+            return lambda: all(call(found[e][0], "Retrieve", metadata).code == code for e in found)
+
+        changed = ACCESS.replace('tokens = ["token-a"]', 'tokens = ["token-a2"]')
+        access_file.write_text(changed)
+        wait_for(everywhere(bearer("token-a2"), grpc.StatusCode.OK), "the new token")
+        wait_for(everywhere(team_a, grpc.StatusCode.UNAUTHENTICATED), "the old token revoked")
+        assert_same_answers(found, [("Retrieve", team_a), ("Retrieve", bearer("token-a2"))])
+
+        access_file.write_text(changed + "\n[identities.broken\n")
+        wait_for(lambda: sampled(found, STALE) == {1}, "the typo")
+        answers = assert_same_answers(found, [("GetModelInfo", ops), ("GetModelInfo", team_b)])
+        whole, cut = (retrieval_pb2.ModelInfo.FromString(a.body or b"").access_file_error for a in answers)
+        assert str(access_file) in whole and str(access_file) not in cut and cut.startswith("access.toml")
+        still = call(found["native"][0], "Retrieve", bearer("token-a2"))  # the last good file in force
+        assert still.code == grpc.StatusCode.OK
+        assert sampled(found, ERRORS) == {1}
+
+        access_file.unlink()
+        wait_for(lambda: sampled(found, ERRORS) == {2}, "the deletion")
+        assert_same_answers(found, [*infos, ("Retrieve", bearer("token-a2"))])
+
+        access_file.write_text(ACCESS)
+        wait_for(lambda: sampled(found, STALE) == {0}, "the good file")
+        assert_same_answers(found, [*infos, ("Retrieve", bearer("token-a2"))])
+        # The refusals' counts differ by the calls of the waits; the file's errors do not.
+        assert sampled(found, ERRORS) == {2}
+
+
+STALE = (("name", "retrieval_access_file_stale"),)
+ERRORS = (("name", "retrieval_access_file_errors_total"),)
+
+
+def sampled(found: dict[str, tuple[grpc.Channel, int]], sample: tuple[tuple[str, str], ...]) -> set[float]:
+    """``sample``'s values on both engines, each after a call (the Python engine reads the file on
+    its calls, the native one in a thread of its own)."""
+    for channel, _ in found.values():
+        call(channel, "GetModelInfo")
+    return {refusals(port).get(sample, -1.0) for _, port in found.values()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_", range(20))
+def test_concurrent_callers_share_their_buckets_exactly(
+    retriever: Retriever, tmp_path: Path, round_: int
+) -> None:
+    """6 threads, 60 calls of three identities at once (team-b's burst 8, slow's 2, free without
+    limit) and 12 with a wrong token: on each engine exactly the bursts are answered, each refusal
+    counted once, by identity."""
+    access_file = tmp_path / "access.toml"
+    access_file.write_text(ACCESS)
+    sent = [
+        *[("GetModelInfo", CREDENTIALS["team-b (sha256)"])] * 20,
+        *[("Retrieve", bearer("token-slow"))] * 20,
+        *[("Retrieve", CREDENTIALS["free"])] * 20,
+        *[("Retrieve", CREDENTIALS["wrong"])] * 12,
+    ]
+    with both(retriever, config(access_file, rate=RATE, burst=8)) as found:
+        for engine, (channel, _) in found.items():
+            with ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(call, [channel] * len(sent), *zip(*sent, strict=True)))
+            got = Counter(
+                (method, dict(metadata).get("authorization"), a.code.name)
+                for (method, metadata), a in zip(sent, answers, strict=True)
+            )
+            assert got == {
+                ("GetModelInfo", "Bearer token-b", "OK"): 8,
+                ("GetModelInfo", "Bearer token-b", "RESOURCE_EXHAUSTED"): 12,
+                ("Retrieve", "Bearer token-slow", "OK"): 2,
+                ("Retrieve", "Bearer token-slow", "RESOURCE_EXHAUSTED"): 18,
+                ("Retrieve", "Bearer token-free", "OK"): 20,
+                ("Retrieve", "Bearer token-c", "UNAUTHENTICATED"): 8,
+                ("Retrieve", "Bearer token-c", "RESOURCE_EXHAUSTED"): 4,
+            }, engine
+        counted = assert_same_metrics(found)
+    labels = (("name", "retrieval_refusals_total"), ("code", "RESOURCE_EXHAUSTED"))
+    assert (
+        counted[(*labels, ("identity", "team-b"), ("method", "GetModelInfo"), ("reason", "rate_limit"))] == 12
+    )

@@ -5,8 +5,10 @@
 * :mod:`~retrieval.serving.batching`: :class:`MicroBatcher`, concurrent calls answered together.
 * :mod:`~retrieval.serving.config`: :class:`ServerConfig`, a server's settings (``mitt serve``'s
   flags, ``--config``, ``--set``).
-* :mod:`~retrieval.serving.server`: :func:`create_server` / :func:`serve_forever`, the servicer
-  (message conversion only), health, reflection, TLS, limits, graceful stop.
+* :mod:`~retrieval.serving.server`: :func:`create_server`, the Python engine's servicer
+  (message conversion only), health, reflection, TLS, limits, graceful stop;
+  :mod:`~retrieval.serving.native_server`: the native engine's; :mod:`~retrieval.serving.run`:
+  :func:`serve_forever`, a serving process's main (either engine until a signal).
 * :mod:`~retrieval.serving.reload`: hot swaps of the retriever (:class:`DeploymentWatcher`).
 * :mod:`~retrieval.serving.group`: :class:`ServingGroup`, N worker processes on one port under a
   supervisor (health, two-phase hot reload, summed metrics, drain);

@@ -49,7 +49,8 @@ from .reload import (
     warm_up,
 )
 from .retriever import Retriever
-from .server import RetrievalServer, RetrievalServicer, create_server, serve_forever, status_for
+from .run import serve_forever
+from .server import RetrievalServer, RetrievalServicer, create_server, status_for
 from .stopping import STOP_MARGIN
 from .tls import CertificateFiles
 from .worker import WorkerLink

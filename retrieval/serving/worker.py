@@ -116,7 +116,7 @@ class WorkerLink:
         )
 
     def server_options(self, slot: RetrieverSlot) -> dict[str, Any]:
-        """What :func:`~retrieval.serving.server.serve_forever` takes besides its config to
+        """What :func:`~retrieval.serving.run.serve_forever` takes besides its config to
         serve ``slot`` as this worker: the group's port shared (``reuse_port``), the
         per-request metrics (:class:`~retrieval.serving.metrics.Metrics` as a worker) when the
         group has metrics, and NOT_SERVING until the supervisor says the group is up, except

@@ -35,7 +35,8 @@ from retrieval.api.v1 import retrieval_pb2
 from retrieval.api.v1.retrieval_pb2_grpc import RetrievalServiceStub
 from retrieval.artifacts.index import build_index_from_model
 from retrieval.serving import Admission, LimitsConfig, Metrics, ModelSize, Retriever, call_cost, query_cost
-from retrieval.serving.server import create_server, serve_forever
+from retrieval.serving.run import serve_forever
+from retrieval.serving.server import create_server
 from tests.helpers import (
     ITEMS,
     NUM_ITEMS,

@@ -39,7 +39,8 @@ from retrieval.artifacts.model import ModelArtifact
 from retrieval.serving.addresses import host_addresses, join_host_port
 from retrieval.serving.group import hold_ports
 from retrieval.serving.retriever import Retriever
-from retrieval.serving.server import create_server, serve_forever, status_for
+from retrieval.serving.run import serve_forever
+from retrieval.serving.server import create_server, status_for
 from retrieval.storage.folders import write_artifact
 from retrieval.storage.manifest import ArtifactError
 from tests.helpers import DIM, ITEMS, NUM_ITEMS, REPO_ROOT, assert_same, brute_force, local

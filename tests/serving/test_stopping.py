@@ -29,7 +29,7 @@ SLACK = 15.0
 SERVE_SYNTHETIC = """
 import sys, threading
 from retrieval.artifacts.index import build_index_from_model
-from retrieval.serving import server as served
+from retrieval.serving import run, server as served
 from retrieval.serving.config import ServerConfig
 from retrieval.serving.logs import configure_logging
 from retrieval.serving.retriever import Retriever
@@ -47,7 +47,7 @@ def stuck_watcher(server):  # a health watcher that never takes its message
 if stuck == "drain":  # the drain's shut-down never returns
     served.RetrievalServer._shut_down = lambda self, grace: never.wait()
 model = make_model()
-served.serve_forever(
+run.serve_forever(
     Retriever(model, build_index_from_model(model, "Flat")),
     ServerConfig(port=port, grace=grace),
     on_start=stuck_watcher if stuck == "health" else None,

@@ -147,9 +147,7 @@ def heavy_flood(
         ).SerializeToString()
         stop = threading.Event()
         heavy_codes: list[str] = []
-        flooders = [
-            threading.Thread(target=_flood, args=(server.address, heavy, stop, heavy_codes)) for _ in range(8)
-        ]
+        flooders = _flooders(server.address, heavy, stop, heavy_codes, "BatchRetrieve")
         peak = [idle_rss]
         sampler = threading.Thread(target=_sample, args=(lambda: rss_kb(pid) / 1024, peak, stop))
         loaded = _probe_under(server.address, cheap, seconds, [*flooders, sampler], stop)
@@ -157,9 +155,8 @@ def heavy_flood(
         server.stop()
     ratio = loaded["p99"] / idle["p99"]
     figures = (
-        f"cheap p50/p99 idle {idle['p50']:.1f}/{idle['p99']:.1f} ms, under the flood "
-        f"{loaded['p50']:.1f}/{loaded['p99']:.1f} ms ({ratio:.1f}x, limit {CHEAP_P99_LIMIT:g}x), "
-        f"cheap failures {loaded['failed']:.0f} of {loaded['calls']:.0f}; heavy {_counts(heavy_codes)}; "
+        _compared("cheap", idle, loaded, "under the flood", f"{ratio:.1f}x, limit {CHEAP_P99_LIMIT:g}x")
+        + f"; heavy {_counts(heavy_codes)}; "
         f"RSS idle {idle_rss:.0f} MiB, peak {max(peak):.0f}, ceiling {ceiling:.0f}"
     )
     passed = ratio <= CHEAP_P99_LIMIT and loaded["failed"] == 0 and max(peak) <= ceiling * 1.1
@@ -203,6 +200,23 @@ def _flood(
                 codes.append(e.code().name)
                 trailers: dict[str, str] = dict(e.trailing_metadata() or ())  # type: ignore[arg-type]
                 stop.wait(int(trailers.get("grpc-retry-pushback-ms", "50")) / 1000)
+
+
+def _flooders(
+    address: str, payload: bytes, stop: threading.Event, codes: list[str], method: str
+) -> list[threading.Thread]:
+    """8 threads (not started) that each send ``payload`` by ``method`` back to back (:func:`_flood`)."""
+    return [threading.Thread(target=_flood, args=(address, payload, stop, codes, method)) for _ in range(8)]
+
+
+def _compared(what: str, idle: dict[str, float], loaded: dict[str, float], beside: str, ratio: str) -> str:
+    """The probe's ``what`` calls' p50/p99 idle and ``beside`` the load (then ``ratio``, the
+    figure checked), and how many failed."""
+    return (
+        f"{what} p50/p99 idle {idle['p50']:.1f}/{idle['p99']:.1f} ms, {beside} "
+        f"{loaded['p50']:.1f}/{loaded['p99']:.1f} ms ({ratio}), "
+        f"{what} failures {loaded['failed']:.0f} of {loaded['calls']:.0f}"
+    )
 
 
 def _probe_under(
@@ -318,19 +332,14 @@ def costly_flood(
         stop = threading.Event()
         codes: list[str] = []
         payload = request.SerializeToString()
-        flooders = [
-            threading.Thread(target=_flood, args=(server.address, payload, stop, codes, "Retrieve"))
-            for _ in range(8)
-        ]
+        flooders = _flooders(server.address, payload, stop, codes, "Retrieve")
         loaded = _probe_under(server.address, cheap, seconds, flooders, stop)
     finally:
         server.stop()
     ratio = loaded["p50"] / idle["p50"]
-    figures = (
-        f"ordinary p50/p99 idle {idle['p50']:.1f}/{idle['p99']:.1f} ms, beside the flood "
-        f"{loaded['p50']:.1f}/{loaded['p99']:.1f} ms (p50 {ratio:.1f}x, limit {ORDINARY_P50_LIMIT:g}x), "
-        f"ordinary failures {loaded['failed']:.0f} of {loaded['calls']:.0f}; costly calls {_counts(codes)}"
-    )
+    limit = f"p50 {ratio:.1f}x, limit {ORDINARY_P50_LIMIT:g}x"
+    figures = _compared("ordinary", idle, loaded, "beside the flood", limit)
+    figures += f"; costly calls {_counts(codes)}"
     name = "DIVERSITY k 1,000 flood" if costly == "diversity" else "10,000-id histories, 4,000 exclusions"
     return Case(f"{name}, ordinary probe", figures, ratio <= ORDINARY_P50_LIMIT and loaded["failed"] == 0)
 

@@ -35,8 +35,6 @@ class AFM(Ranker):
         inputs: see :class:`~rankers.base.Ranker` -> logits ``[B, C]``.
     """
 
-    options = ("attention_units", "attention_dropout")
-
     def __init__(
         self,
         *,

@@ -11,6 +11,7 @@ from keras import ops
 from rankers.layers import masked_mean
 from towers.base import sequence_mask
 from towers.item import ItemTower
+from towers.saving import ConstructorConfig
 
 
 def click_loss(labels: Any, logits: Any, mask: Any) -> Any:
@@ -32,7 +33,7 @@ def click_loss(labels: Any, logits: Any, mask: Any) -> Any:
     return ops.sum(bce * mask) / ops.maximum(ops.sum(mask), 1.0)
 
 
-class Ranker(keras.Model, abc.ABC):
+class Ranker(ConstructorConfig, keras.Model, abc.ABC):
     """Scores a short candidate list given the user's history: one click logit per candidate.
 
     Item ids are ``1..num_items`` (0 = padding). Histories are left-padded (newest item last,
@@ -74,10 +75,6 @@ class Ranker(keras.Model, abc.ABC):
 
     context_size: int = 0
     """Items of the ``"context"`` input a ranker reads (0 = it reads none; DSTN sets it)."""
-
-    options: tuple[str, ...] = ()
-    """The names of a ranker's own constructor arguments, kept as attributes of the same names:
-    :meth:`get_config` saves them beside the base arguments."""
 
     def __init__(
         self,
@@ -210,15 +207,3 @@ class Ranker(keras.Model, abc.ABC):
         for extra in self.losses:  # add_loss terms: regularisation, auxiliary losses
             loss = loss + extra
         return loss
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "num_items": self.num_items,
-            "dim": self.dim,
-            "max_len": self.max_len,
-            "num_attributes": self.num_attributes,
-            "retrieval_score": self.retrieval_score,
-            "ranker_scale_init": self.ranker_scale_init,
-            **{name: getattr(self, name) for name in self.options},
-        }

@@ -40,8 +40,6 @@ class DIEN(Ranker):
         inputs: see :class:`~rankers.base.Ranker` -> logits ``[B, C]``.
     """
 
-    options = ("hidden_units", "activation", "dropout", "aux_weight", "seed")
-
     def __init__(
         self,
         *,

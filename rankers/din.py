@@ -35,8 +35,6 @@ class DIN(Ranker):
         inputs: see :class:`~rankers.base.Ranker` -> logits ``[B, C]``.
     """
 
-    options = ("attention_units", "hidden_units", "activation", "dropout", "mba_l2")
-
     def __init__(
         self,
         *,

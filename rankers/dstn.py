@@ -31,6 +31,7 @@ from rankers.base import Ranker
 from rankers.layers import ClickMLP
 from rankers.registry import register_ranker
 from towers.base import sequence_mask
+from towers.saving import ConstructorConfig
 
 MAX_EXPONENT = 20.0
 """``α = exp(min(s, 20))``: a guard against overflow early in training (e^20 ≈ 4.9e8); scores
@@ -40,7 +41,7 @@ AUXILIARY_SETS = ("context", "clicked", "unclicked")
 
 
 @keras.saving.register_keras_serializable(package="rankers")
-class InteractiveAttention(keras.layers.Layer):
+class InteractiveAttention(ConstructorConfig, keras.layers.Layer):
     """DSTN's interactive attention of targets over one auxiliary set.
 
     Args:
@@ -79,9 +80,6 @@ class InteractiveAttention(keras.layers.Layer):
     def call(self, target: Any, aux: Any, valid: Any) -> Any:
         return ops.matmul(self.alpha(target, aux, valid), aux)  # [B, C, d]
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "dim": self.dim, "units": self.units}
-
 
 @register_ranker("dstn")
 class DSTN(Ranker):
@@ -102,8 +100,6 @@ class DSTN(Ranker):
         the retriever's order, with ``"context_attributes"`` ``[B, M, A]`` optional; only its first
         ``N + 1`` columns are read -> logits ``[B, C]``.
     """
-
-    options = ("attention_units", "hidden_units", "activation", "dropout", "context_size")
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from towers.din import activation_first_layer
+from towers.saving import ConstructorConfig
 
 ACTIVATIONS = ("dice", "prelu", "relu")
 """Hidden activations of :class:`ClickMLP`."""
@@ -51,7 +52,7 @@ def mini_batch_aware_l2(table: Any, ids: Any) -> Any:
 
 
 @keras.saving.register_keras_serializable(package="rankers")
-class Dice(keras.layers.Layer):
+class Dice(ConstructorConfig, keras.layers.Layer):
     """DIN's data-adaptive activation ``f(s) = p(s)·s + (1 − p(s))·α·s``.
 
     ``p(s) = σ((s − E[s]) / sqrt(Var[s] + ε))`` per feature, with the batch's statistics in
@@ -98,12 +99,9 @@ class Dice(keras.layers.Layer):
         p = ops.sigmoid((x - mean) / ops.sqrt(variance + self.epsilon))
         return p * x + (1.0 - p) * self.alpha * x
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "momentum": self.momentum, "epsilon": self.epsilon}
-
 
 @keras.saving.register_keras_serializable(package="rankers")
-class ClickMLP(keras.layers.Layer):
+class ClickMLP(ConstructorConfig, keras.layers.Layer):
     """The final network of a ranker: hidden layers with Dice, PReLU or ReLU, then one logit.
 
     Args:
@@ -151,17 +149,9 @@ class ClickMLP(keras.layers.Layer):
             x = self.drop(x, training=training)
         return ops.squeeze(self.out(x), -1)  # [N]
 
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "hidden_units": self.hidden_units,
-            "activation": self.activation,
-            "dropout": self.dropout,
-        }
-
 
 @keras.saving.register_keras_serializable(package="rankers")
-class LocalActivationUnit(keras.layers.Layer):
+class LocalActivationUnit(ConstructorConfig, keras.layers.Layer):
     """DIN's activation unit: how much each history item matters for each candidate.
 
     ``w_cl = MLP([k_l, q_c, k_l − q_c, k_l ⊙ q_c])`` with sigmoid hidden layers (as in DIN's
@@ -200,12 +190,9 @@ class LocalActivationUnit(keras.layers.Layer):
         w = ops.squeeze(self.weight_layer(x), -1)  # [B, C, L]
         return ops.where(ops.expand_dims(ops.cast(key_valid, "bool"), 1), w, 0.0)
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "dim": self.dim, "units": self.units}
-
 
 @keras.saving.register_keras_serializable(package="rankers")
-class AUGRUCell(keras.layers.Layer):
+class AUGRUCell(ConstructorConfig, keras.layers.Layer):
     """DIEN's GRU with attentional update gate, one step at a time.
 
     ``u = σ(W_u x + U_u h + b_u)``, ``r = σ(W_r x + U_r h + b_r)``,
@@ -252,6 +239,3 @@ class AUGRUCell(keras.layers.Layer):
         h = states[0] if isinstance(states, list | tuple) else states
         out = self.step(inputs[:, :-1], h, inputs[:, -1:])
         return out, [out]
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "units": self.units, "input_dim": self.input_dim}

@@ -9,9 +9,10 @@ import keras
 from keras import ops
 
 from towers.item import ItemTower
+from towers.saving import ConstructorConfig
 
 
-class UserTower(keras.layers.Layer, abc.ABC):
+class UserTower(ConstructorConfig, keras.layers.Layer, abc.ABC):
     """Behaviour sequence -> K interest vectors.
 
     Inputs are left-padded: ``inputs["items"]`` is int ``[batch, L]`` with 0 for padding
@@ -25,6 +26,8 @@ class UserTower(keras.layers.Layer, abc.ABC):
     Call:
         inputs: ``{"items": int [B, L]}`` (``L <= max_len``) -> float32 ``[B, K, d]``.
     """
+
+    nested = ("item_tower",)
 
     objectives: tuple[str, ...] = ("last",)
     """Training objectives the tower supports (``retrieval.training.examples.OBJECTIVES``), default first.
@@ -76,20 +79,6 @@ class UserTower(keras.layers.Layer, abc.ABC):
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
         return (input_shape["items"][0], self.num_interests, self.dim)
 
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "item_tower": keras.saving.serialize_keras_object(self.item_tower),
-            "max_len": self.max_len,
-            "num_interests": self.num_interests,
-        }
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> UserTower:
-        config = dict(config)
-        config["item_tower"] = keras.saving.deserialize_keras_object(config["item_tower"])
-        return cls(**config)
-
 
 def sequence_mask(items: Any) -> Any:
     """``[B, L]`` ids -> bool ``[B, L]``, True where there is an item (id != 0)."""
@@ -97,7 +86,7 @@ def sequence_mask(items: Any) -> Any:
 
 
 @keras.saving.register_keras_serializable(package="towers")
-class RecencyPositionEmbedding(keras.layers.Layer):
+class RecencyPositionEmbedding(ConstructorConfig, keras.layers.Layer):
     """Learned embedding of each event's distance from the most recent event.
 
     Sequences are left-padded, so position ``L - 1`` is always the newest event and
@@ -126,6 +115,3 @@ class RecencyPositionEmbedding(keras.layers.Layer):
         """The embeddings of positions ``0..length-1`` ``[length, d]`` (the last is the newest)."""
         recency = ops.flip(ops.arange(length), axis=0)  # [L]: L-1, ..., 1, 0
         return self.table(recency)
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "max_len": self.max_len, "dim": self.dim}

@@ -40,9 +40,6 @@ class BSARecBlock(TransformerBlock):
         attended, scores = super().mix(h, qk, attention_mask, keep, training)
         return self.alpha * self.beyond(h * keep) + (1.0 - self.alpha) * attended, scores
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "length": self.length, "alpha": self.alpha, "cutoff": self.cutoff}
-
 
 @register_tower("bsarec")
 class BSARecTower(FrequencyTower):
@@ -96,10 +93,3 @@ class BSARecTower(FrequencyTower):
             self.filter_cutoff,
             self.dropout_rate,
         )
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "filter_alpha": self.filter_alpha,
-            "filter_cutoff": self.filter_cutoff,
-        }

@@ -135,6 +135,3 @@ class DINTower(UserTower):
     def attention_maps(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """``{"activation": [B, K, L]}``: the un-normalised weight of each behaviour per query."""
         return {"activation": self.activation(inputs)[0]}
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "attention_units": self.attention_units}

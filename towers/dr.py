@@ -176,13 +176,6 @@ class RoutingTower(UserTower):
         """``{"routing": [B, K, L]}``: the final coupling of each behaviour to each interest."""
         return {"routing": self.route(inputs)[1]}
 
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "routing_iterations": self.routing_iterations,
-            "dynamic_interests": self.dynamic_interests,
-        }
-
 
 @register_tower("dr")
 class DynamicRoutingTower(RoutingTower):

@@ -28,9 +28,6 @@ class FilterBlock(SequenceBlock):
     def mix(self, h: Any, qk: Any, attention_mask: Any, keep: Any, training: bool) -> tuple[Any, Any]:
         return self.filter(h * keep), None
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "length": self.length}
-
 
 @register_tower("fmlprec")
 class FMLPRecTower(FrequencyTower):

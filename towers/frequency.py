@@ -22,6 +22,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from towers.saving import ConstructorConfig
 from towers.transformer import TransformerTower
 
 
@@ -62,7 +63,7 @@ def low_pass(x: Any, cutoff: int, length: int) -> Any:
 
 
 @keras.saving.register_keras_serializable(package="towers")
-class LearnableFilter(keras.layers.Layer):
+class LearnableFilter(ConstructorConfig, keras.layers.Layer):
     """FMLP-Rec's filter layer: a learned complex spectrum per dimension.
 
     Call:
@@ -83,12 +84,9 @@ class LearnableFilter(keras.layers.Layer):
     def call(self, x: Any) -> Any:
         return frequency_filter(x, self.real, self.imag, self.length)
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "length": self.length, "dim": self.dim}
-
 
 @keras.saving.register_keras_serializable(package="towers")
-class BeyondFilter(keras.layers.Layer):
+class BeyondFilter(ConstructorConfig, keras.layers.Layer):
     """BSARec's inductive bias: ``low + β ⊙ (x − low)``, ``low`` the ``cutoff`` lowest frequencies
     of ``x`` and ``β = sqrt_beta²`` a learned scale per dimension (the high frequencies rescaled).
 
@@ -114,9 +112,6 @@ class BeyondFilter(keras.layers.Layer):
     def call(self, x: Any) -> Any:
         low = low_pass(x, self.cutoff, self.length)
         return low + ops.square(self.sqrt_beta) * (x - low)
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "length": self.length, "dim": self.dim, "cutoff": self.cutoff}
 
 
 class FrequencyTower(TransformerTower):

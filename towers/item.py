@@ -10,9 +10,11 @@ import keras
 import numpy as np
 from keras import ops
 
+from towers.saving import ConstructorConfig
+
 
 @keras.saving.register_keras_serializable(package="towers")
-class ItemTower(keras.layers.Layer):
+class ItemTower(ConstructorConfig, keras.layers.Layer):
     """An item-id embedding table (row 0 is padding), optionally plus the item's attributes.
 
     User towers embed their input sequences with the same table, so that history items and
@@ -149,13 +151,3 @@ class ItemTower(keras.layers.Layer):
     def all_items(self) -> Any:
         """Vectors of every row ``[num_embeddings, d]`` (row 0 = padding), what the index holds."""
         return self(ops.arange(self.num_embeddings))
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "num_embeddings": self.num_embeddings,
-            "dim": self.dim,
-            "num_attributes": self.num_attributes,
-            "max_attributes": self.max_attributes,
-            "id_dropout": self.id_dropout,
-        }

@@ -109,12 +109,3 @@ class SelfAttentiveTower(UserTower):
     def attention_maps(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """``{"interests": [B, K, L]}``: each interest's attention over the history."""
         return {"interests": self.attention(inputs)[0]}
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "attention_dim": self.attention_dim,
-            "attention_penalty": self.attention_penalty,
-            "fusion": self.fusion,
-            "side_features": self.side_features,
-        }

@@ -22,6 +22,8 @@ from typing import Any
 import keras
 from keras import ops
 
+from towers.saving import ConstructorConfig
+
 FUSIONS = ("none", "sum", "concat", "gated", "nova")
 INVASIVE = ("sum", "concat", "gated")
 EVENT_FEATURES = ("action", "gap_prev", "gap_now")
@@ -29,7 +31,7 @@ EVENT_FEATURES = ("action", "gap_prev", "gap_now")
 
 
 @keras.saving.register_keras_serializable(package="towers")
-class SideEmbedding(keras.layers.Layer):
+class SideEmbedding(ConstructorConfig, keras.layers.Layer):
     """Sum of the embeddings of each event's side features ``[B, L, d]``.
 
     Args:
@@ -63,12 +65,9 @@ class SideEmbedding(keras.layers.Layer):
             total = total + table(inputs[name]) * present
         return total
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "dim": self.dim, "vocab_sizes": self.vocab_sizes}
-
 
 @keras.saving.register_keras_serializable(package="towers")
-class InvasiveFusion(keras.layers.Layer):
+class InvasiveFusion(ConstructorConfig, keras.layers.Layer):
     """Merges side embeddings into item representations: ``sum``, ``concat`` (then a linear map
     back to ``d``) or ``gated`` (``g ⊙ h + (1 - g) ⊙ s`` with ``g = σ(W [h, s])``).
 
@@ -97,12 +96,9 @@ class InvasiveFusion(keras.layers.Layer):
         gate = ops.sigmoid(joined)
         return gate * h + (1.0 - gate) * side
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "mode": self.mode, "dim": self.dim}
-
 
 @keras.saving.register_keras_serializable(package="towers")
-class SideInformation(keras.layers.Layer):
+class SideInformation(ConstructorConfig, keras.layers.Layer):
     """What a sequence tower does with side information, whatever its architecture.
 
     Args:
@@ -162,12 +158,3 @@ class SideInformation(keras.layers.Layer):
         items = inputs["items"]
         known = ops.where(items < item_tower.num_embeddings, items, 0)  # e.g. BERT4Rec's mask token
         return self.embedding(inputs) + item_tower.attributes(known)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "fusion": self.fusion,
-            "dim": self.dim,
-            "side_features": self.side_features,
-            "item_attributes": self.item_attributes,
-        }

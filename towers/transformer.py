@@ -9,11 +9,12 @@ from keras import ops
 
 from towers.base import RecencyPositionEmbedding, UserTower, sequence_mask
 from towers.item import ItemTower
+from towers.saving import ConstructorConfig
 from towers.side import SideInformation
 
 
 @keras.saving.register_keras_serializable(package="towers")
-class SequenceBlock(keras.layers.Layer):
+class SequenceBlock(ConstructorConfig, keras.layers.Layer):
     """``x + mix(LN(x))`` then ``x + FFN(LN(x))`` (pre-layer-norm, a GELU feed-forward of width
     ``dim``, as in SASRec): the part every sequence block shares; subclasses choose :meth:`mix`,
     how positions exchange information.
@@ -66,9 +67,6 @@ class SequenceBlock(keras.layers.Layer):
         x = x + self.dropout(h, training=training)
         return (x, scores) if return_attention else x
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "dim": self.dim, "dropout": self.dropout_rate}
-
 
 @keras.saving.register_keras_serializable(package="towers")
 class TransformerBlock(SequenceBlock):
@@ -98,9 +96,6 @@ class TransformerBlock(SequenceBlock):
         return self.attention(
             qk, h, qk, attention_mask=attention_mask, return_attention_scores=True, training=training
         )
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "num_heads": self.num_heads}
 
 
 class TransformerTower(UserTower):
@@ -211,18 +206,6 @@ class TransformerTower(UserTower):
             return super().interest_weights(inputs)  # raises: no such weights
         _, attention = self.encode(inputs)
         return ops.mean(attention[-1][:, :, -1:, :], axis=1)
-
-    def get_config(self) -> dict[str, Any]:
-        config = super().get_config()
-        config.pop("num_interests")
-        return {
-            **config,
-            "num_blocks": self.num_blocks,
-            "num_heads": self.num_heads,
-            "dropout": self.dropout_rate,
-            "fusion": self.fusion,
-            "side_features": self.side_features,
-        }
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> UserTower:

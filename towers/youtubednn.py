@@ -73,6 +73,3 @@ class YouTubeDNNTower(UserTower):
         for layer in self.hidden:
             x = layer(x)
         return ops.expand_dims(self.output_layer(x), 1)  # [B, 1, d]
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "hidden_units": self.hidden_units}

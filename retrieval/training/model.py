@@ -20,10 +20,11 @@ from retrieval.training.config import FUSIONS, SIMILARITIES, ModelConfig, Simila
 from retrieval.training.losses.task import RetrievalTask
 from towers import ItemTower, UserTower, build_user_tower
 from towers.registry import tower_class
+from towers.saving import ConstructorConfig
 
 
 @keras.saving.register_keras_serializable(package="retrieval")
-class TwoTowerModel(keras.Model):
+class TwoTowerModel(ConstructorConfig, keras.Model):
     """User tower + item tower trained by a :class:`~retrieval.training.losses.task.RetrievalTask`.
 
     ``call({"items": [B, L]})`` returns the interests ``[B, K, d]``; ``fit`` takes
@@ -31,6 +32,8 @@ class TwoTowerModel(keras.Model):
     ``similarity="cosine"`` the interests and the item vectors the task scores are unit length
     (:func:`scoring_table` gives the items' for the index).
     """
+
+    nested = ("user_tower",)
 
     def __init__(self, user_tower: UserTower, similarity: Similarity = "dot", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -81,19 +84,6 @@ class TwoTowerModel(keras.Model):
         if self.losses:  # regularisation added by layers (add_loss), e.g. attention penalties
             loss = loss + tf.add_n(self.losses)
         return loss
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "user_tower": keras.saving.serialize_keras_object(self.user_tower),
-            "similarity": self.similarity,
-        }
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> TwoTowerModel:
-        config = dict(config)
-        config["user_tower"] = keras.saving.deserialize_keras_object(config["user_tower"])
-        return cls(**config)
 
 
 def takes_side_information(tower: str) -> bool:

@@ -7,6 +7,8 @@ from typing import Any
 import keras
 import pytest
 
+from towers import ItemTower
+from towers.registry import tower_class
 from towers.saving import ConstructorConfig, constructor_arguments
 
 
@@ -74,3 +76,20 @@ def test_nested_layers_are_serialized_and_rebuilt() -> None:
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert isinstance(clone.inner, Base) and clone.inner is not layer.inner
     assert clone.get_config() == config
+
+
+def test_configs_written_by_the_former_get_config_load() -> None:
+    # What the hand-written get_config saved: resolved values, and no num_interests for the
+    # transformer towers (always 1).
+    item_tower = keras.saving.serialize_keras_object(ItemTower(11, 8))
+    sa = tower_class("sa").from_config(
+        {"name": "sa", "item_tower": item_tower, "max_len": 5, "num_interests": 2, "attention_dim": 32,
+         "attention_penalty": 0.0, "fusion": "none", "side_features": {}}
+    )  # fmt: skip
+    assert (sa.num_interests, sa.attention_dim) == (2, 32)
+    sasrec = tower_class("sasrec").from_config(
+        {"name": "sasrec", "item_tower": item_tower, "max_len": 5, "num_blocks": 1, "num_heads": 2,
+         "dropout": 0.1, "fusion": "none", "side_features": {}}
+    )  # fmt: skip
+    assert (sasrec.num_interests, len(sasrec.blocks), sasrec.num_heads, sasrec.dropout_rate) == (1, 1, 2, 0.1)
+    assert sasrec.get_config()["num_interests"] == 1

@@ -358,6 +358,11 @@ ServerOptions OptionsOf(const nb::dict& py) {
                       options.admission.batch_cost, Field<size_t>(py, "max_queue")};
   options.max_queued = Field<uint32_t>(py, "max_queued");
   options.reflection = Field<bool>(py, "reflection");
+  if (const auto tls = Field<nb::object>(py, "tls"); !tls.is_none()) {
+    const auto files = nb::cast<nb::tuple>(tls);  // (cert, key, ca or ""), paths
+    options.tls = TlsFiles{nb::cast<std::string>(files[0]), nb::cast<std::string>(files[1]),
+                           nb::cast<std::string>(files[2])};
+  }
   options.max_request_bytes = Field<int>(py, "max_request_bytes");
   options.max_response_bytes = Field<int>(py, "max_response_bytes");
   options.explain_top = Field<size_t>(py, "explain_top");
@@ -436,6 +441,12 @@ NB_MODULE(_native, m) {
           },
           nb::arg("addresses"), nb::arg("serving"), nb::arg("reuse_port"), nb::call_guard<nb::gil_scoped_release>())
       .def(
+          "start_health",
+          [](PyNativeServer& self, const std::vector<std::string>& addresses, bool reuse_port) {
+            return self.server().StartHealth(addresses, reuse_port);
+          },
+          nb::arg("addresses"), nb::arg("reuse_port"), nb::call_guard<nb::gil_scoped_release>())
+      .def(
           "set_serving", [](PyNativeServer& self, bool serving) { self.server().SetServing(serving); },
           nb::arg("serving"), nb::call_guard<nb::gil_scoped_release>())
       .def(
@@ -459,6 +470,7 @@ NB_MODULE(_native, m) {
           [](PyNativeServer& self, nb::handle table) { self.server().SetIdentities(mitt::native::IdentitiesOf(table)); },
           nb::arg("identities").none())
       .def_prop_ro("port", [](PyNativeServer& self) { return self.server().port(); })
+      .def_prop_ro("health_port", [](PyNativeServer& self) { return self.server().health_port(); })
       .def("metrics", [](PyNativeServer& self) { return mitt::native::MetricsOf(self.server()); })
       .def("counters", [](PyNativeServer& self) {
         const Counters c = self.server().counters();

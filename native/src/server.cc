@@ -8,6 +8,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/impl/server_builder_plugin.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 namespace mitt::native {
 namespace {
@@ -32,6 +34,31 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
   }
 };
 
+// Binds `builder` to every one of `addresses` with `credentials`; the ports it will pick (on the
+// heap: the builder writes them when it starts).
+std::unique_ptr<std::vector<int>> Listen(grpc::ServerBuilder& builder, const std::vector<std::string>& addresses,
+                                         const std::shared_ptr<grpc::ServerCredentials>& credentials) {
+  auto ports = std::make_unique<std::vector<int>>(addresses.size(), 0);
+  for (size_t i = 0; i < addresses.size(); ++i) builder.AddListeningPort(addresses[i], credentials, &(*ports)[i]);
+  return ports;
+}
+
+// Starts `builder`'s server once every address is bound, on one port (0 picks one): BuildAndStart
+// fails if any address cannot be bound. Throws std::runtime_error naming `what` and the addresses.
+std::unique_ptr<grpc::Server> BuildBound(grpc::ServerBuilder& builder, const std::vector<int>& ports,
+                                         const std::vector<std::string>& addresses, const std::string& what) {
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  const bool bound = server != nullptr && !ports.empty() &&
+                     std::all_of(ports.begin(), ports.end(), [&](int port) { return port != 0 && port == ports[0]; });
+  if (!bound) {
+    if (server != nullptr) server->Shutdown();
+    std::string joined;
+    for (const std::string& address : addresses) joined += (joined.empty() ? "" : ", ") + address;
+    throw std::runtime_error("cannot serve " + what + " on " + joined);
+  }
+  return server;
+}
+
 }  // namespace
 
 NativeServer::NativeServer(std::shared_ptr<const Servable> servable, ModelInfos model_info, ServerOptions options)
@@ -52,6 +79,22 @@ NativeServer::NativeServer(std::shared_ptr<const Servable> servable, ModelInfos 
 
 NativeServer::~NativeServer() { Stop(0); }
 
+std::shared_ptr<grpc::ServerCredentials> NativeServer::Credentials() const {
+  if (!options_.tls) return grpc::InsecureServerCredentials();
+  const TlsFiles& files = *options_.tls;
+  // Re-read when they change (a renewed certificate for new connections, without a restart); a
+  // key that does not match its certificate is refused by gRPC, which keeps the pair in use.
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      files.key, files.cert, files.ca, files.refresh_seconds);
+  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  tls.watch_identity_key_cert_pairs();
+  if (!files.ca.empty()) {  // mutual TLS: clients present a certificate signed by the CA
+    tls.watch_root_certs();
+    tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(tls);
+}
+
 int NativeServer::Start(const std::vector<std::string>& addresses, bool serving, bool reuse_port) {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
   if (started_) throw std::logic_error("the server was already started");
@@ -62,11 +105,7 @@ int NativeServer::Start(const std::vector<std::string>& addresses, bool serving,
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  // One selected port each: BuildAndStart fails if any address cannot be bound.
-  std::vector<int> ports(addresses.size(), 0);
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    builder.AddListeningPort(addresses[i], grpc::InsecureServerCredentials(), &ports[i]);
-  }
+  const auto ports = Listen(builder, addresses, Credentials());
   builder.RegisterService(&service_);
   if (!options_.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   if (options_.max_request_bytes > 0) builder.SetMaxReceiveMessageSize(options_.max_request_bytes);
@@ -74,33 +113,52 @@ int NativeServer::Start(const std::vector<std::string>& addresses, bool serving,
   // A second server on the port would silently take half the traffic: refuse it, as the Python
   // engine does (only a serving group's workers share a port).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port ? 1 : 0);
-  server_ = builder.BuildAndStart();
-  const bool bound = server_ != nullptr && !ports.empty() &&
-                     std::all_of(ports.begin(), ports.end(), [&](int port) { return port != 0 && port == ports[0]; });
-  if (!bound) {
-    if (server_ != nullptr) server_->Shutdown();
-    server_.reset();
+  try {
+    server_ = BuildBound(builder, *ports, addresses, "gRPC");
+  } catch (const std::runtime_error&) {
     admission_.Close();
     batcher_.Stop();
     stopped_ = true;
-    std::string joined;
-    for (const std::string& address : addresses) joined += (joined.empty() ? "" : ", ") + address;
-    throw std::runtime_error("cannot serve on " + joined);
+    throw;
   }
-  port_ = ports[0];
+  port_ = (*ports)[0];
   // gRPC's health service starts with the whole server ("") SERVING: set both at once.
+  serving_ = serving;
   SetStatus(serving);
   return port_;
 }
 
+int NativeServer::StartHealth(const std::vector<std::string>& addresses, bool reuse_port) {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (server_ == nullptr || stopped_ || health_server_ != nullptr) {
+    throw std::logic_error("the health port starts once, after the server and before its stop");
+  }
+  grpc::ServerBuilder builder;
+  const auto ports = Listen(builder, addresses, grpc::InsecureServerCredentials());
+  // Nothing but gRPC's default health service: no reflection, no retrieval service.
+  builder.RegisterCallbackGenericService(&unimplemented_);
+  builder.SetOption(std::make_unique<WithoutReflection>());
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port ? 1 : 0);
+  health_server_ = BuildBound(builder, *ports, addresses, "the health port");
+  health_port_ = (*ports)[0];
+  SetStatus(serving_);
+  return health_port_;
+}
+
 void NativeServer::SetServing(bool serving) {
   std::lock_guard<std::mutex> lock(lifecycle_mu_);
-  if (server_ != nullptr && !stopped_) SetStatus(serving);
+  if (server_ == nullptr || stopped_) return;
+  serving_ = serving;
+  SetStatus(serving);
 }
 
 void NativeServer::SetStatus(bool serving) {
-  server_->GetHealthCheckService()->SetServingStatus(ServiceName(), serving);
-  server_->GetHealthCheckService()->SetServingStatus("", serving);
+  // The health port reports what the main port reports.
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    if (server == nullptr) continue;
+    server->GetHealthCheckService()->SetServingStatus(ServiceName(), serving);
+    server->GetHealthCheckService()->SetServingStatus("", serving);
+  }
 }
 
 void NativeServer::Stop(double grace_seconds) {
@@ -108,6 +166,7 @@ void NativeServer::Stop(double grace_seconds) {
   if (stopped_) return;
   stopped_ = true;
   admission_.Close();  // heavy calls waiting for room are refused now: they would not fit in the grace
+  if (health_server_ != nullptr) health_server_->GetHealthCheckService()->Shutdown();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->Shutdown();  // NOT_SERVING, and stays so
     const auto grace = std::chrono::duration<double>(std::max(grace_seconds, 0.0));
@@ -115,6 +174,10 @@ void NativeServer::Stop(double grace_seconds) {
     // queued at the deadline is cancelled by gRPC, and its batch finishes it CANCELLED).
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::microseconds>(grace));
     server_->Wait();
+  }
+  if (health_server_ != nullptr) {  // stops with the server (its probes hold no call)
+    health_server_->Shutdown(std::chrono::system_clock::now());
+    health_server_->Wait();
   }
   batcher_.Stop();
 }

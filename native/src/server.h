@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 
 #include "access.h"
@@ -25,6 +27,13 @@
 
 namespace mitt::native {
 
+// The PEM files of TLS, re-read when they change.
+struct TlsFiles {
+  std::string cert, key;
+  std::string ca;  // mutual TLS: client certificates signed by it required; "": none asked
+  unsigned refresh_seconds = 1;
+};
+
 struct ServerOptions {
   Limits limits;
   AccessOptions access;
@@ -38,6 +47,7 @@ struct ServerOptions {
   std::vector<uint8_t> printable;  // PythonText's table
   std::vector<double> latency_bounds, batch_bounds;  // the metrics' histograms (Python's buckets)
   bool reflection = true;  // serve gRPC server reflection (--no-reflection: false)
+  std::optional<TlsFiles> tls;  // nullopt: plaintext
 };
 
 // What the metrics' queue depths read: calls held (of max_queued), queries waiting for a batch,
@@ -60,6 +70,11 @@ class NativeServer {
   // Returns the bound port. Throws std::runtime_error when an address cannot be bound,
   // std::logic_error when called twice.
   int Start(const std::vector<std::string>& addresses, bool serving, bool reuse_port);
+  // Also serves the health service alone, in plaintext, on every one of `addresses` (probes that
+  // cannot present a client certificate), with the main port's status, until Stop; returns its
+  // port. Throws std::runtime_error when an address cannot be bound (the server keeps serving),
+  // std::logic_error before Start, after Stop or when called twice.
+  int StartHealth(const std::vector<std::string>& addresses, bool reuse_port);
   // The health service's status of the server and of the retrieval service; ignored once stopping.
   void SetServing(bool serving);
   // NOT_SERVING on the health service, no new calls; heavy calls still waiting for room are
@@ -76,6 +91,7 @@ class NativeServer {
   void SetIdentities(std::shared_ptr<const Identities> identities) { access_.SetIdentities(std::move(identities)); }
 
   int port() const { return port_; }
+  int health_port() const { return health_port_; }
   Counters counters() const {
     Counters counters = engine_.counters();
     counters.queued = batcher_.queued_rows();
@@ -87,6 +103,7 @@ class NativeServer {
 
  private:
   void SetStatus(bool serving);  // under lifecycle_mu_, server_ running
+  std::shared_ptr<grpc::ServerCredentials> Credentials() const;  // of the main port
 
   const ServerOptions options_;
   const PythonText text_;
@@ -103,8 +120,12 @@ class NativeServer {
   std::mutex lifecycle_mu_;
   bool started_ = false;
   bool stopped_ = false;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  bool serving_ = false;
+  int port_ = 0, health_port_ = 0;
+  // The health port's only service but gRPC's health (gRPC's: UNIMPLEMENTED for every method);
+  // a server needs one of its own to start.
+  grpc::CallbackGenericService unimplemented_;
+  std::unique_ptr<grpc::Server> server_, health_server_;
 };
 
 }  // namespace mitt::native

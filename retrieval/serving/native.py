@@ -29,7 +29,8 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Self, cast
 
@@ -47,16 +48,15 @@ from retrieval.api.types import (
     MAX_PER_INTEREST_K,
     MAX_USER_ID,
 )
-from retrieval.serving.config import BatchingConfig, LimitsConfig, ServerConfig
+from retrieval.serving.config import BatchingConfig, LimitsConfig, ServerConfig, TlsConfig
 from retrieval.serving.memory import trimmer
 from retrieval.serving.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from retrieval.serving.access import AccessControl
     from retrieval.serving.auth import AccessFile, Identities
     from retrieval.serving.native_kernel import NativeServable
+    from retrieval.serving.native_tls import CheckedCopies
     from retrieval.serving.reload import RetrieverSlot
     from retrieval.serving.retriever import Retriever
 
@@ -142,11 +142,9 @@ def _not_native(config: ServerConfig) -> dict[str, bool]:
     access = config.access
     return {
         "--access-log-sample (access.log_sample)": access.log_sample > 0,
-        "--health-port (access.health_port)": access.health_port != 0,
         # Server reflection is gRPC's own service: the engine cannot check its calls' credentials.
         "server reflection with --access-file or --rate-limit (add --no-reflection)": access.reflection
         and (access.file is not None or access.rate_limit > 0),
-        "--tls-cert (tls.cert)": config.tls.cert is not None,
         # No request threads: gRPC C++'s callback API runs no thread per call.
         "--threads (threads)": config.threads != ServerConfig().threads,
     }
@@ -183,6 +181,21 @@ def _identity_table(
     return list(table.values())
 
 
+def _checked_copies(tls: TlsConfig | None) -> CheckedCopies | None:
+    """The copies of ``tls``'s files the engine reads (:mod:`~retrieval.serving.native_tls`);
+    ``None`` for plaintext.
+
+    Raises:
+        OSError: a file cannot be read.
+        ValueError: the files do not load together.
+    """
+    if tls is None or tls.cert is None or tls.key is None:
+        return None
+    from retrieval.serving.native_tls import CheckedCopies
+
+    return CheckedCopies(Path(tls.cert), Path(tls.key), None if tls.ca is None else Path(tls.ca))
+
+
 @functools.cache
 def printable_table() -> bytes:
     """One bit per code point (little-endian within each byte), set where ``str.isprintable``
@@ -210,6 +223,7 @@ class NativeServer:
         limits: LimitsConfig | None = None,
         access: AccessControl | None = None,
         reflection: bool = True,
+        tls: TlsConfig | None = None,
     ) -> None:
         """Hands the servable over to the engine (nothing is served yet).
 
@@ -226,10 +240,16 @@ class NativeServer:
                 anything, no limit. Its access log is not implemented yet.
             reflection: serve gRPC server reflection (gRPC's own service, whose calls the engine
                 does not check: :func:`check_native` refuses it beside access control).
+            tls: the PEM files of TLS (with ``ca``: mutual TLS, client certificates required), read
+                again when they change (new connections get the new certificate; files that do not
+                load together are not taken, :mod:`~retrieval.serving.native_tls`); ``None`` or no
+                ``cert``: plaintext.
 
         Raises:
             NativeEngineMissing: the engine is not built.
-            ValueError: a repeated vocabulary id, an inconsistent servable, an access log.
+            ValueError: a repeated vocabulary id, an inconsistent servable, an access log, TLS
+                files that do not load together.
+            OSError: a TLS file cannot be read.
         """
         from retrieval.serving.auth import METHOD_PERMISSIONS
 
@@ -240,6 +260,7 @@ class NativeServer:
                 "the native engine does not implement the access log yet: serve with --engine python"
             )
         rate_limit = None if access is None or access.rate_limit is None else access.rate_limit
+        self._tls = _checked_copies(tls)
         options: dict[str, Any] = {
             "limits": LIMITS,
             "cost": COST,
@@ -262,6 +283,7 @@ class NativeServer:
             "max_queue": MAX_QUEUE,
             "max_queued": limits.max_queued or MAX_QUEUED,
             "reflection": reflection,
+            "tls": None if self._tls is None else self._tls.files(),
             "max_request_bytes": limits.max_request_bytes,
             "max_response_bytes": limits.max_response_bytes,
             "explain_top": EXPLAIN_TOP,
@@ -269,7 +291,12 @@ class NativeServer:
             "latency_buckets": [float(b) for b in LATENCY_BUCKETS],
             "batch_buckets": [float(b) for b in BATCH_BUCKETS],
         }
-        self._server = native_module().NativeServer(servable, options)
+        try:
+            self._server = native_module().NativeServer(servable, options)
+        except BaseException:
+            if self._tls is not None:
+                self._tls.remove()
+            raise
         self._info_lock = threading.Lock()
         self._model_info = servable.model_info
         self._access_file_error = ""
@@ -277,6 +304,8 @@ class NativeServer:
         self.set_model_info(servable.model_info)
         if access is not None and access.identities is not None:
             self._follow_access(access.identities)
+        if self._tls is not None:
+            self._every(1.0, self._tls.check, "native-tls")
         # The handover's copies (a million ids at 1M items) are freed: give their pages back, and
         # fix glibc's mmap threshold as the Python engine's server does (large requests).
         self._trimmer = trimmer()
@@ -302,6 +331,23 @@ class NativeServer:
         """
         addresses = [address] if isinstance(address, str) else list(address)
         return int(self._server.start(addresses, serving, reuse_port))
+
+    def start_health(self, address: str | Sequence[str], *, reuse_port: bool = False) -> int:
+        """Also serves the health service alone, in plaintext, on ``address`` (or every one of
+        several, all or none, on one port), with the main port's status, until :meth:`stop`:
+        for probes that cannot present a client certificate. Returns the bound port.
+
+        Raises:
+            RuntimeError: an address cannot be bound (the server keeps serving), or the server is
+                not serving.
+        """
+        addresses = [address] if isinstance(address, str) else list(address)
+        return int(self._server.start_health(addresses, reuse_port))
+
+    @property
+    def health_port(self) -> int:
+        """The bound health port (0 without one)."""
+        return int(self._server.health_port)
 
     def set_serving(self, serving: bool) -> None:
         """Sets the health status of the server and of the retrieval service (not once stopping)."""
@@ -384,17 +430,24 @@ class NativeServer:
         access_file.on_reload(read)
         read(True)
 
-        def check(stopping: threading.Event) -> None:
-            while not stopping.wait(access_file.check_interval):
-                access_file.check()
+        self._every(access_file.check_interval, access_file.check, "native-access-file")
 
-        threading.Thread(target=check, args=(self._stopping,), name="native-access-file", daemon=True).start()
+    def _every(self, interval: float, check: Callable[[], None], name: str) -> None:
+        """Calls ``check`` every ``interval`` seconds in a thread called ``name``, until :meth:`stop`."""
+
+        def every(stopping: threading.Event) -> None:
+            while not stopping.wait(interval):
+                check()
+
+        threading.Thread(target=every, args=(self._stopping,), name=name, daemon=True).start()
 
     def stop(self, grace: float = 5.0) -> None:
         """Reports NOT_SERVING, takes no new calls, lets the calls in flight finish for ``grace``
         seconds, cancels the rest; returns when all are finished. Idempotent."""
         self._stopping.set()
         self._server.stop(grace)
+        if self._tls is not None:
+            self._tls.remove()
 
     def counters(self) -> dict[str, int]:
         """``calls``, ``rows`` (queries) and ``batches`` (kernel calls) answered, the largest

@@ -31,9 +31,14 @@ class NativeRetrievalServer(StartedServer):
     """A started native server (:func:`create_native_server`): stop it with :meth:`stop`."""
 
     def __init__(
-        self, server: NativeServer, port: int, slot: RetrieverSlot, metrics: NativeMetrics | None = None
+        self,
+        server: NativeServer,
+        port: int,
+        slot: RetrieverSlot,
+        metrics: NativeMetrics | None = None,
+        health_port: int | None = None,
     ) -> None:
-        super().__init__(port, slot)
+        super().__init__(port, slot, health_port)
         self.engine = server
         """The engine itself (its counters)."""
         self._metrics = metrics
@@ -104,6 +109,7 @@ def create_native_server(
         limits=config.limits,
         access=access,
         reflection=config.access.reflection,
+        tls=config.tls,
     )
     try:
         port = server.start(addresses, serving=serving, reuse_port=reuse_port)
@@ -112,6 +118,7 @@ def create_native_server(
         raise OSError(
             f"cannot serve gRPC on {config.host}:{config.port}: the address is in use or not available"
         ) from None
+    health_port = _health_port(server, config, reuse_port)
     server.follow(slot, threads)
     moved = None
     if metrics is not None:
@@ -120,10 +127,31 @@ def create_native_server(
             metrics.follow_access(access.identities)
         moved = NativeMetrics(server, metrics)
         moved.start()
-    return NativeRetrievalServer(server, port, slot, moved), port
+    return NativeRetrievalServer(server, port, slot, moved, health_port), port
 
 
-def _addresses(host: str, port: int) -> list[str]:
+def _health_port(server: NativeServer, config: ServerConfig, reuse_port: bool) -> int | None:
+    """The plaintext health port's, if ``config`` asks for one, started on every address of its
+    host as the Python engine starts it.
+
+    Raises:
+        OSError: it cannot be bound; ``server`` is stopped.
+    """
+    host, port = config.host, config.access.health_port
+    if not port:
+        return None
+    try:
+        return server.start_health(_addresses(host, port, "the health port"), reuse_port=reuse_port)
+    except (OSError, RuntimeError) as e:
+        server.stop(0)
+        if isinstance(e, OSError):
+            raise
+        raise OSError(
+            f"cannot serve the health port on {host}:{port}: the address is in use or not available"
+        ) from None
+
+
+def _addresses(host: str, port: int, what: str = "gRPC") -> list[str]:
     """``address:port`` of every address ``host`` resolves to, as the Python engine binds them
     (:func:`~retrieval.serving.addresses.bind_every_address`).
 
@@ -134,10 +162,10 @@ def _addresses(host: str, port: int) -> list[str]:
     try:
         found = [address for _, address in host_addresses(host)]
     except OSError as e:
-        raise OSError(f"cannot serve gRPC on {host}:{port}: {e.strerror or e}") from None
+        raise OSError(f"cannot serve {what} on {host}:{port}: {e.strerror or e}") from None
     if port == 0 and len(found) > 1:
         raise OSError(
-            f"cannot serve gRPC on {host}:0 with the native engine: {host} has {len(found)} addresses "
+            f"cannot serve {what} on {host}:0 with the native engine: {host} has {len(found)} addresses "
             "and each would get a port of its own; give a port"
         )
     return [join_host_port(address, port) for address in found]

@@ -1,14 +1,20 @@
 """Helpers of the serving tests: a toy kernel for the native engine (a brute-force search over
-random item vectors, the reference answers come from the same numbers) and its servable."""
+random item vectors, the reference answers come from the same numbers) and its servable; a
+call's status, a server's health, a certificate rotated on disk."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import native
@@ -120,3 +126,29 @@ class Held(ToyKernel):
         self.entered.set()
         assert self.release.wait(10)
         return super().search(*args)
+
+
+def code_of(call: Any, *args: Any) -> grpc.StatusCode:
+    """The status a call ends with (OK when it returns)."""
+    try:
+        call(*args)
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def health_status(address: str, credentials: grpc.ChannelCredentials | None = None) -> str:
+    """The whole server's health status, asked without any token."""
+    with (
+        grpc.secure_channel(address, credentials)
+        if credentials
+        else grpc.insecure_channel(address) as channel
+    ):
+        response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+
+def rotate(new: Path, live: Path) -> None:
+    """Puts ``new`` in place of ``live`` as secret managers do: written aside, renamed over."""
+    shutil.copy(new, live.with_suffix(".new"))
+    os.replace(live.with_suffix(".new"), live)

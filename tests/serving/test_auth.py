@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-import os
 import shutil
 import urllib.error
 import urllib.request
@@ -19,7 +18,6 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from bench.serving import free_port
@@ -34,6 +32,7 @@ from retrieval.serving.metrics import BasicAuth, Metrics
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import RetrievalServer, create_server
 from tests.helpers import assert_same, brute_force, local, write_certificates
+from tests.serving.helpers import code_of, health_status, rotate
 
 ACCESS = """
 [identities.team-a]
@@ -77,26 +76,6 @@ def started(
         yield server
     finally:
         server.stop(None)
-
-
-def code_of(call: Any, *args: Any) -> grpc.StatusCode:
-    """The status a call ends with (OK when it returns)."""
-    try:
-        call(*args)
-    except grpc.RpcError as e:
-        return e.code()
-    return grpc.StatusCode.OK
-
-
-def health_status(address: str, credentials: grpc.ChannelCredentials | None = None) -> str:
-    """The whole server's health status, asked without any token."""
-    with (
-        grpc.secure_channel(address, credentials)
-        if credentials
-        else grpc.insecure_channel(address) as channel
-    ):
-        response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
 
 def reflection_code(address: str, metadata: tuple[tuple[str, str], ...] = ()) -> grpc.StatusCode:
@@ -263,12 +242,6 @@ def test_reflection_can_be_switched_off(retriever: Retriever) -> None:
         assert reflection_code(f"127.0.0.1:{server.port}") == grpc.StatusCode.UNIMPLEMENTED
     with started(retriever) as server:
         assert reflection_code(f"127.0.0.1:{server.port}") == grpc.StatusCode.OK
-
-
-def rotate(new: Path, live: Path) -> None:
-    """Puts ``new`` in place of ``live`` as secret managers do: written aside, renamed over."""
-    shutil.copy(new, live.with_suffix(".new"))
-    os.replace(live.with_suffix(".new"), live)
 
 
 def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_path: Path) -> None:

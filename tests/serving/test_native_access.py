@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -24,14 +25,17 @@ from typing import Any
 import grpc
 import pytest
 
+from bench.serving import free_port
+from retrieval.api.client import RetrievalClient
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import native
-from retrieval.serving.config import AccessConfig
+from retrieval.serving.config import AccessConfig, ServerConfig, TlsConfig
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.native_server import create_native_server
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import StartedServer, create_server
-from tests.helpers import ITEMS, local, scrape
+from tests.helpers import ITEMS, local, scrape, write_certificates
+from tests.serving.helpers import code_of, health_status, rotate
 
 ACCESS = """
 [identities.team-a]
@@ -413,3 +417,95 @@ def test_concurrent_callers_share_their_buckets_exactly(
     assert (
         counted[(*labels, ("identity", "team-b"), ("method", "GetModelInfo"), ("reason", "rate_limit"))] == 12
     )
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_mutual_tls_identities_and_the_plaintext_health_port(
+    engine: str, retriever: Retriever, tmp_path: Path
+) -> None:
+    """A client certificate's CN names an identity, a token over the same connection another; the
+    health port answers health alone, in plaintext, with the main port's status, and stops with
+    it. Both engines give the same answers (the expected ones are the Python engine's test's)."""
+    files = write_certificates(tmp_path)
+    access_file = tmp_path / "access.toml"
+    access_file.write_text(ACCESS)
+    access = AccessConfig(file=str(access_file), health_port=free_port(), reflection=False)
+    tls = TlsConfig(str(files["server.pem"]), str(files["server.key"]), ca=str(files["ca.pem"]))
+    server, port = start(engine, retriever, local(engine=engine, tls=tls, access=access))
+    address = f"127.0.0.1:{port}"
+    mutual: dict[str, Any] = {
+        "tls_ca": files["ca.pem"],
+        "tls_cert": files["client.pem"],
+        "tls_key": files["client.key"],
+    }
+    try:
+        with RetrievalClient(address, retries=0, token="", **mutual) as client:  # identity "service"
+            assert client.model_info().model_version == "model-v1"
+            with pytest.raises(grpc.RpcError) as denied:
+                client.retrieve(["item05"], 4)
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert (
+            denied.value.details() == "identity 'service' may not call Retrieve (needs permission 'retrieve')"
+        )
+        with RetrievalClient(address, retries=0, token="token-a", **mutual) as client:
+            assert len(client.retrieve(["item05"], 4).items) == 4
+        with RetrievalClient(address, retries=0, token="", tls_ca=files["ca.pem"]) as anonymous:
+            assert code_of(anonymous.model_info) == grpc.StatusCode.UNAVAILABLE  # no client certificate
+        ssl = grpc.ssl_channel_credentials(
+            files["ca.pem"].read_bytes(), files["client.key"].read_bytes(), files["client.pem"].read_bytes()
+        )
+        assert health_status(address, ssl) == "SERVING"
+        assert server.health_port is not None
+        health_address = f"127.0.0.1:{server.health_port}"
+        assert health_status(health_address) == "SERVING"
+        with RetrievalClient(health_address, retries=0, token="token-a") as plain:
+            assert code_of(plain.model_info) == grpc.StatusCode.UNIMPLEMENTED
+        server.set_serving(False)  # one health status for both ports
+        assert health_status(health_address) == "NOT_SERVING"
+        server.set_serving(True)
+        assert health_status(health_address) == "SERVING"
+    finally:
+        server.stop(None).wait(30)
+    with pytest.raises(grpc.RpcError):  # stopped with the server
+        health_status(health_address)
+
+
+def start(engine: str, retriever: Retriever, config: ServerConfig) -> tuple[StartedServer, int]:
+    if engine == "native":
+        return create_native_server(retriever, config)
+    return create_server(retriever, config)
+
+
+def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_path: Path) -> None:
+    """The native engine's TLS files are re-read when they change (within a second or two): new
+    connections get the new certificate, a half-written rotation keeps the pair in use, a
+    connection made before keeps its session."""
+    for name in ("first", "second", "live"):
+        (tmp_path / name).mkdir()
+    first, second = write_certificates(tmp_path / "first"), write_certificates(tmp_path / "second")
+    live = tmp_path / "live"
+    for name in ("server.pem", "server.key"):
+        shutil.copy(first[name], live / name)
+    tls = TlsConfig(str(live / "server.pem"), str(live / "server.key"))
+    server, port = start("native", retriever, local(engine="native", tls=tls))
+    address = f"127.0.0.1:{port}"
+
+    def code_trusting(ca: Path) -> grpc.StatusCode:
+        with RetrievalClient(address, timeout=5, retries=0, tls_ca=ca) as client:  # a new connection
+            return code_of(client.model_info)
+
+    try:
+        assert code_trusting(first["ca.pem"]) == grpc.StatusCode.OK
+        assert code_trusting(second["ca.pem"]) == grpc.StatusCode.UNAVAILABLE
+        with RetrievalClient(address, retries=0, tls_ca=first["ca.pem"]) as kept:
+            kept.model_info()  # a connection made before the rotation
+            rotate(second["server.pem"], live / "server.pem")
+            time.sleep(2.5)  # gRPC's file watcher has looked (every second)
+            # Half written: the new certificate with the old key, which gRPC refuses to load.
+            assert code_trusting(first["ca.pem"]) == grpc.StatusCode.OK
+            rotate(second["server.key"], live / "server.key")
+            wait_for(lambda: code_trusting(second["ca.pem"]) == grpc.StatusCode.OK, "the new certificate")
+            assert code_trusting(first["ca.pem"]) == grpc.StatusCode.UNAVAILABLE
+            assert code_of(kept.model_info) == grpc.StatusCode.OK  # keeps its session
+    finally:
+        server.stop(None).wait(30)

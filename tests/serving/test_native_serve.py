@@ -64,8 +64,6 @@ REFLECTION_CHECKED = "server reflection with --access-file or --rate-limit (add 
         (["--access-file", "{file}"], REFLECTION_CHECKED),
         (["--rate-limit", "5"], REFLECTION_CHECKED),
         (["--access-log-sample", "0.5"], "--access-log-sample (access.log_sample)"),
-        (["--health-port", "1"], "--health-port (access.health_port)"),
-        (["--tls-cert", "{file}", "--tls-key", "{file}"], "--tls-cert (tls.cert)"),
         (["--threads", "8"], "--threads (threads)"),
         (["--set", "access.rate_limit=5"], REFLECTION_CHECKED),
     ],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,16 @@ def evaluate_prepared_users(
     batch_size: int = 1024,
     index: VectorIndex | None = None,
 ) -> tuple[dict[str, float], int]:
-    """:func:`evaluate_prepared` and the number of users evaluated."""
+    """Full-ranking metrics (:func:`~retrieval.evaluation.evaluate.evaluate_ranking`, history excluded) of
+    the ``valid`` or ``test`` users of a prepared folder, ``batch_size`` users in memory at a
+    time; the model's side features are encoded from the folder's event columns. A model with
+    another vocabulary is evaluated through it: history items it does not know are dropped,
+    unknown targets count as misses.
+
+    Returns:
+        ``{"hr@10": …, "ndcg@10": …, …}``, means over all the split's users ({} when none), and
+        the number of users evaluated.
+    """
     prepared = open_prepared(folder)
     side = model.side if model.side.event_features else None
     to_model = _to_model(model, prepared)
@@ -79,23 +89,10 @@ def evaluate_prepared_users(
 
 
 def evaluate_prepared(
-    model: ModelArtifact,
-    folder: str | Path | Prepared,
-    split: str = "valid",
-    ks: Sequence[int] = DEFAULT_KS,
-    batch_size: int = 1024,
-    index: VectorIndex | None = None,
+    model: ModelArtifact, folder: str | Path | Prepared, split: str = "valid", **options: Any
 ) -> dict[str, float]:
-    """Full-ranking metrics (:func:`~retrieval.evaluation.evaluate.evaluate_ranking`, history excluded) of
-    the ``valid`` or ``test`` users of a prepared folder, ``batch_size`` users in memory at a
-    time; the model's side features are encoded from the folder's event columns. A model with
-    another vocabulary is evaluated through it: history items it does not know are dropped,
-    unknown targets count as misses.
-
-    Returns:
-        ``{"hr@10": …, "ndcg@10": …, …}``, means over all the split's users ({} when none).
-    """
-    return evaluate_prepared_users(model, folder, split, ks, batch_size, index)[0]
+    """:func:`evaluate_prepared_users`' metrics alone (``options``: its ``ks``, ``batch_size``, ``index``)."""
+    return evaluate_prepared_users(model, folder, split, **options)[0]
 
 
 def popularity_prepared(

@@ -23,7 +23,7 @@ from retrieval.data.loaders import load_interactions
 from retrieval.data.prepared.out_of_core import _Firsts
 from retrieval.data.prepared.partitions import partition_of, partitions_for
 from retrieval.data.prepared.reader import KIND, item_counts, read_item_attributes, read_vocab, side_vocab
-from retrieval.data.prepared.writer import prepare
+from retrieval.data.prepared.writer import prepare, prepare_dataset
 from retrieval.data.splits import leave_one_out
 from retrieval.storage.manifest import read_manifest
 from tests.helpers import run_tool
@@ -139,6 +139,12 @@ def test_dataset_path_folds_item_firsts_across_batches(
     prepare(tiny_csv, tmp_path / "p", format="dataset", partitions=2, batch_rows=3, progress=False)
     assert_same_as_in_memory(tmp_path / "p", tiny_csv)
     assert read_vocab(tmp_path / "p") == build_sequences(load_interactions(tiny_csv)).vocab
+
+
+def test_prepare_dataset_reads_out_of_core_with_prepares_options(tiny_csv: Path, tmp_path: Path) -> None:
+    meta = prepare_dataset(tiny_csv, tmp_path / "p", partitions=2, batch_rows=3, progress=False)
+    assert (meta.format, meta.partitions) == ("dataset", 2)
+    assert_same_as_in_memory(tmp_path / "p", tiny_csv)
 
 
 def test_movielens_100k_both_paths(shared_data: Path, tmp_path: Path) -> None:

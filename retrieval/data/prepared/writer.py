@@ -138,21 +138,10 @@ def prepare(
     return PreparedSummary(**meta)
 
 
-def prepare_dataset(
-    path: str | Path,
-    out: str | Path,
-    partitions: int | None = None,
-    events_per_partition: int = EVENTS_PER_PARTITION,
-    users_per_row_group: int = USERS_PER_ROW_GROUP,
-    batch_rows: int = BATCH_ROWS,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> PreparedSummary:
-    """:func:`prepare` of a raw table read out of core (format ``dataset``), whatever its path."""
-    return prepare(
-        path, out, "dataset", partitions, events_per_partition, users_per_row_group, batch_rows,
-        overwrite, progress,
-    )  # fmt: skip
+def prepare_dataset(path: str | Path, out: str | Path, **options: Any) -> PreparedSummary:
+    """:func:`prepare` (``options`` are its keyword arguments) of a raw table read out of core
+    (format ``dataset``), whatever its path."""
+    return prepare(path, out, "dataset", **options)
 
 
 def _checked_format(path: str | Path, format: str | None) -> str | None:

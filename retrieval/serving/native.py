@@ -6,7 +6,8 @@ install``) is imported on first use, so importing this module needs nothing buil
 :func:`native_module` raises :class:`NativeEngineMissing`, whose message says what to run.
 
 The C++ side takes every call through the Python engine's steps (docs/serving.md, "Admission"):
-the call limit, the deadline, the request read and parsed, its lengths, its cost and admission
+the call limit, the deadline, the caller's identity, permission and rate (the access file's
+identities handed over by Python, again on each reload), the request read and parsed, its lengths, its cost and admission
 (cheap calls micro-batched, heavy ones alone in chunks, within the heavy budget), its checks and
 vocabulary lookups (the servable's vocabulary, categories and rankers, handed over once per
 version), with the Python engine's messages. A worker thread forms batches and calls the

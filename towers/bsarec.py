@@ -7,7 +7,6 @@ from typing import Any
 import keras
 
 from towers.frequency import BeyondFilter, FrequencyTower
-from towers.item import ItemTower
 from towers.registry import register_tower
 from towers.transformer import SequenceBlock, TransformerBlock
 
@@ -51,38 +50,15 @@ class BSARecTower(FrequencyTower):
             attention's; 0 = SASRec's block). The authors' 0.7 on Beauty is the default.
         filter_cutoff: how many of the lowest rFFT frequencies (the mean included) the low-pass
             keeps; the authors' ``c`` keeps ``c // 2 + 1`` (their ``c = 5`` on Beauty: 3).
-        Others: :class:`~towers.transformer.TransformerTower`'s. Interest weights are the
-        attention's only (the filter's share is not in them).
+        **kwargs: :class:`~towers.transformer.TransformerTower`'s arguments, by name. Interest
+        weights are the attention's only (the filter's share is not in them).
     """
 
-    def __init__(
-        self,
-        item_tower: ItemTower,
-        max_len: int,
-        num_interests: int = 1,
-        num_blocks: int = 2,
-        num_heads: int = 1,
-        dropout: float = 0.2,
-        fusion: str = "none",
-        side_features: dict[str, int] | None = None,
-        filter_alpha: float = 0.7,
-        filter_cutoff: int = 3,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, filter_alpha: float = 0.7, filter_cutoff: int = 3, **kwargs: Any) -> None:
         if not 0.0 <= filter_alpha <= 1.0:
             raise ValueError(f"filter_alpha must be in [0, 1], got {filter_alpha}")
         self.filter_alpha, self.filter_cutoff = filter_alpha, filter_cutoff  # make_block reads them
-        super().__init__(
-            item_tower,
-            max_len,
-            num_interests,
-            num_blocks,
-            num_heads,
-            dropout,
-            fusion,
-            side_features,
-            **kwargs,
-        )
+        super().__init__(**kwargs)
 
     def make_block(self) -> SequenceBlock:
         return BSARecBlock(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from typing import Any, ClassVar, Self
 
 import keras
@@ -57,25 +58,19 @@ def constructor_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     """The arguments of ``cls(*args, **kwargs)`` by name, defaults included.
 
     Those that ``cls.__init__`` names come first; what it takes through ``**kwargs`` is matched
-    with the constructors of its bases in turn (up to :class:`ConstructorConfig`), whose
-    defaults fill what is not given: a subclass that passes its base's arguments on records
-    them too. What none of them names (``name``, ``dtype``: the Keras base's config holds them)
-    is left out.
+    with its bases' constructors in turn (:func:`constructor_parameters`), whose defaults fill
+    what is not given: a subclass that passes its base's arguments on records them too. What
+    none of them names (``name``, ``dtype``: the Keras base's config holds them) is left out.
 
     Raises:
-        TypeError: the arguments do not fit the constructor.
+        TypeError: an argument that the constructors do not take.
 
     Example:
         >>> constructor_arguments(ItemTower, (11, 16), {"name": "items"})
         {'num_embeddings': 11, 'dim': 16, 'num_attributes': 0, 'max_attributes': 0, 'id_dropout': 0.0}
     """
     arguments: dict[str, Any] = {}
-    for base in cls.__mro__:
-        if not issubclass(base, ConstructorConfig):
-            break
-        if "__init__" not in vars(base):
-            continue
-        signature = inspect.signature(base.__init__)
+    for signature in _constructors(cls):
         bound = signature.bind_partial(None, *args, **kwargs)
         bound.apply_defaults()
         args, kwargs = (), {}
@@ -85,3 +80,34 @@ def constructor_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, An
             else:
                 arguments.setdefault(name, value)
     return arguments
+
+
+def constructor_parameters(cls: type) -> list[str]:
+    """The names of the arguments ``cls(...)`` takes: its constructor's, then those of its bases'
+    constructors that it takes through ``**kwargs`` and passes on (down to
+    :class:`ConstructorConfig`), so that a subclass need not repeat its base's signature.
+
+    Example:
+        >>> constructor_parameters(towers.bsarec.BSARecTower)[:3]
+        ['filter_alpha', 'filter_cutoff', 'item_tower']
+    """
+    names: list[str] = []
+    for signature in _constructors(cls):
+        for name, parameter in list(signature.parameters.items())[1:]:  # after self
+            if parameter.kind is not inspect.Parameter.VAR_KEYWORD and name not in names:
+                names.append(name)
+    return names
+
+
+def _constructors(cls: type) -> Iterator[inspect.Signature]:
+    """The signatures of ``cls``'s constructor and, while each takes ``**kwargs``, of the next
+    base's that defines one (the Keras base's left out)."""
+    for base in cls.__mro__:
+        if not issubclass(base, ConstructorConfig):
+            return
+        if "__init__" in vars(base):
+            signature = inspect.signature(base.__init__)
+            yield signature
+            kinds = [p.kind for p in signature.parameters.values()]
+            if inspect.Parameter.VAR_KEYWORD not in kinds:
+                return

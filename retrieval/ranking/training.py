@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import dataclass, fields
@@ -26,6 +25,7 @@ from retrieval.ranking.config import RankerConfig, check_config
 from retrieval.ranking.data import CandidateLists, ClickExamples, RankingData, build_ranking_data
 from retrieval.ranking.metrics import ScoreFn, auc, evaluate_reranking, gauc, list_metrics
 from retrieval.serving.retriever import Retriever
+from towers.saving import constructor_parameters
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def ranker_kwargs(
         "num_attributes": 0 if attributes is None else attributes.num_attributes,
         **config.options,
     }
-    parameters = inspect.signature(ranker_class(config.ranker)).parameters
+    parameters = constructor_parameters(ranker_class(config.ranker))
     if "seed" in parameters:
         kwargs.setdefault("seed", config.seed)
     if "context_size" in parameters:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from retrieval.training.config import FUSIONS, SIMILARITIES, ModelConfig, Simila
 from retrieval.training.losses.task import RetrievalTask
 from towers import ItemTower, UserTower, build_user_tower
 from towers.registry import tower_class
-from towers.saving import ConstructorConfig
+from towers.saving import ConstructorConfig, constructor_parameters
 
 
 @keras.saving.register_keras_serializable(package="retrieval")
@@ -94,7 +93,7 @@ def takes_side_information(tower: str) -> bool:
         >>> takes_side_information("sasrec"), takes_side_information("youtubednn")
         (True, False)
     """
-    return "fusion" in inspect.signature(tower_class(tower)).parameters
+    return "fusion" in constructor_parameters(tower_class(tower))
 
 
 def tower_fusions(tower: str) -> tuple[str, ...]:
@@ -128,7 +127,7 @@ def build_model(
             includes ``attributes``.
     """
     cls = tower_class(config.tower)
-    accepted = inspect.signature(cls).parameters
+    accepted = constructor_parameters(cls)
     skip = ("item_tower", "max_len", "side_features")
     options = {
         f.name: getattr(config, f.name)

@@ -9,7 +9,7 @@ import pytest
 
 from towers import ItemTower
 from towers.registry import tower_class
-from towers.saving import ConstructorConfig, constructor_arguments
+from towers.saving import ConstructorConfig, constructor_arguments, constructor_parameters
 
 
 @keras.saving.register_keras_serializable(package="test_saving")
@@ -54,6 +54,22 @@ def test_arguments_passed_on_to_the_base_are_recorded_with_the_base_defaults() -
     assert constructor_arguments(PassesOn, (), {"size": 5}) == {"extra": "x", "size": 5, "scale": 1.0}
     clone = PassesOn.from_config(PassesOn(size=5, extra="y", scale=0.5).get_config())
     assert (clone.size, clone.scale, clone.extra) == (5, 0.5, "y")
+
+
+class Closed(Base):
+    """Takes no ``**kwargs``: its base's ``scale`` cannot be given."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size, 0.5)
+
+
+def test_the_parameters_are_those_of_the_constructors_that_pass_kwargs_on() -> None:
+    assert constructor_parameters(PassesOn) == ["extra", "size", "scale"]
+    assert constructor_parameters(Closed) == ["size"]
+    assert constructor_arguments(Closed, (2,), {}) == {"size": 2}
+    bsarec = constructor_parameters(tower_class("bsarec"))  # its own, then the transformer stack's
+    assert bsarec[:2] == ["filter_alpha", "filter_cutoff"]
+    assert {"num_blocks", "fusion", "max_len"} < set(bsarec)
 
 
 def test_the_outermost_constructor_wins_over_what_it_passes_its_base() -> None:

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from retrieval.data import delimited
 from retrieval.data.delimited import DelimitedTable, read_delimited
 from retrieval.data.errors import DataError
 from retrieval.data.tables import load_table
+from tests.data.helpers import reproducible
 
 
 def reference(text: str, delimiter: str = ",") -> tuple[list[str], list[list[str]], list[int], int]:
@@ -310,13 +311,7 @@ def csv_texts(draw: st.DrawFn) -> str:
     return bom + eol * draw(st.integers(0, 2)) + eol.join(lines) + eol * draw(st.integers(0, 2))
 
 
-@settings(
-    max_examples=200,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@reproducible(max_examples=200)
 @given(text=csv_texts())
 def test_random_files_read_as_the_csv_module_reads_them(
     tmp_path_factory: pytest.TempPathFactory, text: str

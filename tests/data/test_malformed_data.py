@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from retrieval.data.errors import DataError
@@ -29,6 +29,7 @@ from retrieval.data.movielens import load_movielens
 from retrieval.data.recbole import load_recbole
 from retrieval.data.s3rec import load_s3rec, load_sasrec
 from retrieval.data.tables import load_table
+from tests.data.helpers import reproducible
 
 ML100K = {
     "u.data": "1\t10\t4\t881250949\n1\t20\t5\t881250950\n2\t10\t3\t881250951\n",
@@ -550,13 +551,7 @@ def damaged_files(draw: st.DrawFn) -> tuple[str, str, bytes]:
     return fmt, name, bytes(data)
 
 
-@settings(
-    max_examples=250,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@reproducible(max_examples=250)
 @given(damaged=damaged_files())
 def test_randomly_damaged_files_load_or_name_the_file(
     tmp_path_factory: pytest.TempPathFactory, damaged: tuple[str, str, bytes]

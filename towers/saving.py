@@ -63,7 +63,8 @@ def constructor_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     none of them names (``name``, ``dtype``: the Keras base's config holds them) is left out.
 
     Raises:
-        TypeError: an argument that the constructors do not take.
+        TypeError: arguments that do not bind to ``cls.__init__`` (too many positional ones,
+            one given twice); an unknown name goes on to the Keras base, which refuses it.
 
     Example:
         >>> constructor_arguments(ItemTower, (11, 16), {"name": "items"})

@@ -2,20 +2,24 @@
 
     python -m bench.native_stages                      # 1M items, 32 in flight, 10 s
     python -m bench.native_stages --env OMP_WAIT_POLICY=PASSIVE    # the server under another setting
+    python -m bench.native_stages --faiss --env OPENBLAS_CORETYPE=Haswell     # the kernel's costs
 
 The native engine serves ``bench.serving``'s deployment (ComiRec-SA, K = 4, d = 64,
-``L2MIPS,IVF4096,Flat`` at ``nprobe=8``, k = 50; ``python -m bench.native_echo --serve native``
-in a child process, FAISS on one thread) and is loaded by :func:`bench.serving.load` with the
-ML-100K users' requests at ``--concurrency`` in flight for ``--seconds``. The server's own stage
-timers (:meth:`NativeServer.counters <retrieval.serving.native.NativeServer.counters>`: the
-request parsed; its checks and vocabulary lookups; a batch's kernel call; its merges; its answers
-built and serialised) and timers around the kernel's user tower and index search give each
-stage's milliseconds per request; "kernel call, the rest" is the Python call's own cost (the GIL,
-the arrays in and out, the kernel's glue). The stages are wall time on the thread running them,
-so a thread preempted inside one counts that too. The server process's CPU per request (from
-``/proc``) minus their sum is gRPC's own work (HTTP/2, its threads) and the hand-offs between
-threads; the CPU of each of the server's threads (by name, ``/proc/PID/task/*/comm``) over the
-measured window shows who spends it (the batcher's thread runs the kernel, merges and answers).
+``L2MIPS,IVF4096,Flat`` at ``nprobe=8``, k = 50; ``python -m bench.native_echo --serve native`` in
+a child process, FAISS on one thread, TensorFlow's pools of one thread as ``mitt serve --engine
+native`` sets them: :func:`retrieval.environment.single_threaded_tensorflow`) and is loaded by
+:func:`bench.serving.load` with the ML-100K users' requests at ``--concurrency`` in flight for
+``--seconds``. The server's own stage timers (:meth:`NativeServer.counters
+<retrieval.serving.native.NativeServer.counters>`: the request parsed; its checks and vocabulary
+lookups; a batch's kernel call; its merges; its answers built and serialised) and timers around the
+kernel's user tower and index search give each stage's milliseconds per request; "kernel call, the
+rest" is the Python call's own cost (the GIL, the arrays in and out, the kernel's glue). The stages
+are wall time on the thread running them, so a thread preempted inside one counts that too. The
+server process's CPU per request (from ``/proc``) minus their sum is gRPC's own work (HTTP/2, its
+threads) and the hand-offs between threads; the CPU of each of the server's threads (by name,
+``/proc/PID/task/*/comm``) over the measured window shows who spends it (the batcher's thread runs
+the kernel, merges and answers), and the server's counters the rows per kernel call (the batches
+the batcher formed).
 
 Beside them, ``bench.floor``'s stages of the Python engine's work at batch 32 on one thread
 without gRPC (its profiled shares, and its unprofiled floor). Prints a Markdown table and
@@ -42,6 +46,7 @@ from bench.floor import STAGES as FLOOR_STAGES
 from bench.floor import stages as floor_stages
 from bench.serving import answerer, build_artifacts, load, ms_per_request, start
 from bench.serving import requests as user_requests
+from retrieval.environment import THREADS_ENV, single_threaded_tensorflow
 
 log = logging.getLogger("bench.native_stages")
 
@@ -89,7 +94,6 @@ def per_request(timers: dict[str, Any]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir, index_dir = build_artifacts(args.artifacts, args.deployment_items, args.data, 3)
     users = user_requests(args.data, K)
-    os.environ.update(dict(setting.split("=", 1) for setting in args.env))  # the server inherits them
     args.out.mkdir(parents=True, exist_ok=True)
     timers_file = args.out / "stages-server.json"
     own = ["--deployment-items", str(args.deployment_items), "--artifacts", str(args.artifacts)]
@@ -145,9 +149,10 @@ def faiss_cost(args: argparse.Namespace) -> dict[str, Any]:
     """The kernel's FAISS search and user tower at batch 32, in this process's CPU time and wall
     time per request (one thread each, as the native engine's batcher runs them): the search by
     OpenMP threads and by depth (the kernel's, k plus the history's ids; and k + 2), the coarse
-    quantizer alone, the tower; and per interest list the depth that holds k ids outside the
-    history (what the search must reach for the same answers). Environment variables read at
-    start (``OMP_WAIT_POLICY``, ``TF_NUM_INTRAOP_THREADS``) are compared by running it again."""
+    quantizer alone (a BLAS product: the OpenBLAS kernels FAISS's build picked for this CPU are
+    named), the tower; and per interest list the depth that holds k ids outside the history
+    (what the search must reach for the same answers). Environment variables read at start
+    (:data:`FAISS_ENV`) are compared by running it again with ``--env``."""
     import faiss
     import numpy as np
 
@@ -191,7 +196,8 @@ def faiss_cost(args: argparse.Namespace) -> dict[str, Any]:
     assert isinstance(index, FaissIndex)  # the deployment's: L2MIPS,IVF4096,Flat
     ivf = faiss.extract_index_ivf(index.faiss_index.index)
     out: dict[str, Any] = {
-        "env": {key: os.environ.get(key, "") for key in ("OMP_WAIT_POLICY", "TF_NUM_INTRAOP_THREADS")},
+        "env": {key: os.environ.get(key, "") for key in FAISS_ENV},
+        "openblas_core": openblas_core(),
         "depth": depth,
         f"search, 1 thread, depth {depth}": cost(search(1, depth)),
         f"search, 2 threads, depth {depth}": cost(search(2, depth)),
@@ -203,6 +209,25 @@ def faiss_cost(args: argparse.Namespace) -> dict[str, Any]:
     out["user tower"] = cost(lambda b: model.user_vectors({"items": histories[b * BATCH : (b + 1) * BATCH]}))
     out["depth holding k ids outside the history, per list"] = _needed_depth(retriever, sent, tower, depth)
     return out
+
+
+FAISS_ENV = ("OMP_WAIT_POLICY", "OPENBLAS_CORETYPE", *THREADS_ENV)
+"""The variables :func:`faiss_cost` reports: what they were set to in the run."""
+
+
+def openblas_core() -> str:
+    """The kernels the OpenBLAS loaded in this process chose for this CPU (``openblas_get_corename``),
+    e.g. ``"Haswell"``; ``""`` without one (a FAISS built on another BLAS). An old OpenBLAS that
+    does not know a CPU model falls back to ``"Prescott"`` (SSE3) kernels, whatever the CPU has."""
+    import ctypes
+
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1]
+        if "libopenblas" in Path(path).name:
+            corename = ctypes.CDLL(path).openblas_get_corename
+            corename.restype = ctypes.c_char_p
+            return str(corename().decode())
+    return ""
 
 
 def _needed_depth(retriever: Any, sent: Sequence[Any], tower: Any, depth: int) -> dict[str, float]:
@@ -222,13 +247,19 @@ def _needed_depth(retriever: Any, sent: Sequence[Any], tower: Any, depth: int) -
     return {f"p{q}": float(np.percentile(needed, q)) for q in (50, 90, 99, 100)}
 
 
+def rows_per_batch(counters: dict[str, int]) -> float:
+    """The mean rows of the server's kernel calls (warm-up included)."""
+    return counters["rows"] / max(1, counters["batches"])
+
+
 def table(results: dict[str, Any]) -> str:
     row, native, floor = results["row"], results["native_ms"], results["floor_profiled_ms"]
     env = f", server environment {' '.join(results['env'])}" if results["env"] else ""
     lines = [
         f"{results['items']:,} items, K=4, k=50, {row['concurrency']} in flight{env}: {row['qps']:,.0f} QPS, "
         f"p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms, server CPU {row['server_cpu_ms']:.3f} ms "
-        f"per request; {results['machine']}, load {results['load_average']}, commit {results['commit']}, "
+        f"per request, {rows_per_batch(results['server_counters']):.1f} rows per kernel call; "
+        f"{results['machine']}, load {results['load_average']}, commit {results['commit']}, "
         f"{results['date']}",
         "",
         "| native engine stage | ms per request | | bench.floor stage (Python, batch 32, one thread) "
@@ -270,7 +301,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an environment variable of the server (repeatable), e.g. OMP_WAIT_POLICY=PASSIVE",
+        help="an environment variable of the server, or of this process with --faiss (repeatable), "
+        "e.g. OMP_WAIT_POLICY=PASSIVE",
     )
     p.add_argument(
         "--artifacts",
@@ -294,6 +326,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args = parse_args(argv)
+    os.environ.update(dict(setting.split("=", 1) for setting in args.env))  # the server inherits them
+    single_threaded_tensorflow()  # as mitt serve --engine native, unless --env says otherwise
     if args.faiss:
         measured = {
             "commit": commit(),

@@ -1,4 +1,5 @@
-"""How loud TensorFlow is in a process: quiet for the tools, unless they are asked to be verbose.
+"""How loud TensorFlow is in a process: quiet for the tools, unless they are asked to be verbose;
+and, for the native engine, how many threads it runs a graph on (:func:`single_threaded_tensorflow`).
 
 TensorFlow writes C++ log lines to the process's stderr: on import, absl's notice "WARNING: All
 log messages before absl::InitializeLog() is called are written to STDERR" and
@@ -36,10 +37,12 @@ from types import ModuleType
 __all__ = [
     "LOG_LEVEL_ENV",
     "QUIET_LOG_LEVEL",
+    "THREADS_ENV",
     "VERBOSE_HELP",
     "progress_verbosity",
     "quiet_tensorflow",
     "shown_log_lines",
+    "single_threaded_tensorflow",
 ]
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
@@ -80,6 +83,26 @@ def quiet_tensorflow(verbose: bool = False) -> None:
     level = _parse_level(os.environ.setdefault(LOG_LEVEL_ENV, str(QUIET_LOG_LEVEL)))
     if "tensorflow" not in sys.modules and not any(isinstance(f, _QuietImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _QuietImport(level))
+
+
+THREADS_ENV = ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")
+"""TensorFlow's variables: the threads of its pool running a graph's ops, and of the pool splitting
+one op's work; each defaults to the number of cores."""
+
+
+def single_threaded_tensorflow() -> None:
+    """Has TensorFlow run each graph on one inter-op and one intra-op thread (:data:`THREADS_ENV`
+    set to 1 unless the environment sets them already: the user's setting wins). Call it before
+    TensorFlow runs its first op, which makes its thread pools; a child process inherits it.
+
+    The native engine calls the user tower from one thread per process, as FAISS searches on one
+    thread (``search_threads``): pools of one thread per core only add hand-offs and spin-waiting
+    there. Measured at 1M items, batches of 32: the tower's CPU per request 0.046-0.048 ms on one
+    thread each, 0.064-0.088 ms with the default pools (2 cores), the same outputs bit for bit
+    (docs/benchmarks.md, "The native engine").
+    """
+    for name in THREADS_ENV:
+        os.environ.setdefault(name, "1")
 
 
 def progress_verbosity(quiet: bool) -> int:

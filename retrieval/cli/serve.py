@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from retrieval.cli.inputs import Input
 from retrieval.cli.startup import add_config_options, command_parser, layered, refuse, start
 from retrieval.config import flag_of
-from retrieval.environment import VERBOSE_HELP, quiet_tensorflow
+from retrieval.environment import VERBOSE_HELP, quiet_tensorflow, single_threaded_tensorflow
 from retrieval.serving.config import ENGINES, ServerConfig, check_server_config  # configuration only
 from retrieval.serving.logs import LOG_FORMATS
 from retrieval.storage import ArtifactError
@@ -350,6 +350,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             check_native(config)
         except (ValueError, NativeEngineMissing) as e:
             return refuse(e)
+        single_threaded_tensorflow()  # the tower, called once per batch (its workers inherit it)
     from retrieval.serving.group import default_processes
 
     if (config.processes or default_processes()) > 1:

@@ -8,7 +8,6 @@
 
 #include <openssl/evp.h>
 
-#include "retrieval.grpc.pb.h"
 
 namespace mitt::native {
 namespace {
@@ -40,9 +39,8 @@ bool Identity::Has(std::string_view permission) const {
 
 AccessControl::AccessControl(const PythonText& text, const AccessOptions& options) : text_(text) {
   if (options.rate_limit) limiter_.emplace(options.rate_limit->first, options.rate_limit->second);
-  const std::string service = retrieval::v1::RetrievalService::service_full_name();
-  for (Method method : {Method::kRetrieve, Method::kBatchRetrieve, Method::kGetModelInfo}) {
-    const auto found = options.method_permissions.find("/" + service + "/" + MethodName(method));
+  for (Method method : {Method::kRetrieve, Method::kBatchRetrieve, Method::kGetModelInfo, Method::kServerReflectionInfo}) {
+    const auto found = options.method_permissions.find(FullMethodName(method));
     needed_.push_back(found == options.method_permissions.end() ? "admin" : found->second);
   }
 }
@@ -57,7 +55,10 @@ std::shared_ptr<const Identities> AccessControl::identities() const {
   return identities_;
 }
 
-std::optional<Refusal> AccessControl::Identify(const grpc::CallbackServerContext& context,
+bool AccessControl::checks() const { return limiter_.has_value() || identities() != nullptr; }
+
+std::optional<Refusal> AccessControl::Identify(const grpc::ServerContextBase& context,
+                                               const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
                                                std::shared_ptr<const Identity>* caller) {
   const std::shared_ptr<const Identities> identities = this->identities();
   if (identities == nullptr) {
@@ -66,7 +67,7 @@ std::optional<Refusal> AccessControl::Identify(const grpc::CallbackServerContext
     return std::nullopt;
   }
   std::optional<Refusal> refused;
-  if (const auto token = BearerToken(context.client_metadata())) {
+  if (const auto token = BearerToken(metadata)) {
     const auto found = identities->by_token.find(TokenDigest(*token));
     if (found != identities->by_token.end()) {
       *caller = found->second;

@@ -55,11 +55,14 @@ class AccessControl {
 
   // The access file's identities from the next call on (nullptr: none, anyone may call anything).
   void SetIdentities(std::shared_ptr<const Identities> identities);
+  // Whether calls are checked at all: an access file or a rate limit.
+  bool checks() const;
 
-  // AccessControl.identify: sets `caller` (nullptr when nothing is checked: no access file and no
+  // AccessControl.identify, from the call's `metadata`, its peer and TLS peer: sets `caller` (nullptr when nothing is checked: no access file and no
   // rate limit, an anonymous caller with every permission), or refuses: UNAUTHENTICATED, or
   // rate_limit for a caller not identified whose address's bucket is empty.
-  std::optional<Refusal> Identify(const grpc::CallbackServerContext& context,
+  std::optional<Refusal> Identify(const grpc::ServerContextBase& context,
+                                  const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
                                   std::shared_ptr<const Identity>* caller);
   // AccessControl.allow: PERMISSION_DENIED, or rate_limit with its pushback (a call refused its
   // permission takes no token).

@@ -12,6 +12,22 @@ const char* MethodName(Method method) {
       return "BatchRetrieve";
     case Method::kGetModelInfo:
       return "GetModelInfo";
+    case Method::kServerReflectionInfo:
+      return "ServerReflectionInfo";
+  }
+  return "";
+}
+
+const char* FullMethodName(Method method) {
+  switch (method) {
+    case Method::kRetrieve:
+      return "/retrieval.v1.RetrievalService/Retrieve";
+    case Method::kBatchRetrieve:
+      return "/retrieval.v1.RetrievalService/BatchRetrieve";
+    case Method::kGetModelInfo:
+      return "/retrieval.v1.RetrievalService/GetModelInfo";
+    case Method::kServerReflectionInfo:  // the only version gRPC 1.51's plugin serves
+      return "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
   }
   return "";
 }

@@ -16,10 +16,12 @@
 
 namespace mitt::native {
 
-enum class Method { kRetrieve, kBatchRetrieve, kGetModelInfo };
+enum class Method { kRetrieve, kBatchRetrieve, kGetModelInfo, kServerReflectionInfo };
 
 // The gRPC method's name, the `method` label.
 const char* MethodName(Method method);
+// Its full name, "/package.Service/Method".
+const char* FullMethodName(Method method);
 
 // Counts in buckets with upper bounds `bounds` (then +inf), and their sum: a Prometheus
 // histogram's values, an observation in the first bucket whose bound it does not exceed.

@@ -11,6 +11,8 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
+#include "reflection_gate.h"
+
 namespace mitt::native {
 namespace {
 
@@ -44,9 +46,9 @@ std::unique_ptr<std::vector<int>> Listen(grpc::ServerBuilder& builder, const std
 }
 
 // Starts `builder`'s server once every address is bound, on one port (0 picks one): BuildAndStart
-// fails if any address cannot be bound. Throws std::runtime_error naming `what` and the addresses.
+// fails if any address cannot be bound. Throws std::runtime_error: `refusal` and the addresses.
 std::unique_ptr<grpc::Server> BuildBound(grpc::ServerBuilder& builder, const std::vector<int>& ports,
-                                         const std::vector<std::string>& addresses, const std::string& what) {
+                                         const std::vector<std::string>& addresses, const std::string& refusal) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   const bool bound = server != nullptr && !ports.empty() &&
                      std::all_of(ports.begin(), ports.end(), [&](int port) { return port != 0 && port == ports[0]; });
@@ -54,7 +56,7 @@ std::unique_ptr<grpc::Server> BuildBound(grpc::ServerBuilder& builder, const std
     if (server != nullptr) server->Shutdown();
     std::string joined;
     for (const std::string& address : addresses) joined += (joined.empty() ? "" : ", ") + address;
-    throw std::runtime_error("cannot serve " + what + " on " + joined);
+    throw std::runtime_error(refusal + joined);
   }
   return server;
 }
@@ -107,14 +109,20 @@ int NativeServer::Start(const std::vector<std::string>& addresses, bool serving,
   grpc::ServerBuilder builder;
   const auto ports = Listen(builder, addresses, Credentials());
   builder.RegisterService(&service_);
-  if (!options_.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
+  if (!options_.reflection) {
+    builder.SetOption(std::make_unique<WithoutReflection>());
+  } else if (access_.checks()) {  // Python hands the access file's identities over before the start
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> gates;
+    gates.push_back(std::make_unique<ReflectionGate>(access_, metrics_));
+    builder.experimental().SetInterceptorCreators(std::move(gates));
+  }
   if (options_.max_request_bytes > 0) builder.SetMaxReceiveMessageSize(options_.max_request_bytes);
   if (options_.max_response_bytes > 0) builder.SetMaxSendMessageSize(options_.max_response_bytes);
   // A second server on the port would silently take half the traffic: refuse it, as the Python
   // engine does (only a serving group's workers share a port).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port ? 1 : 0);
   try {
-    server_ = BuildBound(builder, *ports, addresses, "gRPC");
+    server_ = BuildBound(builder, *ports, addresses, "cannot serve on ");
   } catch (const std::runtime_error&) {
     admission_.Close();
     batcher_.Stop();
@@ -139,7 +147,7 @@ int NativeServer::StartHealth(const std::vector<std::string>& addresses, bool re
   builder.RegisterCallbackGenericService(&unimplemented_);
   builder.SetOption(std::make_unique<WithoutReflection>());
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port ? 1 : 0);
-  health_server_ = BuildBound(builder, *ports, addresses, "the health port");
+  health_server_ = BuildBound(builder, *ports, addresses, "cannot serve the health port on ");
   health_port_ = (*ports)[0];
   SetStatus(serving_);
   return health_port_;

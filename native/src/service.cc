@@ -106,7 +106,7 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
     return nullptr;
   }
   // From the metadata alone, before the request is read: a caller refused costs no parse.
-  std::optional<Refusal> refused = access_.Identify(*context, &call->caller);
+  std::optional<Refusal> refused = access_.Identify(*context, context->client_metadata(), &call->caller);
   if (!refused) refused = access_.Allow(method, call->caller.get());
   if (refused) {
     End(std::move(call), *refused);

@@ -5,17 +5,17 @@ The compiled module (``retrieval/serving/_native*.so``, built by ``make native``
 install``) is imported on first use, so importing this module needs nothing built; without it,
 :func:`native_module` raises :class:`NativeEngineMissing`, whose message says what to run.
 
-The C++ side takes every call through the Python engine's steps (docs/serving.md, "Admission"):
-the call limit, the deadline, the caller's identity, permission and rate (the access file's
-identities handed over by Python, again on each reload), the request read and parsed, its lengths, its cost and admission
-(cheap calls micro-batched, heavy ones alone in chunks, within the heavy budget), its checks and
-vocabulary lookups (the servable's vocabulary, categories and rankers, handed over once per
-version), with the Python engine's messages. A worker thread forms batches and calls the
+The C++ side takes every call through the Python engine's steps (docs/serving.md, "Admission"): the
+call limit, the deadline, the caller's identity, permission and rate (the access file's identities
+handed over by Python, again on each reload), the request read and parsed, its lengths, its cost
+and admission (cheap calls micro-batched, heavy ones alone in chunks, within the heavy budget), its
+checks and vocabulary lookups (the servable's vocabulary, categories and rankers, handed over once
+per version), with the Python engine's messages. A worker thread forms batches and calls the
 servable's kernel once per batch, holding the GIL only for it (:meth:`NativeKernel.search`: the
 user tower and the index search); C++ then drops each row's excluded ids, merges (max-score,
 round-robin, DIVERSITY with λ), reranks through the kernel's ranker, explains from the tower's
-weights and answers with external ids. :meth:`NativeServer.swap` puts another version in
-service between two calls; the calls already checked finish on theirs.
+weights and answers with external ids. :meth:`NativeServer.swap` puts another version in service
+between two calls; the calls already checked finish on theirs.
 
 Example:
     >>> with NativeServer(native_servable(retriever)) as server:
@@ -143,9 +143,6 @@ def _not_native(config: ServerConfig) -> dict[str, bool]:
     access = config.access
     return {
         "--access-log-sample (access.log_sample)": access.log_sample > 0,
-        # Server reflection is gRPC's own service: the engine cannot check its calls' credentials.
-        "server reflection with --access-file or --rate-limit (add --no-reflection)": access.reflection
-        and (access.file is not None or access.rate_limit > 0),
         # No request threads: gRPC C++'s callback API runs no thread per call.
         "--threads (threads)": config.threads != ServerConfig().threads,
     }
@@ -239,8 +236,8 @@ class NativeServer:
                 serving, :meth:`AccessFile.check` in a thread of the engine's) and its rate limit's
                 rate and burst, checked by the engine with its own buckets; ``None``: anyone,
                 anything, no limit. Its access log is not implemented yet.
-            reflection: serve gRPC server reflection (gRPC's own service, whose calls the engine
-                does not check: :func:`check_native` refuses it beside access control).
+            reflection: serve gRPC server reflection (its calls checked as the retrieval
+                service's, from their metadata, with ``access``).
             tls: the PEM files of TLS (with ``ca``: mutual TLS, client certificates required), read
                 again when they change (new connections get the new certificate; files that do not
                 load together are not taken, :mod:`~retrieval.serving.native_tls`); ``None`` or no

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from bench.serving import free_port
 from retrieval.api.client import RetrievalClient
@@ -97,8 +98,8 @@ def built(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @contextmanager
 def both(retriever: Retriever, access: AccessConfig) -> Iterator[dict[str, tuple[grpc.Channel, int]]]:
-    """A server of each engine for ``access`` (``--no-reflection``: the native engine does not
-    check reflection's calls), each with its metrics: engine -> (channel, metrics port)."""
+    """A server of each engine for ``access``, each with its metrics: engine -> (channel, metrics
+    port)."""
     found = {}
     with ExitStack() as stack:
         for engine in ("python", "native"):
@@ -122,12 +123,14 @@ def stopped(server: StartedServer) -> None:
     server.stop(None).wait(30)
 
 
-def config(access_file: Path | None = None, rate: float = 0.0, burst: float | None = None) -> AccessConfig:
+def config(
+    access_file: Path | None = None, rate: float = 0.0, burst: float | None = None, reflection: bool = False
+) -> AccessConfig:
     return AccessConfig(
         file=None if access_file is None else str(access_file),
         rate_limit=rate,
         rate_burst=burst,
-        reflection=False,
+        reflection=reflection,
     )
 
 
@@ -316,6 +319,57 @@ def test_without_an_access_file_each_client_address_has_a_bucket(retriever: Retr
         ("reason", "rate_limit"),
     )
     assert {key: n for key, n in counted.items() if n} == {(("name", "retrieval_refusals_total"), *labels): 2}
+
+
+def reflect(channel: grpc.Channel, metadata: Metadata) -> Answer:
+    """Lists the services by server reflection; the answer's body: their names, sorted."""
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    try:
+        answers = list(stub.ServerReflectionInfo(iter([request]), metadata=metadata, timeout=30))
+    except grpc.RpcError as e:
+        error: Any = e  # a grpc.Call too
+        pushback = dict(error.trailing_metadata() or ()).get(PUSHBACK)
+        details = RETRY_IN.sub("retry in N ms", error.details() or "")
+        return Answer(error.code(), details, None if pushback is None else int(pushback), None)
+    names = sorted(s.name for a in answers for s in a.list_services_response.service)
+    return Answer(grpc.StatusCode.OK, "", None, " ".join(names).encode())
+
+
+def test_server_reflection_is_checked_as_the_python_engine_checks_it(
+    retriever: Retriever, tmp_path: Path
+) -> None:
+    """Reflection needs the ``info`` permission and takes a token, from its metadata alone."""
+    access_file = tmp_path / "access.toml"
+    access_file.write_text(ACCESS)
+    sent = [
+        CREDENTIALS["none"],
+        CREDENTIALS["wrong"],
+        bearer("token-slow"),  # retrieve only
+        *[CREDENTIALS["team-b (sha256)"]] * 4,  # info: the server's burst of 3, then its rate
+    ]
+    with both(retriever, config(access_file, rate=RATE, burst=3, reflection=True)) as found:
+        answers = {
+            engine: [reflect(channel, metadata) for metadata in sent]
+            for engine, (channel, _) in found.items()
+        }
+        counted = assert_same_metrics(found)
+    python, ours = answers["python"], answers["native"]
+    assert [(a.code, a.details, a.pushback is None) for a in ours] == [
+        (a.code, a.details, a.pushback is None) for a in python
+    ]
+    assert [a.code.name for a in python] == [
+        "UNAUTHENTICATED",
+        "UNAUTHENTICATED",
+        "PERMISSION_DENIED",
+        *["OK"] * 3,
+        "RESOURCE_EXHAUSTED",
+    ]
+    assert python[2].details == "identity 'slow' may not call ServerReflectionInfo (needs permission 'info')"
+    for got in (python[3], ours[3]):
+        assert got.body is not None and b"retrieval.v1.RetrievalService" in got.body
+    labels = (("name", "retrieval_refusals_total"), ("code", "RESOURCE_EXHAUSTED"), ("identity", "team-b"))
+    assert counted[(*labels, ("method", "ServerReflectionInfo"), ("reason", "rate_limit"))] == 1
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:

@@ -673,6 +673,8 @@ def table(results: dict[str, Any]) -> str:
     c = results["checks"]
     lines.append("")
     for name, suffix in ((RETRIEVAL, ""), (RETRIEVAL_XLA, "_xla")):
+        if f"p99_at_1_ms{suffix}" not in c and f"qps_share_of_echo_at_32{suffix}" not in c:
+            continue  # a row --rows left out: no verdict
         lines.append(
             f"{name}: p99 at concurrency 1: {c.get('p99_at_1_ms' + suffix)} ms (target <= "
             f"{TARGET_P99_MS}: {'met' if c.get('p99_at_1_ok' + suffix) else 'NOT met'}); QPS at "
@@ -704,6 +706,8 @@ def table(results: dict[str, Any]) -> str:
             f"{r[twin + '_p99_ms']:.2f} ms"
         )
     for suffix, server in (("", RERANK), ("_xla", RERANK_XLA)):
+        if f"rerank_added_p99_at_1_ms{suffix}" not in c:
+            continue
         lines.append(
             f"p99 added by the DIN rerank of {RERANK_CANDIDATES} candidates at concurrency 1 ({server}"
             f"{', interleaved' if server in results.get('paired', {}) else ', between rows'}): "

@@ -1,5 +1,5 @@
 """bench.serving's native engine row: its targets read from hand-made rows (each side of each
-bound), the table's RSS column and verdicts, and ``--rows``."""
+bound), the table's RSS column and verdicts (none for a row not measured), and ``--rows``."""
 
 from __future__ import annotations
 
@@ -72,6 +72,9 @@ def test_the_table_has_rss_and_the_native_verdicts() -> None:
     assert f"| {serving.NATIVE} | 32 | 3,100 | 4.50 | 8.10 | 9.00 | 0 | 0.50 | 0.20 | 1,300 |" in text
     assert f"{serving.NATIVE}: p99_at_8_ms = 6.0 (target <= 5.0: NOT met)" in text
     assert f"{serving.NATIVE}: qps_over_python_at_32 = 3.1 (target >= 3.0: met)" in text
+    assert f"{serving.RETRIEVAL}: p99 at concurrency 1" in text  # measured (at 32)
+    # Rows --rows left out get no verdict (they printed "None ... NOT met").
+    assert serving.RETRIEVAL_XLA not in text and "rerank" not in text
 
 
 def test_rows_keeps_the_servers_asked_for(capsys: pytest.CaptureFixture[str]) -> None:

@@ -358,6 +358,11 @@ ServerOptions OptionsOf(const nb::dict& py) {
                       options.admission.batch_cost, Field<size_t>(py, "max_queue")};
   options.max_queued = Field<uint32_t>(py, "max_queued");
   options.reflection = Field<bool>(py, "reflection");
+  if (const auto log = Field<nb::object>(py, "access_log"); !log.is_none()) {
+    const auto settings = nb::cast<nb::tuple>(log);  // (sample, user_ids)
+    options.log_sample = nb::cast<double>(settings[0]);
+    options.log_user_ids = nb::cast<bool>(settings[1]);
+  }
   if (const auto tls = Field<nb::object>(py, "tls"); !tls.is_none()) {
     const auto files = nb::cast<nb::tuple>(tls);  // (cert, key, ca or ""), paths
     options.tls = TlsFiles{nb::cast<std::string>(files[0]), nb::cast<std::string>(files[1]),
@@ -402,6 +407,21 @@ nb::dict MetricsOf(const NativeServer& server) {
   out["batches"] = HistogramOf(snapshot.batches);
   out["queues"] = queues;
   return out;
+}
+
+// The access log's records as Python writes them (retrieval.serving.native): ([(request_id,
+// identity or None, method, read, history_len, k, batch or None, user_ids, code number, seconds,
+// model_version or None)], dropped).
+nb::tuple AccessRecordsOf(NativeServer& server) {
+  auto [records, dropped] = server.TakeAccessRecords();
+  nb::list out;
+  for (const AccessRecord& r : records) {
+    out.append(nb::make_tuple(r.request_id, r.identity ? nb::cast(*r.identity) : nb::none(), MethodName(r.method),
+                              r.read, r.history_len, r.k, r.batch ? nb::cast(*r.batch) : nb::none(),
+                              nb::cast(r.user_ids), static_cast<int>(r.code), r.seconds,
+                              r.model_version ? nb::cast(*r.model_version) : nb::none()));
+  }
+  return nb::make_tuple(out, dropped);
 }
 
 // protobuf's log, without its line for each request holding invalid UTF-8: such a request is
@@ -472,6 +492,7 @@ NB_MODULE(_native, m) {
       .def_prop_ro("port", [](PyNativeServer& self) { return self.server().port(); })
       .def_prop_ro("health_port", [](PyNativeServer& self) { return self.server().health_port(); })
       .def("metrics", [](PyNativeServer& self) { return mitt::native::MetricsOf(self.server()); })
+      .def("access_records", [](PyNativeServer& self) { return mitt::native::AccessRecordsOf(self.server()); })
       .def("counters", [](PyNativeServer& self) {
         const Counters c = self.server().counters();
         nb::dict out;

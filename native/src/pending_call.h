@@ -12,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "access.h"
+#include "access_log.h"
 #include "call_metrics.h"
 #include "python_text.h"
 #include "query.h"
@@ -27,6 +28,8 @@ struct PendingCall {
   Method method = Method::kRetrieve;     // a BatchRetrieve's answers go in one BatchRetrieveResponse
   std::shared_ptr<const Servable> servable;  // the version it was checked with answers it
   std::shared_ptr<const Identity> caller;    // nullptr: anonymous, every permission, nothing checked
+  std::string request_id;                    // with the access log on: sent back in x-request-id
+  std::unique_ptr<AccessRecord> record;      // a call the access log samples: its line
   std::vector<Query> queries;
   std::vector<retrieval::v1::RetrieveResponse> answers;  // one per query
   double cost = 0;             // the call's (admission units)

@@ -69,6 +69,7 @@ NativeServer::NativeServer(std::shared_ptr<const Servable> servable, ModelInfos 
       checker_(options_.limits, text_),
       slot_(std::move(servable), std::move(model_info)),
       access_(text_, options_.access),
+      access_log_(options_.log_sample, options_.log_user_ids),
       admission_(options_.admission),
       calls_(options_.max_queued),
       metrics_(options_.latency_bounds, options_.batch_bounds),
@@ -77,7 +78,7 @@ NativeServer::NativeServer(std::shared_ptr<const Servable> servable, ModelInfos 
         service_.End(std::move(call), status);
       }),
       batcher_(options_.batching, [this](Batch batch) { engine_.Answer(std::move(batch)); }),
-      service_(slot_, checker_, options_.units, access_, admission_, calls_, batcher_, metrics_, stages_) {}
+      service_(slot_, checker_, options_.units, access_, access_log_, admission_, calls_, batcher_, metrics_, stages_) {}
 
 NativeServer::~NativeServer() { Stop(0); }
 

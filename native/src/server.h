@@ -14,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "access.h"
+#include "access_log.h"
 #include "admission.h"
 #include "batcher.h"
 #include "call_limit.h"
@@ -48,6 +49,8 @@ struct ServerOptions {
   std::vector<double> latency_bounds, batch_bounds;  // the metrics' histograms (Python's buckets)
   bool reflection = true;  // serve gRPC server reflection (--no-reflection: false)
   std::optional<TlsFiles> tls;  // nullopt: plaintext
+  double log_sample = 0;        // the access log's share of calls; 0: no access log
+  bool log_user_ids = false;
 };
 
 // What the metrics' queue depths read: calls held (of max_queued), queries waiting for a batch,
@@ -99,6 +102,8 @@ class NativeServer {
   }
   CallMetrics::Snapshot metrics() const { return metrics_.Read(); }
   const Stages& stages() const { return stages_; }
+  // The access log's records since the last call, and how many were dropped meanwhile.
+  std::pair<std::vector<AccessRecord>, uint64_t> TakeAccessRecords() { return access_log_.Take(); }
   Queues queues() const { return {calls_.held(), batcher_.queued_rows(), admission_.waiting()}; }
 
  private:
@@ -110,6 +115,7 @@ class NativeServer {
   const RequestChecker checker_;
   ServableSlot slot_;
   AccessControl access_;
+  AccessLog access_log_;
   Admission admission_;
   CallLimit calls_;
   CallMetrics metrics_;

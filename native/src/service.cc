@@ -71,10 +71,18 @@ void RetrievalService::Finish(std::unique_ptr<PendingCall> call, const grpc::Sta
   } else if (refused != nullptr && refused->retry_after) {
     AddPushback(call->context, *refused->retry_after);
   }
+  // Last: a refusal sets trailing metadata of its own.
+  if (!call->request_id.empty()) call->context->AddTrailingMetadata("x-request-id", call->request_id);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - call->arrived).count();
   // Counted before it is sent, as the Python engine counts: a client holding its answer sees it counted.
   metrics_.Answered(call->method, status.error_code(), seconds, refused != nullptr ? refused->reason : "",
                     call->caller != nullptr ? call->caller->label() : std::string_view());
+  if (call->record != nullptr) {
+    call->record->code = status.error_code();
+    call->record->seconds = seconds;
+    if (status.ok()) call->record->model_version = call->servable->model_version;  // the version that answered
+    log_.Write(std::move(*call->record));
+  }
   call->reactor->Finish(status);
   if (call->heavy) admission_.Leave(call->cost, seconds);
   calls_.Leave(seconds);
@@ -99,6 +107,14 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
   call->method = method;
   call->arrived = std::chrono::steady_clock::now();
   call->servable = slot_.current();  // one version for the whole call
+  if (log_.on()) {
+    call->request_id = AccessLog::RequestId(context->client_metadata());
+    if (log_.Sampled()) {
+      call->record = std::make_unique<AccessRecord>();
+      call->record->request_id = call->request_id;
+      call->record->method = method;
+    }
+  }
   if (const auto deadline = DeadlineOf(*context); deadline && *deadline <= std::chrono::system_clock::now()) {
     const double late = std::chrono::duration<double>(std::chrono::system_clock::now() - *deadline).count();
     End(std::move(call), {grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -107,6 +123,9 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
   }
   // From the metadata alone, before the request is read: a caller refused costs no parse.
   std::optional<Refusal> refused = access_.Identify(*context, context->client_metadata(), &call->caller);
+  if (!refused && call->record != nullptr) {  // its identity, or its address when none is checked
+    call->record->identity = call->caller != nullptr ? call->caller->name : PeerHost(context->peer());
+  }
   if (!refused) refused = access_.Allow(method, call->caller.get());
   if (refused) {
     End(std::move(call), *refused);
@@ -141,6 +160,7 @@ grpc::ServerUnaryReactor* RetrievalService::Retrieve(grpc::CallbackServerContext
   if (call == nullptr) return reactor;
   retrieval::v1::RetrieveRequest parsed;
   if (!Read(call, *request, &parsed, "retrieval.v1.RetrieveRequest")) return reactor;
+  if (call->record != nullptr) log_.Read(parsed, call->record.get());
   const auto checking = Stages::Clock::now();
   if (grpc::Status status = checker_.CheckSizes(parsed); !status.ok()) {
     End(std::move(call), status);
@@ -169,6 +189,7 @@ grpc::ServerUnaryReactor* RetrievalService::BatchRetrieve(grpc::CallbackServerCo
   if (call == nullptr) return reactor;
   retrieval::v1::BatchRetrieveRequest parsed;
   if (!Read(call, *request, &parsed, "retrieval.v1.BatchRetrieveRequest")) return reactor;
+  if (call->record != nullptr) log_.Read(parsed, call->record.get());
   const auto checking = Stages::Clock::now();
   const auto count = static_cast<size_t>(parsed.requests_size());
   const uint32_t most = checker_.limits().max_batch;

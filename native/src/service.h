@@ -12,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "access.h"
+#include "access_log.h"
 #include "admission.h"
 #include "batcher.h"
 #include "call_limit.h"
@@ -31,10 +32,10 @@ using RawRetrievalService = retrieval::v1::RetrievalService::WithRawCallbackMeth
 class RetrievalService final : public RawRetrievalService {
  public:
   RetrievalService(const ServableSlot& slot, const RequestChecker& checker, const CostUnits& units,
-                   AccessControl& access, Admission& admission, CallLimit& calls, MicroBatcher& batcher,
-                   CallMetrics& metrics, Stages& stages)
-      : slot_(slot), checker_(checker), units_(units), access_(access), admission_(admission), calls_(calls),
-        batcher_(batcher), metrics_(metrics), stages_(stages) {}
+                   AccessControl& access, AccessLog& log, Admission& admission, CallLimit& calls,
+                   MicroBatcher& batcher, CallMetrics& metrics, Stages& stages)
+      : slot_(slot), checker_(checker), units_(units), access_(access), log_(log), admission_(admission),
+        calls_(calls), batcher_(batcher), metrics_(metrics), stages_(stages) {}
 
   grpc::ServerUnaryReactor* Retrieve(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -68,6 +69,7 @@ class RetrievalService final : public RawRetrievalService {
   const RequestChecker& checker_;
   const CostUnits& units_;
   AccessControl& access_;
+  AccessLog& log_;
   Admission& admission_;
   CallLimit& calls_;
   MicroBatcher& batcher_;

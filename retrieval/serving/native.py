@@ -91,11 +91,15 @@ MAX_QUEUE = 1024
 """Cheap queries waiting for a batch beyond which calls are refused (``batch_queue_full``): the
 Python engine's micro-batcher's default (``MicroBatcher(max_queue=...)``; a test keeps them equal)."""
 
+ACCESS_LOG_INTERVAL = 0.05
+"""Seconds between two writes of the access log's lines (the engine keeps them meanwhile)."""
+
 MAX_QUEUED = 128
 """Calls held at once when ``LimitsConfig.max_queued`` is 0 (the engine has no request threads
 to count twice: the Python engine's default with its 64 threads)."""
 
 __all__ = [
+    "ACCESS_LOG_INTERVAL",
     "COST",
     "LIMITS",
     "MAX_QUEUE",
@@ -140,9 +144,7 @@ def native_module() -> ModuleType:
 def _not_native(config: ServerConfig) -> dict[str, bool]:
     """Each option the native engine does not implement yet, named by its flag and key, and
     whether ``config`` sets it."""
-    access = config.access
     return {
-        "--access-log-sample (access.log_sample)": access.log_sample > 0,
         # No request threads: gRPC C++'s callback API runs no thread per call.
         "--threads (threads)": config.threads != ServerConfig().threads,
     }
@@ -235,7 +237,8 @@ class NativeServer:
             access: who may call and how often: its access file's identities (re-read while
                 serving, :meth:`AccessFile.check` in a thread of the engine's) and its rate limit's
                 rate and burst, checked by the engine with its own buckets; ``None``: anyone,
-                anything, no limit. Its access log is not implemented yet.
+                anything, no limit; its access log's lines are written every
+                :data:`ACCESS_LOG_INTERVAL` seconds.
             reflection: serve gRPC server reflection (its calls checked as the retrieval
                 service's, from their metadata, with ``access``).
             tls: the PEM files of TLS (with ``ca``: mutual TLS, client certificates required), read
@@ -245,19 +248,16 @@ class NativeServer:
 
         Raises:
             NativeEngineMissing: the engine is not built.
-            ValueError: a repeated vocabulary id, an inconsistent servable, an access log, TLS
-                files that do not load together.
+            ValueError: a repeated vocabulary id, an inconsistent servable, TLS files that do not
+                load together.
             OSError: a TLS file cannot be read.
         """
         from retrieval.serving.auth import METHOD_PERMISSIONS
 
         batching = batching or BatchingConfig()
         limits = limits or LimitsConfig()
-        if access is not None and access.access_log is not None:
-            raise ValueError(
-                "the native engine does not implement the access log yet: serve with --engine python"
-            )
         rate_limit = None if access is None or access.rate_limit is None else access.rate_limit
+        log = None if access is None else access.access_log
         self._tls = _checked_copies(tls)
         options: dict[str, Any] = {
             "limits": LIMITS,
@@ -281,6 +281,7 @@ class NativeServer:
             "max_queue": MAX_QUEUE,
             "max_queued": limits.max_queued or MAX_QUEUED,
             "reflection": reflection,
+            "access_log": None if log is None else (log.sample, log.user_ids),
             "tls": None if self._tls is None else self._tls.files(),
             "max_request_bytes": limits.max_request_bytes,
             "max_response_bytes": limits.max_response_bytes,
@@ -304,6 +305,9 @@ class NativeServer:
             self._follow_access(access.identities)
         if self._tls is not None:
             self._every(1.0, self._tls.check, "native-tls")
+        self._access_log = log
+        if log is not None:
+            self._every(ACCESS_LOG_INTERVAL, self._write_access_log, "native-access-log")
         # The handover's copies (a million ids at 1M items) are freed: give their pages back, and
         # fix glibc's mmap threshold as the Python engine's server does (large requests).
         self._trimmer = trimmer()
@@ -430,6 +434,28 @@ class NativeServer:
 
         self._every(access_file.check_interval, access_file.check, "native-access-file")
 
+    def _write_access_log(self) -> None:
+        """Writes the lines of the calls the engine logged since the last time, as the Python
+        engine writes them (:class:`~retrieval.serving.access_log.AccessLog`)."""
+        from retrieval.serving.access_log import logger
+        from retrieval.serving.native_metrics import CODE_NAMES
+
+        log = self._access_log
+        assert log is not None
+        records, dropped = self._server.access_records()
+        for rid, identity, method, read, history_len, k, batch, users, code, seconds, version in records:
+            fields: dict[str, Any] = {"request_id": rid, "identity": identity, "method": method}
+            if read:
+                fields.update(history_len=history_len, k=k, **({} if batch is None else {"batch": batch}))
+                if log.user_ids:
+                    fields["user_id"] = users if batch is not None else users[0]
+            fields["code"] = CODE_NAMES[code]
+            fields["latency_ms"] = round(seconds * 1000, 3)
+            fields["model_version"] = version
+            log.write(fields)
+        if dropped:
+            logger.warning("%d access log lines dropped: the log was not written fast enough", dropped)
+
     def _every(self, interval: float, check: Callable[[], None], name: str) -> None:
         """Calls ``check`` every ``interval`` seconds in a thread called ``name``, until :meth:`stop`."""
 
@@ -444,6 +470,8 @@ class NativeServer:
         seconds, cancels the rest; returns when all are finished. Idempotent."""
         self._stopping.set()
         self._server.stop(grace)
+        if self._access_log is not None:
+            self._write_access_log()  # the last calls' lines
         if self._tls is not None:
             self._tls.remove()
 

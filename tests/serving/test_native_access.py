@@ -11,6 +11,7 @@ Concurrent callers share one bucket, many rounds. Needs ``make native`` (skips w
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import shutil
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from bench.serving import free_port
@@ -563,3 +565,73 @@ def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_pa
             assert code_of(kept.model_info) == grpc.StatusCode.OK  # keeps its session
     finally:
         server.stop(None).wait(30)
+
+
+def test_the_access_log_writes_the_python_engines_lines(
+    retriever: Retriever, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call sampled (``--access-log-sample 1``, with user ids): the same fields in the same
+    order on both engines (the latency aside), the caller's request id or a generated one, sent
+    back in the ``x-request-id`` trailer of every call."""
+    access_file = tmp_path / "access.toml"
+    access_file.write_text(ACCESS)
+    access = AccessConfig(file=str(access_file), log_sample=1.0, log_user_ids=True, reflection=False)
+    one = retrieval_pb2.RetrieveRequest(history=ITEMS[:3], k=5, user_id="u1")
+    batch = retrieval_pb2.BatchRetrieveRequest(
+        requests=[one, retrieval_pb2.RetrieveRequest(history=ITEMS[4:6], k=3, user_id="u3")]
+    )
+    team_a, team_b = CREDENTIALS["team-a"], CREDENTIALS["team-b (sha256)"]
+    sent: list[tuple[str, Message, Metadata]] = [
+        ("Retrieve", one, (*team_a, ("x-request-id", "abc"))),
+        ("BatchRetrieve", batch, team_a),
+        ("Retrieve", retrieval_pb2.RetrieveRequest(history=ITEMS[:2], k=0, user_id="u2"), team_a),
+        ("GetModelInfo", retrieval_pb2.GetModelInfoRequest(), team_b),
+        ("Retrieve", one, team_b),  # denied: its identity, nothing of its request
+        ("Retrieve", one, CREDENTIALS["wrong"]),  # not identified
+        ("Retrieve", one, (*team_a, ("x-request-id", "x" * 129))),  # too long: one is generated
+    ]
+    lines, trailers = {}, {}
+    for engine in ("python", "native"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="retrieval.access"):
+            server, port = start(engine, retriever, local(engine=engine, access=access))
+            try:
+                with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    trailers[engine] = [request_id(channel, *one) for one in sent]
+            finally:
+                server.stop(None).wait(30)  # every line is written (the native engine's every 50 ms)
+        records = [r for r in caplog.records if r.name == "retrieval.access"]
+        lines[engine] = [dict(getattr(r, "fields")) for r in records]  # noqa: B009 (set by AccessLog.write)
+    for engine in lines:
+        for line, trailer in zip(lines[engine], trailers[engine], strict=True):
+            assert line.pop("request_id") == trailer
+            assert line.pop("latency_ms") >= 0
+        assert trailers[engine][0] == "abc" and re.fullmatch("[0-9a-f]{32}", trailers[engine][-1])
+    assert lines["native"] == lines["python"]
+    assert lines["python"][1] == {
+        "identity": "team-a",
+        "method": "BatchRetrieve",
+        "history_len": 5,
+        "k": 8,
+        "batch": 2,
+        "user_id": ["u1", "u3"],
+        "code": "OK",
+        "model_version": "model-v1",
+    }
+    assert lines["python"][4] == {
+        "identity": "team-b",
+        "method": "Retrieve",
+        "code": "PERMISSION_DENIED",
+        "model_version": None,
+    }
+
+
+def request_id(channel: grpc.Channel, method: str, body: Message, metadata: Metadata) -> str:
+    """Sends ``body`` to ``method``: the ``x-request-id`` trailer it gets, whatever its status."""
+    send = channel.unary_unary(SERVICE + method, None, None)
+    ended: Any  # a grpc.Call: the answered call, or the error of a failed one
+    try:
+        _, ended = send.with_call(body.SerializeToString(), metadata=metadata, timeout=30)
+    except grpc.RpcError as e:
+        ended = e
+    return str(dict(ended.trailing_metadata() or ())["x-request-id"])

@@ -57,9 +57,8 @@ def folders(tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("given", "named"),
     [
-        (["--access-log-sample", "0.5"], "--access-log-sample (access.log_sample)"),
         (["--threads", "8"], "--threads (threads)"),
-        (["--set", "access.log_sample=0.5"], "--access-log-sample (access.log_sample)"),
+        (["--set", "threads=8"], "--threads (threads)"),
     ],
 )
 def test_options_the_native_engine_lacks_are_refused_at_start_in_one_line(

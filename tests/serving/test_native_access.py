@@ -14,6 +14,7 @@ import hashlib
 import logging
 import re
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -32,13 +33,15 @@ from bench.serving import free_port
 from retrieval.api.client import RetrievalClient
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import native
+from retrieval.serving.access import AccessControl
+from retrieval.serving.auth import AccessFile
 from retrieval.serving.config import AccessConfig, ServerConfig, TlsConfig
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.native_server import create_native_server
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import StartedServer, create_server
 from tests.helpers import ITEMS, local, scrape, write_certificates
-from tests.serving.helpers import code_of, health_status, rotate
+from tests.serving.helpers import code_of, health_status, rotate, toy_servable
 
 ACCESS = """
 [identities.team-a]
@@ -635,3 +638,46 @@ def request_id(channel: grpc.Channel, method: str, body: Message, metadata: Meta
     except grpc.RpcError as e:
         ended = e
     return str(dict(ended.trailing_metadata() or ())["x-request-id"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_", range(20))
+def test_identities_swapped_under_load_answer_every_call_with_one_or_the_other(
+    tmp_path: Path, round_: int
+) -> None:
+    """4 callers with team-a's token while the access file loses and regains it 6 times (re-read
+    every 20 ms): every call is answered OK or UNAUTHENTICATED, never anything else, and each state
+    is seen once it is in force."""
+    access_file = tmp_path / "access.toml"
+    without = ACCESS.replace('tokens = ["token-a"]', 'tokens = ["token-a2"]')
+    access_file.write_text(ACCESS)
+    access = AccessControl(identities=AccessFile(access_file, check_interval=0.02))
+    server = native.NativeServer(toy_servable(), access=access)
+    address = f"127.0.0.1:{server.start()}"
+    codes: Counter[str] = Counter()
+    stop = threading.Event()
+
+    def calls() -> None:
+        with grpc.insecure_channel(address) as channel:
+            while not stop.is_set():
+                codes[call(channel, "GetModelInfo", CREDENTIALS["team-a"]).code.name] += 1
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            callers = [pool.submit(calls) for _ in range(4)]
+            with grpc.insecure_channel(address) as channel:
+                for text, code in [(without, "UNAUTHENTICATED"), (ACCESS, "OK")] * 6:
+                    access_file.write_text(text)
+                    wait_for(
+                        lambda code=code: (
+                            call(channel, "GetModelInfo", CREDENTIALS["team-a"]).code.name == code
+                        ),
+                        code,
+                    )
+            stop.set()
+            for caller in callers:
+                caller.result(timeout=30)
+    finally:
+        stop.set()
+        server.stop(0)
+    assert set(codes) == {"OK", "UNAUTHENTICATED"}, codes

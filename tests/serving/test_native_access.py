@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -640,6 +641,11 @@ def request_id(channel: grpc.Channel, method: str, body: Message, metadata: Meta
     return str(dict(ended.trailing_metadata() or ())["x-request-id"])
 
 
+def answered(channel: grpc.Channel, code: str) -> bool:
+    """Whether team-a's call is answered ``code`` now."""
+    return call(channel, "GetModelInfo", CREDENTIALS["team-a"]).code.name == code
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("round_", range(20))
 def test_identities_swapped_under_load_answer_every_call_with_one_or_the_other(
@@ -668,12 +674,7 @@ def test_identities_swapped_under_load_answer_every_call_with_one_or_the_other(
             with grpc.insecure_channel(address) as channel:
                 for text, code in [(without, "UNAUTHENTICATED"), (ACCESS, "OK")] * 6:
                     access_file.write_text(text)
-                    wait_for(
-                        lambda code=code: (
-                            call(channel, "GetModelInfo", CREDENTIALS["team-a"]).code.name == code
-                        ),
-                        code,
-                    )
+                    wait_for(partial(answered, channel, code), code)
             stop.set()
             for caller in callers:
                 caller.result(timeout=30)

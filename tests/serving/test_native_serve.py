@@ -30,6 +30,7 @@ from retrieval.artifacts.deployment import publish_deployment
 from retrieval.artifacts.model import read_model_vocab
 from retrieval.cli import serve
 from retrieval.serving import native
+from retrieval.serving.native_metrics import SYNC_INTERVAL
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.stopping import STOP_MARGIN
 from tests.helpers import REPO_ROOT, connected, scrape, serving
@@ -234,6 +235,52 @@ def test_mitt_serve_engine_native_answers_as_the_python_engine_and_stops_on_sigt
         assert process.returncode == 0, log.read_text()
     text = log.read_text()
     assert "SIGTERM received, stopping (drain 2.0 s, grace 3.0 s)" in text and "server stopped" in text
+
+
+@pytest.mark.slow  # a native group of two TensorFlow processes: ~30 s
+def test_a_native_group_serves_access_control_from_the_flags(
+    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
+) -> None:
+    """``--processes 2`` with an access file, a rate limit, reflection, the plaintext health port
+    and the access log: each worker checks tokens, permissions and its own buckets, the group's
+    metrics count the refusals by identity, the health port answers, lines are logged."""
+    built()
+    (model_dir, index_dir, _), _ = model_versions
+    ids = list(read_model_vocab(model_dir).ids)
+    access_file = tmp_path / "access.toml"
+    access_file.write_text(
+        '[identities.reader]\ntokens = ["token-r"]\npermissions = ["info"]\n'
+        '[identities.team]\ntokens = ["token-t"]\npermissions = ["retrieve", "info"]\n'
+    )
+    metrics_port, health_port = free_port(), free_port()
+    args = ["--model", str(model_dir), "--index", str(index_dir), "--processes", "2"]
+    args += ["--access-file", str(access_file), "--rate-limit", "1000", "--access-log-sample", "1"]
+    args += ["--metrics-port", str(metrics_port), "--health-port", str(health_port)]
+    with served(tmp_path, *args) as (process, address, log):
+        assert probe(f"127.0.0.1:{health_port}") == "SERVING"
+        with RetrievalClient(address, retries=0, token="token-t") as team:
+            for i in range(10):
+                assert len(team.retrieve(ids[i : i + 3], 5).items) == 5
+        with RetrievalClient(address, retries=0, token="token-r") as reader:
+            assert reader.model_info().model_version
+            for _ in range(3):
+                with pytest.raises(grpc.RpcError) as denied:
+                    reader.retrieve(ids[:3], 5)
+                assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with (
+            RetrievalClient(address, retries=0, token="nobody") as stranger,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
+            stranger.model_info()
+        assert refused.value.details() == "invalid bearer token"
+        time.sleep(2 * SYNC_INTERVAL)  # the workers' counts moved to the group's files
+        samples = scrape(metrics_port)
+        denied_key = (("code", "PERMISSION_DENIED"), ("identity", "reader"), ("method", "Retrieve"))
+        assert samples[("retrieval_refusals_total", (*denied_key, ("reason", "permission")))] == 3
+        assert samples[("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))] == 10
+        stop(process, STOP_MARGIN + SLACK)
+    lines = [line for line in log.read_text().splitlines() if "method=Retrieve" in line]
+    assert sum("identity=team" in line and "code=OK" in line for line in lines) == 10, lines
 
 
 class Callers:

@@ -571,15 +571,19 @@ def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_pa
         server.stop(None).wait(30)
 
 
+@pytest.mark.parametrize("with_file", [True, False])
 def test_the_access_log_writes_the_python_engines_lines(
-    retriever: Retriever, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    retriever: Retriever, tmp_path: Path, caplog: pytest.LogCaptureFixture, with_file: bool
 ) -> None:
     """Every call sampled (``--access-log-sample 1``, with user ids): the same fields in the same
     order on both engines (the latency aside), the caller's request id or a generated one, sent
-    back in the ``x-request-id`` trailer of every call."""
+    back in the ``x-request-id`` trailer of every call; without an access file the identity is
+    the client's address."""
     access_file = tmp_path / "access.toml"
     access_file.write_text(ACCESS)
-    access = AccessConfig(file=str(access_file), log_sample=1.0, log_user_ids=True, reflection=False)
+    access = AccessConfig(
+        file=str(access_file) if with_file else None, log_sample=1.0, log_user_ids=True, reflection=False
+    )
     one = retrieval_pb2.RetrieveRequest(history=ITEMS[:3], k=5, user_id="u1")
     batch = retrieval_pb2.BatchRetrieveRequest(
         requests=[one, retrieval_pb2.RetrieveRequest(history=ITEMS[4:6], k=3, user_id="u3")]
@@ -612,6 +616,9 @@ def test_the_access_log_writes_the_python_engines_lines(
             assert line.pop("latency_ms") >= 0
         assert trailers[engine][0] == "abc" and re.fullmatch("[0-9a-f]{32}", trailers[engine][-1])
     assert lines["native"] == lines["python"]
+    if not with_file:
+        assert {line["identity"] for line in lines["python"]} == {"127.0.0.1"}
+        return
     assert lines["python"][1] == {
         "identity": "team-a",
         "method": "BatchRetrieve",

@@ -649,7 +649,17 @@ def native_checks(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
     if busy and python and busy.get("server_memory") and python.get("server_memory"):
         ratio = busy["server_memory"]["rss_mb"] / python["server_memory"]["rss_mb"]
         out["native_rss_over_python"], out["native_rss_over_python_ok"] = round(ratio, 3), ratio <= 1.0
+    for name, other in (("python", python), ("echo", echo)):
+        if busy and other and busy["server_cpu_ms"] and other["server_cpu_ms"]:
+            out[f"native_cpu_bound_over_{name}_at_32"] = round(cpu_bound(busy) / cpu_bound(other), 3)
     return out
+
+
+def cpu_bound(row: dict[str, Any]) -> float:
+    """The requests per second a row's server and client could answer on one core between them (1000
+    / their CPU milliseconds per request): with every core busy, the rows' QPS stand in the ratio
+    of these bounds."""
+    return 1000 / (row["server_cpu_ms"] + row["client_cpu_ms"])
 
 
 def table(results: dict[str, Any]) -> str:
@@ -686,6 +696,12 @@ def table(results: dict[str, Any]) -> str:
             bound = ">=" if name.startswith("qps") else "<="
             met = "met" if c[f"native_{name}_ok"] else "NOT met"
             lines.append(f"{NATIVE}: {name} = {c[f'native_{name}']} (target {bound} {target}: {met})")
+    if "native_cpu_bound_over_python_at_32" in c or "native_cpu_bound_over_echo_at_32" in c:
+        lines.append(
+            f"{NATIVE}: QPS at 32 bounded by CPU (cores / (server + client CPU ms per request)) = "
+            f"{c.get('native_cpu_bound_over_python_at_32')} x the Python engine's, "
+            f"{c.get('native_cpu_bound_over_echo_at_32')} x the echo's"
+        )
     if "native_rss_over_python" in c:
         met = "met" if c["native_rss_over_python_ok"] else "NOT met"
         lines.append(

@@ -48,6 +48,9 @@ def test_the_native_targets_are_read_from_the_rows() -> None:
         r if r["concurrency"] != 32 or r["server"] != serving.NATIVE else {**r, "qps": 2900} for r in ROWS
     ]
     assert not serving.checks(slower)["native_qps_over_python_at_32_ok"]  # 2.9x < 3x
+    # (python 1.0 + client 0.2) / (native 0.5 + 0.2); (echo 0.5 + 0.2) / (native 0.5 + 0.2)
+    assert checks["native_cpu_bound_over_python_at_32"] == round(1.2 / 0.7, 3)
+    assert checks["native_cpu_bound_over_echo_at_32"] == 1.0
 
 
 def test_without_a_native_row_there_is_no_native_verdict() -> None:
@@ -75,6 +78,9 @@ def test_the_table_has_rss_and_the_native_verdicts() -> None:
     assert f"{serving.RETRIEVAL}: p99 at concurrency 1" in text  # measured (at 32)
     # Rows --rows left out get no verdict (they printed "None ... NOT met").
     assert serving.RETRIEVAL_XLA not in text and "rerank" not in text
+    assert (
+        "bounded by CPU (cores / (server + client CPU ms per request)) = 1.714 x the Python engine's" in text
+    )
 
 
 def test_rows_keeps_the_servers_asked_for(capsys: pytest.CaptureFixture[str]) -> None:

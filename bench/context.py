@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import subprocess
@@ -62,3 +63,14 @@ def measured(meta: Mapping[str, Any]) -> list[str]:
         "",
         f"```bash\n{meta['command']}\n```",
     ]
+
+
+def write_report(
+    out: Path, results: Mapping[str, Any], text: str, names: tuple[str, str] = ("results.json", "table.md")
+) -> None:
+    """Writes a benchmark's ``results`` (JSON) and its Markdown ``text`` to ``out`` under ``names``
+    and prints the text."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / names[0]).write_text(json.dumps(results, indent=2))
+    (out / names[1]).write_text(text + "\n")
+    print(text)

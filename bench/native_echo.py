@@ -46,13 +46,12 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.context import commit, load_average, machine
+from bench.context import load_average, measured, run_meta, write_report
 from bench.data import REPO, add_data_root_argument, dataset_file
 from bench.serving import build_artifacts, load, memory, start
 from bench.serving import requests as user_requests
@@ -287,6 +286,7 @@ def kernel_cpu_ms(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    meta = run_meta("python -m bench.native_echo " + " ".join(sys.argv[1:]))
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"  # the servers' BLAS
     toy = random_requests(args.items, args.requests)
     sizes = ["--items", str(args.items), "--dim", str(args.dim)]
@@ -309,7 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server = start(ROWS[key], command)
         try:
             for concurrency in args.concurrency:
-                measured = asyncio.run(
+                row = asyncio.run(
                     load(
                         server.address,
                         sent,
@@ -320,16 +320,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         16,
                     )
                 )
-                rows.append({"server": ROWS[key], **measured, "server_memory": memory(server.process.pid)})
+                rows.append({"server": ROWS[key], **row, "server_memory": memory(server.process.pid)})
                 log.info("%s", rows[-1])
         finally:
             server.stop()
     return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit(),
-        "machine": machine(),
-        "load_average": load_average(),
-        "command": "python -m bench.native_echo " + " ".join(sys.argv[1:]),
+        **meta,
+        "load_end": load_average(2),
         "items": args.items,
         "dim": args.dim,
         "deployment_items": args.deployment_items,
@@ -345,10 +342,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(results: dict[str, Any]) -> str:
     lines = [
+        *measured(results),
+        "",
         f"toy rows: {results['items']:,} items x {results['dim']}, K={NUM_INTERESTS}, k={K}, histories of "
-        f"{HISTORY}; engine rows: bench.serving's {results['deployment_items']:,}-item deployment; "
-        f"{results['machine']}, load {results['load_average']}, commit {results['commit']}, "
-        f"{results['date']}",
+        f"{HISTORY}; engine rows: bench.serving's {results['deployment_items']:,}-item deployment",
         "",
         "| server | in flight | QPS | p50 ms | p99 ms | errors | server CPU ms/req | client CPU ms/req "
         "| RSS MB |",
@@ -414,24 +411,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve:
         serve(args)
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
     if args.kernel:
-        measured = {
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "commit": commit(),
-            "machine": machine(),
-            "load_average": load_average(),
-            "command": "python -m bench.native_echo " + " ".join(sys.argv[1:]),
+        kernel = {
+            **run_meta("python -m bench.native_echo " + " ".join(sys.argv[1:])),
             "cpu_ms_per_request": kernel_cpu_ms(args),
         }
-        (args.out / "kernel.json").write_text(json.dumps(measured, indent=2))
-        print(json.dumps(measured, indent=2))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "kernel.json").write_text(json.dumps(kernel, indent=2))
+        print(json.dumps(kernel, indent=2))
         return 0
     results = run(args)
-    text = table(results)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    (args.out / "table.md").write_text(text + "\n")
-    print(text)
+    write_report(args.out, results, table(results))
     return 0
 
 

@@ -36,11 +36,10 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.context import commit, load_average, machine
+from bench.context import load_average, measured, run_meta, write_report
 from bench.data import REPO, add_data_root_argument, dataset_file
 from bench.floor import STAGES as FLOOR_STAGES
 from bench.floor import stages as floor_stages
@@ -92,6 +91,7 @@ def per_request(timers: dict[str, Any]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    meta = run_meta("python -m bench.native_stages " + " ".join(sys.argv[1:]))
     model_dir, index_dir = build_artifacts(args.artifacts, args.deployment_items, args.data, 3)
     users = user_requests(args.data, K)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -121,11 +121,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     native[OTHER] = row["server_cpu_ms"] - sum(native.values())
     answer = answerer(model_dir, index_dir, users, 32)
     return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit(),
-        "machine": machine(),
-        "load_average": load_average(),
-        "command": "python -m bench.native_stages " + " ".join(sys.argv[1:]),
+        **meta,
+        "load_end": load_average(2),
         "items": args.deployment_items,
         "env": args.env,
         "row": row,
@@ -256,11 +253,11 @@ def table(results: dict[str, Any]) -> str:
     row, native, floor = results["row"], results["native_ms"], results["floor_profiled_ms"]
     env = f", server environment {' '.join(results['env'])}" if results["env"] else ""
     lines = [
+        *measured(results),
+        "",
         f"{results['items']:,} items, K=4, k=50, {row['concurrency']} in flight{env}: {row['qps']:,.0f} QPS, "
         f"p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms, server CPU {row['server_cpu_ms']:.3f} ms "
-        f"per request, {rows_per_batch(results['server_counters']):.1f} rows per kernel call; "
-        f"{results['machine']}, load {results['load_average']}, commit {results['commit']}, "
-        f"{results['date']}",
+        f"per request, {rows_per_batch(results['server_counters']):.1f} rows per kernel call",
         "",
         "| native engine stage | ms per request | | bench.floor stage (Python, batch 32, one thread) "
         "| ms per request (profiled share) |",
@@ -329,19 +326,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.update(dict(setting.split("=", 1) for setting in args.env))  # the server inherits them
     single_threaded_tensorflow()  # as mitt serve --engine native, unless --env says otherwise
     if args.faiss:
-        measured = {
-            "commit": commit(),
-            "machine": machine(),
-            "load_average": load_average(),
-            **faiss_cost(args),
-        }
-        print(json.dumps(measured, indent=2))
+        meta = run_meta("python -m bench.native_stages " + " ".join(sys.argv[1:]))
+        print(json.dumps({**meta, **faiss_cost(args)}, indent=2))
         return 0
     results = run(args)
-    text = table(results)
-    (args.out / "stages.json").write_text(json.dumps(results, indent=2))
-    (args.out / "stages.md").write_text(text + "\n")
-    print(text)
+    write_report(args.out, results, table(results), ("stages.json", "stages.md"))
     return 0
 
 

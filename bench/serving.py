@@ -96,6 +96,10 @@ NATIVE_TARGETS = {
 """The native engine's targets (issue 44): QPS at 32 in flight over the Python engine's (one
 process) and the echo's (at least), p99 at 32, 1 and 8 in flight and server CPU per request at
 32 (at most); and its resident memory at most the Python engine's."""
+BATCH_USERS = 32
+"""Users in each ``BatchRetrieve`` of the engines' batch measure (issue 44: at most
+``NATIVE_BATCH_TARGET_MS`` of server CPU per user for the native engine)."""
+NATIVE_BATCH_TARGET_MS = 0.3
 TARGET_GROUP_MEMORY = 1.4
 """A 2-process group's memory (PSS) over one process's: the target of the serving group."""
 
@@ -449,6 +453,45 @@ async def paired_load(
     return out
 
 
+async def batch_load(
+    address: str,
+    sent: Sequence[retrieval_pb2.RetrieveRequest],
+    seconds: float,
+    server_pid: int,
+    users: int = BATCH_USERS,
+) -> dict[str, Any]:
+    """``BatchRetrieve`` calls of ``users`` users each, one in flight, for ``seconds`` (after a 1 s
+    warm-up): the server's CPU milliseconds and the latency per user."""
+    calls, errors = [], 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+        for record, until in ((False, 1.0), (True, seconds)):
+            i, end, cpu = 0, time.perf_counter() + until, cpu_seconds(server_pid)
+            while time.perf_counter() < end:
+                request = retrieval_pb2.BatchRetrieveRequest(
+                    requests=[sent[(i + j) % len(sent)] for j in range(users)]
+                )
+                started = time.perf_counter()
+                try:
+                    await stub.BatchRetrieve(request, timeout=30)
+                    if record:
+                        calls.append(time.perf_counter() - started)
+                except grpc.RpcError:
+                    errors += record
+                i += users
+        end_cpu = cpu_seconds(server_pid)
+    answered = max(len(calls) * users, 1)
+    return {
+        "users": users,
+        "calls": len(calls),
+        "errors": errors,
+        "server_cpu_ms_per_user": None
+        if cpu is None or end_cpu is None
+        else round((end_cpu - cpu) * 1000 / answered, 3),
+        "p50_ms_per_user": round(float(np.percentile(calls, 50)) * 1000 / users, 3) if calls else None,
+    }
+
+
 def explanation_kind(address: str, request: retrieval_pb2.RetrieveRequest) -> str:
     """The kind of explanation the server at ``address`` gives ``request`` (with ``explain``)."""
     with grpc.insecure_channel(address) as channel:
@@ -528,6 +571,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         servers[group_name(n)] = ([*serve[:-1], str(n)], batch)
     rows = []
     paired: dict[str, dict[str, Any]] = {}  # rerank server -> plain/reranked requests interleaved
+    batched: dict[str, dict[str, Any]] = {}  # engine -> BatchRetrieve of BATCH_USERS users
     for name, (command, sent) in servers.items():
         log.info("starting %s", name)
         server = start(name, command)
@@ -555,6 +599,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     paired_load(server.address, batch, reranked, args.seconds, args.max_requests)
                 )
                 log.info("paired %s", paired[name])
+            if name in (RETRIEVAL, NATIVE):
+                batched[name] = asyncio.run(
+                    batch_load(server.address, batch, args.seconds, server.process.pid)
+                )
+                log.info("BatchRetrieve %s", batched[name])
             if name == RETRIEVAL:
                 paired[RETRIEVAL] = asyncio.run(
                     paired_load(server.address, batch, explained, args.seconds, args.max_requests, "explain")
@@ -578,9 +627,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": os.getloadavg(),
         "rows": rows,
         "paired": paired,
+        "batched": batched,
         "compute_ms_per_request_at_32": round(compute_per_request(model_dir, index_dir, batch), 3),
-        "checks": checks(rows, paired),
+        "checks": {**checks(rows, paired), **batch_checks(batched)},
     }
+
+
+def batch_checks(batched: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The native engine's server CPU per user of a ``BatchRetrieve`` against
+    :data:`NATIVE_BATCH_TARGET_MS` (and over the Python engine's), from the engines measured."""
+    native = (batched.get(NATIVE) or {}).get("server_cpu_ms_per_user")
+    if native is None:
+        return {}
+    out = {"native_batch_cpu_ms_per_user": native, "native_batch_ok": native <= NATIVE_BATCH_TARGET_MS}
+    python = (batched.get(RETRIEVAL) or {}).get("server_cpu_ms_per_user")
+    if python:
+        out["native_batch_cpu_over_python"] = round(native / python, 3)
+    return out
 
 
 def checks(rows: list[dict[str, Any]], paired: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -706,6 +769,19 @@ def table(results: dict[str, Any]) -> str:
         met = "met" if c["native_rss_over_python_ok"] else "NOT met"
         lines.append(
             f"{NATIVE}: RSS / the Python engine's at 32 = {c['native_rss_over_python']} (target <= 1: {met})"
+        )
+    for name, b in results.get("batched", {}).items():
+        lines.append(
+            f"{name}: BatchRetrieve of {b['users']} users, one in flight ({b['calls']} calls, "
+            f"{b['errors']} errors): {b['server_cpu_ms_per_user']} ms of server CPU and "
+            f"{b['p50_ms_per_user']} ms (p50) per user"
+        )
+    if "native_batch_cpu_ms_per_user" in c:
+        met = "met" if c["native_batch_ok"] else "NOT met"
+        lines.append(
+            f"{NATIVE}: BatchRetrieve server CPU per user = {c['native_batch_cpu_ms_per_user']} ms "
+            f"(target <= {NATIVE_BATCH_TARGET_MS}: {met}; {c.get('native_batch_cpu_over_python')} x the "
+            "Python engine's)"
         )
     lines += [
         f"errors: {c['errors']}",

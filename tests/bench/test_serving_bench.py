@@ -1,13 +1,19 @@
 """bench.serving's native engine row: its targets read from hand-made rows (each side of each
-bound), the table's RSS column and verdicts (none for a row not measured), and ``--rows``."""
+bound), the table's RSS column and verdicts (none for a row not measured), ``--rows``, and the
+``BatchRetrieve`` measure against a servicer in this process."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+from concurrent import futures
 from typing import Any
 
+import grpc
 import pytest
 
 from bench import serving
+from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 
 def row(
@@ -89,3 +95,71 @@ def test_rows_keeps_the_servers_asked_for(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         serving.parse_args(["--rows", "nothing"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_batch_target_is_read_from_the_native_engines_cpu_per_user() -> None:
+    batched = {
+        serving.RETRIEVAL: {"server_cpu_ms_per_user": 0.5},
+        serving.NATIVE: {"server_cpu_ms_per_user": 0.25},
+    }
+    checks = serving.batch_checks(batched)
+    assert checks == {
+        "native_batch_cpu_ms_per_user": 0.25,
+        "native_batch_ok": True,
+        "native_batch_cpu_over_python": 0.5,
+    }
+    assert not serving.batch_checks({serving.NATIVE: {"server_cpu_ms_per_user": 0.31}})["native_batch_ok"]
+    assert serving.batch_checks({serving.RETRIEVAL: {"server_cpu_ms_per_user": 0.5}}) == {}
+    results = {
+        "items": 10,
+        "num_interests": 4,
+        "k": 50,
+        "index": "Flat",
+        "index_recall": 1.0,
+        "cpus": 2,
+        "date": "2026-12-06",
+        "load_average": (0.5, 0.5, 0.5),
+        "rows": ROWS,
+        "checks": {**serving.checks(ROWS), **checks},
+        "batched": {
+            name: {**b, "users": 32, "calls": 9, "errors": 0, "p50_ms_per_user": 0.4}
+            for name, b in batched.items()
+        },
+    }
+    text = serving.table(results)
+    assert f"{serving.NATIVE}: BatchRetrieve of 32 users, one in flight (9 calls, 0 errors): 0.25 ms" in text
+    assert (
+        "BatchRetrieve server CPU per user = 0.25 ms (target <= 0.3: met; 0.5 x the Python engine's)" in text
+    )
+
+
+class Batches(serving.EchoServicer):
+    """The echo, answering BatchRetrieve too (one response per request), counting the users."""
+
+    users = 0
+
+    def BatchRetrieve(
+        self, request: retrieval_pb2.BatchRetrieveRequest, context: grpc.ServicerContext
+    ) -> Any:
+        Batches.users += len(request.requests)
+        return retrieval_pb2.BatchRetrieveResponse(responses=[self.response] * len(request.requests))
+
+
+@pytest.mark.parametrize("servicer", [Batches, serving.EchoServicer])
+def test_batch_load_sends_batches_of_users_and_counts_what_failed(servicer: type) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(servicer(3), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    Batches.users = 0
+    sent = [retrieval_pb2.RetrieveRequest(history=[f"item{i}"], k=3) for i in range(5)]
+    try:
+        out = asyncio.run(serving.batch_load(f"127.0.0.1:{port}", sent, 0.3, os.getpid(), users=4))
+    finally:
+        server.stop(0)
+    if servicer is Batches:  # every call answered: 4 users each, warm-up calls included in the count
+        assert out["calls"] > 0 and out["errors"] == 0 and Batches.users % 4 == 0
+        assert Batches.users >= 4 * out["calls"] and out["server_cpu_ms_per_user"] is not None
+        assert out["p50_ms_per_user"] is not None and out["p50_ms_per_user"] > 0
+    else:  # the echo has no BatchRetrieve: every measured call is an error, nothing is answered
+        assert out["calls"] == 0 and out["errors"] > 0 and out["p50_ms_per_user"] is None

@@ -18,6 +18,7 @@ import os
 import shutil
 import ssl
 import tempfile
+import weakref
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class CheckedCopies:
         """
         self.sources = tuple(Path(p) for p in (cert, key, ca) if p is not None)
         self.folder = Path(tempfile.mkdtemp(prefix="mitt-tls-"))
+        # Removed at the latest when the interpreter exits (a server never stopped).
+        self._removal = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
         self.paths = tuple(
             self.folder / name for name in ("cert.pem", "key.pem", "ca.pem")[: len(self.sources)]
         )
@@ -65,7 +68,7 @@ class CheckedCopies:
 
     def remove(self) -> None:
         """Deletes the copies (the server is stopped)."""
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self._removal()
 
     def _copy(self) -> None:
         stamp = tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in (p.stat() for p in self.sources))

@@ -8,7 +8,6 @@
 
 #include <openssl/evp.h>
 
-
 namespace mitt::native {
 namespace {
 

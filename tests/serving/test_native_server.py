@@ -5,6 +5,7 @@ and skips without it (tests/serving/test_native_parity.py compares it with the P
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import re
@@ -15,8 +16,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -74,13 +75,14 @@ def assert_answers(got: list[tuple[str, float, int]], expected: list[tuple[str, 
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., native.NativeServer]]:
-    """Starts native servers on port 0 (``serve(search, batching=..., limits=...)``); stops them
-    at the end."""
+    """Starts native servers on port 0 (``serve(search or kernel, batching=..., limits=...)``);
+    stops them at the end."""
     built()
     servers: list[native.NativeServer] = []
 
-    def start(search: Search = brute_force, **options: Any) -> native.NativeServer:
-        server = native.NativeServer(toy_servable(ToyKernel(search)), **options)
+    def start(kernel: Search | ToyKernel = brute_force, **options: Any) -> native.NativeServer:
+        toy = kernel if isinstance(kernel, ToyKernel) else ToyKernel(kernel)
+        server = native.NativeServer(toy_servable(toy), **options)
         server.start()
         servers.append(server)
         return server
@@ -350,19 +352,15 @@ class FirstAnswer(ToyKernel):
     ],
 )
 def test_a_failing_kernel_fails_its_batch_internal_and_the_next_batch_is_served(
-    answer: Any, message: str
+    serve: Callable[..., native.NativeServer], answer: Any, message: str
 ) -> None:
-    built()
-    server = native.NativeServer(toy_servable(FirstAnswer(answer)))
-    server.start()
-    try:
-        with connected(address(server), retries=0) as client:
-            with pytest.raises(grpc.RpcError) as raised:
-                client.retrieve(["item1"], 3)
-            assert raised.value.code() == grpc.StatusCode.INTERNAL and message in str(raised.value.details())
-            assert_answers(client.retrieve(["item1"], 3).items, reference(["item1"], 3))
-    finally:
-        server.stop(0)
+    server = serve(FirstAnswer(answer))
+    with connected(address(server), retries=0) as client:
+        with pytest.raises(grpc.RpcError) as raised:
+            client.retrieve(["item1"], 3)
+        assert raised.value.code() == grpc.StatusCode.INTERNAL and message in str(raised.value.details())
+        assert_answers(client.retrieve(["item1"], 3).items, reference(["item1"], 3))
+    server.stop(0)
     # An id outside the vocabulary or a NaN fails the calls that read it; the others the batch.
     answered = "vocabulary" in message or "NaN" in message
     assert server.counters()["kernel_errors"] == (0 if answered else 1)
@@ -456,21 +454,15 @@ def test_stop_lets_the_calls_in_flight_finish_then_refuses_new_ones(
 
 
 def test_stop_without_grace_returns_and_ends_every_call(serve: Callable[..., native.NativeServer]) -> None:
-    entered, release = threading.Event(), threading.Event()
-
-    def held(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        entered.set()
-        release.wait(10)
-        return brute_force(histories, fetch)
-
-    server = serve(held, batching=BatchingConfig(max_batch=1))
+    kernel = Held()
+    server = serve(kernel, batching=BatchingConfig(max_batch=1))
     with RetrievalClient(address(server), retries=0, timeout=20) as client, ThreadPoolExecutor(6) as pool:
         calls = [pool.submit(client.retrieve, ["item1"], 3) for _ in range(6)]
-        assert entered.wait(10)
+        assert kernel.entered.wait(10)
         wait_for_queued(server, 5)  # one batch held by the kernel, five behind it
         stopping = pool.submit(server.stop, 0.0)
         time.sleep(0.2)  # the grace is over: gRPC cancels the calls; the kernel still holds a batch
-        release.set()
+        kernel.release.set()
         stopping.result(timeout=20)
         ended = []
         for call in calls:
@@ -488,14 +480,8 @@ def test_stop_without_grace_returns_and_ends_every_call(serve: Callable[..., nat
 def test_a_call_whose_deadline_passed_while_queued_costs_the_kernel_nothing(
     serve: Callable[..., native.NativeServer],
 ) -> None:
-    entered, release = threading.Event(), threading.Event()
-
-    def held(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        entered.set()
-        release.wait(10)
-        return brute_force(histories, fetch)
-
-    server = serve(held, batching=BatchingConfig(max_batch=1))
+    kernel = Held()
+    server = serve(kernel, batching=BatchingConfig(max_batch=1))
     hasty = RetrievalClient(address(server), retries=0, timeout=0.3)
     with (
         ThreadPoolExecutor(1) as pool,
@@ -503,12 +489,12 @@ def test_a_call_whose_deadline_passed_while_queued_costs_the_kernel_nothing(
         RetrievalClient(address(server), retries=0, timeout=20) as client,
     ):
         first = pool.submit(client.retrieve, ["item1"], 3)
-        assert entered.wait(10)
+        assert kernel.entered.wait(10)
         with pytest.raises(grpc.RpcError) as raised:
             hasty.retrieve(["item2"], 3)
         assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         time.sleep(1.0)  # the server's own deadline timer (the same deadline) has fired too
-        release.set()
+        kernel.release.set()
         assert_answers(first.result(timeout=10).items, reference(["item1"], 3))
     counters = server.counters()
     assert (counters["calls"], counters["rows"], counters["batches"], counters["cancelled"]) == (2, 1, 1, 1)
@@ -586,65 +572,72 @@ def test_a_deadline_passing_while_the_kernel_computes_stops_the_call_after_the_s
     assert (counters["batches"], counters["deadline_exceeded"], counters["cancelled"]) == (1, 1, 0)
 
 
+HEAVY = retrieval_pb2.RetrieveRequest(history=["item1"], k=3)
+"""A heavy call under :func:`a_heavy_call_held`'s limits: cost 1.013 over cheap_cost 1 (1 + 1 id
+/ 1000 + 3 interests x 4 candidates / 1000)."""
+
+
+class HeldCall(NamedTuple):
+    server: native.NativeServer
+    kernel: Held
+    stub: Any
+    pool: ThreadPoolExecutor
+    first: Future[Any]
+
+
+@contextlib.contextmanager
+def a_heavy_call_held(serve: Callable[..., native.NativeServer], heavy_wait: float) -> Iterator[HeldCall]:
+    """A server whose heavy budget (1.5 cost units) holds one :data:`HEAVY` call and lets one
+    more wait up to ``heavy_wait`` seconds, its first call computing (held in the kernel)."""
+    kernel = Held()
+    limits = LimitsConfig(cheap_cost=1.0, max_cost=1.5, max_waiting=1, heavy_wait=heavy_wait)
+    server = serve(kernel, limits=limits)
+    with grpc.insecure_channel(address(server)) as channel, ThreadPoolExecutor(2) as pool:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
+        first = pool.submit(stub.Retrieve, HEAVY, timeout=20)
+        assert kernel.entered.wait(10)
+        yield HeldCall(server, kernel, stub, pool, first)
+
+
 @pytest.mark.parametrize("round_", range(5))
-def test_heavy_calls_beyond_the_budget_wait_or_are_refused_with_a_pushback(round_: int) -> None:
-    """Every call is heavy here (cost 1.013 over cheap_cost 1: 1 + 1 id / 1000 + 3 interests x 4
-    candidates / 1000); the budget (1.5) holds one. The first computes (held in the kernel), the
-    second waits (max_waiting 1), the third is refused at once with the Python engine's message
-    and a retry pushback; released, the first two are answered."""
-    built()
-    kernel = Held()
-    limits = LimitsConfig(cheap_cost=1.0, max_cost=1.5, max_waiting=1, heavy_wait=10.0)
-    server = native.NativeServer(toy_servable(kernel), limits=limits)
-    server.start()
-    try:
-        with grpc.insecure_channel(address(server)) as channel, ThreadPoolExecutor(2) as pool:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
-            request = retrieval_pb2.RetrieveRequest(history=["item1"], k=3)
-            first = pool.submit(stub.Retrieve, request, timeout=20)
-            assert kernel.entered.wait(10)
-            second = pool.submit(stub.Retrieve, request, timeout=20)
-            time.sleep(0.05 * (1 + round_ % 3))  # the second is waiting for room by now
-            with pytest.raises(grpc.RpcError) as raised:
-                stub.Retrieve(request, timeout=20)
-            assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert re.fullmatch(
-                r"server busy: heavy calls hold 1 of 2 cost units and this call costs 1 \(no room to wait\); "
-                r"retry in about \d+ ms",
-                raised.value.details(),
-            ), raised.value.details()
-            trailers = dict(raised.value.trailing_metadata())
-            assert int(trailers["grpc-retry-pushback-ms"]) >= 10
-            kernel.release.set()
-            for call in (first, second):
-                assert_answers(result_from_response(call.result(timeout=20)).items, reference(["item1"], 3))
-    finally:
-        server.stop(0)
-    assert server.counters()["calls"] == 2
+def test_heavy_calls_beyond_the_budget_wait_or_are_refused_with_a_pushback(
+    serve: Callable[..., native.NativeServer], round_: int
+) -> None:
+    """The first heavy call computes, the second waits (max_waiting 1), the third is refused at
+    once with the Python engine's message and a retry pushback; released, the first two are
+    answered."""
+    with a_heavy_call_held(serve, heavy_wait=10.0) as held:
+        second = held.pool.submit(held.stub.Retrieve, HEAVY, timeout=20)
+        time.sleep(0.05 * (1 + round_ % 3))  # the second is waiting for room by now
+        with pytest.raises(grpc.RpcError) as raised:
+            held.stub.Retrieve(HEAVY, timeout=20)
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert re.fullmatch(
+            r"server busy: heavy calls hold 1 of 2 cost units and this call costs 1 \(no room to wait\); "
+            r"retry in about \d+ ms",
+            raised.value.details(),
+        ), raised.value.details()
+        trailers = dict(raised.value.trailing_metadata())
+        assert int(trailers["grpc-retry-pushback-ms"]) >= 10
+        held.kernel.release.set()
+        for call in (held.first, second):
+            assert_answers(result_from_response(call.result(timeout=20)).items, reference(["item1"], 3))
+    held.server.stop(0)
+    assert held.server.counters()["calls"] == 2
 
 
-def test_a_heavy_call_that_waited_its_time_for_room_is_refused() -> None:
-    built()
-    kernel = Held()
-    limits = LimitsConfig(cheap_cost=1.0, max_cost=1.5, max_waiting=1, heavy_wait=0.2)
-    server = native.NativeServer(toy_servable(kernel), limits=limits)
-    server.start()
-    try:
-        with grpc.insecure_channel(address(server)) as channel, ThreadPoolExecutor(1) as pool:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
-            request = retrieval_pb2.RetrieveRequest(history=["item1"], k=3)
-            first = pool.submit(stub.Retrieve, request, timeout=20)
-            assert kernel.entered.wait(10)
-            started = time.monotonic()
-            with pytest.raises(grpc.RpcError) as raised:
-                stub.Retrieve(request, timeout=20)
-            assert time.monotonic() - started >= 0.2
-            assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "and this call costs 1 (waited 0.20 s); retry in about" in str(raised.value.details())
-            kernel.release.set()
-            assert first.result(timeout=20).items
-    finally:
-        server.stop(0)
+def test_a_heavy_call_that_waited_its_time_for_room_is_refused(
+    serve: Callable[..., native.NativeServer],
+) -> None:
+    with a_heavy_call_held(serve, heavy_wait=0.2) as held:
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as raised:
+            held.stub.Retrieve(HEAVY, timeout=20)
+        assert time.monotonic() - started >= 0.2
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "and this call costs 1 (waited 0.20 s); retry in about" in str(raised.value.details())
+        held.kernel.release.set()
+        assert held.first.result(timeout=20).items
 
 
 def wait_for_queued(server: native.NativeServer, rows: int) -> None:

@@ -53,7 +53,7 @@ import numpy as np
 
 from bench.context import load_average, measured, run_meta, write_report
 from bench.data import REPO, add_data_root_argument, dataset_file
-from bench.serving import build_artifacts, load, memory, start
+from bench.serving import build_artifacts, load, memory, rows_table, start
 from bench.serving import requests as user_requests
 from retrieval.api import MAX_BATCH
 from retrieval.api.v1 import retrieval_pb2
@@ -347,17 +347,8 @@ def table(results: dict[str, Any]) -> str:
         f"toy rows: {results['items']:,} items x {results['dim']}, K={NUM_INTERESTS}, k={K}, histories of "
         f"{HISTORY}; engine rows: bench.serving's {results['deployment_items']:,}-item deployment",
         "",
-        "| server | in flight | QPS | p50 ms | p99 ms | errors | server CPU ms/req | client CPU ms/req "
-        "| RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *rows_table(results["rows"]),
     ]
-    for r in results["rows"]:
-        server_cpu = "–" if r.get("server_cpu_ms") is None else f"{r['server_cpu_ms']:.3f}"
-        rss = "–" if not r.get("server_memory") else f"{r['server_memory']['rss_mb']:,.0f}"
-        lines.append(
-            f"| {r['server']} | {r['concurrency']} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
-            f"| {r['errors']} | {server_cpu} | {r['client_cpu_ms']:.3f} | {rss} |"
-        )
     if results["kernel_ms_per_request"]:
         kernels = ", ".join(f"{name}: {ms:.3f}" for name, ms in results["kernel_ms_per_request"].items())
         lines += ["", f"Toy kernels alone, CPU ms per request at batches of 1 and 32: {kernels}"]

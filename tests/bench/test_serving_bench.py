@@ -78,7 +78,7 @@ def test_the_table_has_rss_and_the_native_verdicts() -> None:
         "compute_ms_per_request_at_32": 0.4,
     }
     text = serving.table(results)
-    assert f"| {serving.NATIVE} | 32 | 3,100 | 4.50 | 8.10 | 9.00 | 0 | 0.50 | 0.20 | 1,300 |" in text
+    assert f"| {serving.NATIVE} | 32 | 3,100 | 4.50 | 8.10 | 9.00 | 0 | 0.500 | 0.200 | 1,300 |" in text
     assert f"{serving.NATIVE}: p99_at_8_ms = 6.0 (target <= 5.0: NOT met)" in text
     assert f"{serving.NATIVE}: qps_over_python_at_32 = 3.1 (target >= 3.0: met)" in text
     assert f"{serving.RETRIEVAL}: p99 at concurrency 1" in text  # measured (at 32)

@@ -6,6 +6,10 @@
     python -m bench.robustness --abuse 10                   # oversized, heavy flood, deadlines
     python -m bench.robustness --deploys                    # bad versions deployed, served, restarted
     python -m bench.robustness --group                      # a serving group's workers killed, stopped
+    python -m bench.robustness --fuzz 1000 --engine native  # any run against the native engine
+
+``--engine python|native`` (default ``python``) is the engine of every server a run starts; the
+checks are the same for both.
 
 Requests come from one Hypothesis generator (:func:`~bench.robustness.strategies.calls`, shared
 with ``tests/serving/test_fuzz_rpc.py``): ``Retrieve``, ``BatchRetrieve`` and ``GetModelInfo`` with

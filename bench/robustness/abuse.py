@@ -1,15 +1,15 @@
 """Abuse of a serving process's cost bounds (``python -m bench.robustness --abuse``).
 
-One ``tools/serve.py`` child per case, on the soak's first version, its resident memory read from
-``/proc``: a burst of oversized requests (memory after it vs idle), a flood of heavy batches with
-a cheap ``Retrieve`` probe (the probe's p99 under the flood vs idle, its failures, the server's
-peak memory vs its ``--max-memory-mb`` ceiling), 200 medium batches at once and a cheap call
-after them, and calls whose deadline passes mid-work (the server's CPU after the client gave up,
-and how the metrics count them). Issue 43's cases: floods of single calls that are costly for
-what they ask (a DIVERSITY merge of k = 1,000 over 2,000 candidates per interest; 10,000-id
-histories with 4,000 exclusions) beside ordinary calls (their p50 vs idle), invalid calls mixed
-into micro-batches (the valid calls' throughput vs without them), and one refusal of each kind
-(each counted in ``/metrics`` with its code and reason).
+One ``tools/serve.py --engine ENGINE`` child per case, on the soak's first version, its resident
+memory read from ``/proc``: a burst of oversized requests (memory after it vs idle), a flood of
+heavy batches with a cheap ``Retrieve`` probe (the probe's p99 under the flood vs idle, its
+failures, the server's peak memory vs its ``--max-memory-mb`` ceiling), 200 medium batches at
+once and a cheap call after them, and calls whose deadline passes mid-work (the server's CPU
+after the client gave up, and how the metrics count them). Issue 43's cases: floods of single
+calls that are costly for what they ask (a DIVERSITY merge of k = 1,000 over 2,000 candidates
+per interest; 10,000-id histories with 4,000 exclusions) beside ordinary calls (their p50 vs
+idle), invalid calls mixed into micro-batches (the valid calls' throughput vs without them), and
+one refusal of each kind (each counted in ``/metrics`` with its code and reason).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from bench.robustness.processes import rss_kb
 from bench.robustness.soak import Version, soak_versions
 from bench.serving import Started, cpu_seconds, free_port, requests, start
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
+from retrieval.serving.config import Engine
 
 log = logging.getLogger("bench.robustness")
 
@@ -51,10 +52,10 @@ them (issue 43 measured 0.42: each invalid call made its micro-batch re-run quer
 invalid calls, refused at once, still take their share of the two cores: ~0.6 ms each)."""
 
 
-def _serve(version: Version, *flags: str) -> tuple[Started, int]:
+def _serve(version: Version, engine: Engine, *flags: str) -> tuple[Started, int]:
     metrics_port = free_port()
     args = ["tools/serve.py", "--model", str(version.model), "--index", str(version.index)]
-    args += ["--processes", "1"]  # one process: its resident memory is read
+    args += ["--engine", engine, "--processes", "1"]  # one process: its resident memory is read
     return start("server", [*args, "--metrics-port", str(metrics_port), *flags]), metrics_port
 
 
@@ -92,10 +93,10 @@ def excluding(n: int) -> retrieval_pb2.RetrieveRequest:
     return retrieval_pb2.RetrieveRequest(history=["1"], k=5, exclude_ids=[f"x{i:07d}" for i in range(n)])
 
 
-def oversized_burst(version: Version) -> Case:
+def oversized_burst(version: Version, engine: Engine) -> Case:
     """8 requests of 30 MiB (3.3M excluded ids) and 8 of 4 MiB (450k: over the list limit, within
     the size limit) at once; resident memory idle, at the peak and 2 s after."""
-    server, _ = _serve(version)
+    server, _ = _serve(version, engine)
     try:
         pid = server.process.pid
         time.sleep(1.0)
@@ -131,12 +132,16 @@ def _sample(read: Callable[[], float], into: list[float], done: threading.Event)
 
 
 def heavy_flood(
-    version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds: float, ceiling: float
+    version: Version,
+    engine: Engine,
+    cheap: Sequence[retrieval_pb2.RetrieveRequest],
+    seconds: float,
+    ceiling: float,
 ) -> Case:
     """A cheap Retrieve every 10 ms, idle and then while 8 threads send heavy batches (256
     histories of 1,500 ids) back to back, each waiting the server's pushback when refused; the
     server's ``--max-memory-mb`` is ``ceiling``."""
-    server, _ = _serve(version, "--max-memory-mb", f"{ceiling:g}")
+    server, _ = _serve(version, engine, "--max-memory-mb", f"{ceiling:g}")
     try:
         pid = server.process.pid
         idle_rss = rss_kb(pid) / 1024
@@ -163,10 +168,10 @@ def heavy_flood(
     return Case("heavy-batch flood, cheap probe", figures, passed)
 
 
-def medium_burst(version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest]) -> Case:
+def medium_burst(version: Version, engine: Engine, cheap: Sequence[retrieval_pb2.RetrieveRequest]) -> Case:
     """200 medium batches (64 histories each) sent at once, then a cheap Retrieve 0.5 s later (the
     issue's case: it waited 13 s behind them): its latency against the idle p99."""
-    server, _ = _serve(version)
+    server, _ = _serve(version, engine)
     try:
         idle = _probe(server.address, cheap, 3.0)
         medium = retrieval_pb2.BatchRetrieveRequest(requests=list(cheap[:64])).SerializeToString()
@@ -263,10 +268,10 @@ def _probe(address: str, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds
     }
 
 
-def deadline_expiry(version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest]) -> Case:
+def deadline_expiry(version: Version, engine: Engine, cheap: Sequence[retrieval_pb2.RetrieveRequest]) -> Case:
     """Five heavy batches (160 histories of 5,000 ids) with a 0.2 s deadline, one after the other:
     the server's CPU once the last client gave up, and the calls the metrics count per status."""
-    server, metrics_port = _serve(version)
+    server, metrics_port = _serve(version, engine)
     try:
         history = [h for r in cheap for h in r.history][:5000]
         heavy = retrieval_pb2.BatchRetrieveRequest(
@@ -308,7 +313,11 @@ def _counted(metrics: str, method: str, code: str) -> float:
 
 
 def costly_flood(
-    version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds: float, costly: str
+    version: Version,
+    engine: Engine,
+    cheap: Sequence[retrieval_pb2.RetrieveRequest],
+    seconds: float,
+    costly: str,
 ) -> Case:
     """Ordinary calls (one every 10 ms) idle, then while 8 threads send single ``Retrieve`` calls
     that are costly for what they ask, back to back, each waiting the server's pushback when
@@ -326,7 +335,7 @@ def costly_flood(
         )
     else:
         request = retrieval_pb2.RetrieveRequest(history=pool[:10_000], k=10, exclude_ids=pool[10_000:14_000])
-    server, _ = _serve(version)
+    server, _ = _serve(version, engine)
     try:
         idle = _probe(server.address, cheap, seconds / 2)
         stop = threading.Event()
@@ -381,7 +390,9 @@ INVALID_RATE = 50.0
 """Calls a second each of the four invalid streams of :func:`invalid_mixed` sends."""
 
 
-def invalid_mixed(version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds: float) -> Case:
+def invalid_mixed(
+    version: Version, engine: Engine, cheap: Sequence[retrieval_pb2.RetrieveRequest], seconds: float
+) -> Case:
     """Throughput of 8 streams of valid ``Retrieve`` calls back to back, alone and beside 4
     streams sending ``INVALID_RATE`` calls a second each for an unknown category, twice in turn
     (issue 43: ~1,000 -> ~420 ok/s, every invalid call made its micro-batch re-run query by
@@ -394,7 +405,7 @@ def invalid_mixed(version: Version, cheap: Sequence[retrieval_pb2.RetrieveReques
         for r in cheap[8:12]
     ]
     pace = [0.0] * len(valid) + [1 / INVALID_RATE] * len(invalid)
-    server, _ = _serve(version)
+    server, _ = _serve(version, engine)
     alone: list[tuple[int, int]] = []
     mixed: list[tuple[int, int]] = []
     try:
@@ -450,7 +461,9 @@ REFUSALS = (
 """The refusals (code, reason) :func:`refusals_visible` provokes."""
 
 
-def refusals_visible(version: Version, cheap: Sequence[retrieval_pb2.RetrieveRequest]) -> Case:
+def refusals_visible(
+    version: Version, engine: Engine, cheap: Sequence[retrieval_pb2.RetrieveRequest]
+) -> Case:
     """Refusals of each kind against a server with an access file, a rate limit, ``--max-queued
     4``, ``--max-waiting 0`` and a 1 MiB request limit; each must show in ``/metrics``
     (``retrieval_refusals_total``) with its code and reason (issue 43: only ``code="OK"``)."""
@@ -472,7 +485,7 @@ def refusals_visible(version: Version, cheap: Sequence[retrieval_pb2.RetrieveReq
             "--max-waiting",
             "0",
         ]
-        server, metrics_port = _serve(version, *flags, "--max-request-mb", "1")
+        server, metrics_port = _serve(version, engine, *flags, "--max-request-mb", "1")
         try:
             codes = []
             for token, method, payload, times in (
@@ -514,17 +527,17 @@ def abuse_main(args: argparse.Namespace) -> int:
     """``--abuse``: builds (or reuses) the soak's first version, runs every case, prints a row per
     case; exits 1 if one fails."""
     data, _, versions = soak_versions(args)
-    version = versions[0]
+    version, engine = versions[0], args.engine
     cheap = requests(data, 50)
     started = time.monotonic()
     cases = [
-        oversized_burst(version),
-        heavy_flood(version, cheap, args.abuse, args.abuse_ceiling_mb),
-        medium_burst(version, cheap),
-        deadline_expiry(version, cheap),
-        costly_flood(version, cheap, args.abuse, "diversity"),
-        costly_flood(version, cheap, args.abuse, "exclusions"),
-        invalid_mixed(version, cheap, args.abuse / 2),
-        refusals_visible(version, cheap),
+        oversized_burst(version, engine),
+        heavy_flood(version, engine, cheap, args.abuse, args.abuse_ceiling_mb),
+        medium_burst(version, engine, cheap),
+        deadline_expiry(version, engine, cheap),
+        costly_flood(version, engine, cheap, args.abuse, "diversity"),
+        costly_flood(version, engine, cheap, args.abuse, "exclusions"),
+        invalid_mixed(version, engine, cheap, args.abuse / 2),
+        refusals_visible(version, engine, cheap),
     ]
     return report_cases(cases, started)

@@ -15,6 +15,7 @@ from bench.robustness.deploys import deploys_main
 from bench.robustness.fuzz import fuzz_main
 from bench.robustness.soak import soak_main
 from bench.robustness.workers import group_main
+from retrieval.serving.config import ENGINES
 
 DEFAULT_OUT = REPO / "runs" / "bench-robustness"
 
@@ -27,6 +28,12 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--fuzz", type=int, default=10_000, help="generated requests to send")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="python",
+        help="the engine of every server the run starts (docs/serving.md, Engines; default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the generator's seed")
     p.add_argument("--model", type=Path, help="model artifact folder (default: a synthetic model)")
     p.add_argument("--index", type=Path, help="index artifact folder built from --model")
@@ -96,6 +103,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line, its values checked."""
     p = parser()
     args = p.parse_args(argv)
+    if args.engine == "native":
+        from retrieval.serving.native import NativeEngineMissing, native_module
+
+        try:
+            native_module()
+        except NativeEngineMissing as e:
+            p.error(str(e))
     if args.soak is not None:
         if args.soak <= 0 or not 0 < args.load_fraction <= 1 or args.probe_seconds <= 0 or args.k < 1:
             p.error("need --soak > 0, 0 < --load-fraction <= 1, --probe-seconds > 0 and --k >= 1")

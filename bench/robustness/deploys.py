@@ -25,8 +25,10 @@ import numpy as np
 
 from bench.data import REPO
 from bench.robustness.processes import start_watching_server, stop_server, tool_command, tool_env
+from bench.robustness.server import create_engine_server
 from bench.robustness.soak import Version, soak_versions
 from retrieval.api import RetrievalClient
+from retrieval.serving.config import Engine
 from retrieval.storage import MANIFEST, sha256_file
 
 log = logging.getLogger("bench.robustness")
@@ -125,8 +127,8 @@ def deploy(model_dir: Path, index_dir: Path, root: Path) -> subprocess.Completed
     return subprocess.run(command, cwd=REPO, env=tool_env(), capture_output=True, text=True)
 
 
-def refused_deploys(versions: Sequence[Version], work: Path) -> list[Case]:
-    """Serves ``versions[0]`` from a root under ``work`` (a watching child server), deploys a
+def refused_deploys(versions: Sequence[Version], work: Path, engine: Engine) -> list[Case]:
+    """Serves ``versions[0]`` from a root under ``work`` (a watching child server of ``engine``), deploys a
     NaN-embeddings, a NaN-index and a broken-tower copy of ``versions[1]``, each of which must be
     refused (exit code 2, one line on stderr, ``current`` unchanged) while the server keeps
     answering with ``versions[0]``; then publishes the broken one without the check: the server
@@ -144,7 +146,7 @@ def refused_deploys(versions: Sequence[Version], work: Path) -> list[Case]:
         "broken tower": (broken_tower(other.model, work / "broken-model"), other.index),
     }
     cases = []
-    server, address = start_watching_server(root, work / "server.log", WATCH_INTERVAL)
+    server, address = start_watching_server(root, work / "server.log", WATCH_INTERVAL, engine=engine)
     try:
         with RetrievalClient(address, timeout=30) as client:
             for name, (model_dir, index_dir) in forged.items():
@@ -180,15 +182,15 @@ def refused_deploys(versions: Sequence[Version], work: Path) -> list[Case]:
             )
     finally:
         stop_server(server)
-    cases.append(restart(root, work / "restart.log", good, history))
+    cases.append(restart(root, work / "restart.log", good, history, engine))
     return cases
 
 
-def restart(root: Path, log_file: Path, expected: Version, history: list[str]) -> Case:
-    """Starts a watching server on ``root``, whose current version does not load: it must start,
-    serve ``expected`` and log an ERROR line naming both versions."""
+def restart(root: Path, log_file: Path, expected: Version, history: list[str], engine: Engine) -> Case:
+    """Starts a watching server of ``engine`` on ``root``, whose current version does not load: it
+    must start, serve ``expected`` and log an ERROR line naming both versions."""
     started = time.monotonic()
-    server, address = start_watching_server(root, log_file, WATCH_INTERVAL)
+    server, address = start_watching_server(root, log_file, WATCH_INTERVAL, engine=engine)
     try:
         seconds = time.monotonic() - started
         with RetrievalClient(address, timeout=30) as client:
@@ -207,18 +209,19 @@ def restart(root: Path, log_file: Path, expected: Version, history: list[str]) -
     )
 
 
-def start_during_publish(versions: Sequence[Version], work: Path, max_polls: int = 2) -> Case:
-    """Loads ``versions[0]`` as ``mitt serve --watch`` does, publishes ``versions[1]`` before the
-    watcher starts, then polls: the new version must be served within ``max_polls`` polls."""
+def start_during_publish(versions: Sequence[Version], work: Path, engine: Engine, max_polls: int = 2) -> Case:
+    """Loads ``versions[0]`` as ``mitt serve --watch`` does and serves it with ``engine``, publishes
+    ``versions[1]`` before the watcher starts, then polls: the new version must be served within
+    ``max_polls`` polls."""
     from retrieval.artifacts import publish_deployment
-    from retrieval.serving import DeploymentWatcher, ServerConfig, create_server, open_deployment
+    from retrieval.serving import DeploymentWatcher, ServerConfig, open_deployment
 
     old, new = versions[0], versions[1]
     root = work / "start-root"
     publish_deployment(old.model, old.index, root)
     slot = open_deployment(root)  # the server's load
     publish_deployment(new.model, new.index, root)  # lands before its watcher starts
-    server, port = create_server(slot, ServerConfig(port=0, search_threads=None))
+    server, port = create_engine_server(slot, ServerConfig(port=0, search_threads=None, engine=engine))
     try:
         watcher = DeploymentWatcher(root, slot, WATCH_INTERVAL)
         polls = 0
@@ -321,14 +324,14 @@ def _publication_order(root: Path, published: dict[str, str]) -> tuple[bool, set
     return chained, after, removed
 
 
-def run_deploys(versions: Sequence[Version], out: Path) -> list[Case]:
-    """Every case, in a fresh folder ``out/deploys``."""
+def run_deploys(versions: Sequence[Version], out: Path, engine: Engine = "python") -> list[Case]:
+    """Every case, its servers of ``engine``, in a fresh folder ``out/deploys``."""
     work = out / "deploys"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     return [
-        *refused_deploys(versions, work),
-        start_during_publish(versions, work),
+        *refused_deploys(versions, work, engine),
+        start_during_publish(versions, work, engine),
         concurrent_writers(versions, work),
     ]
 
@@ -338,4 +341,4 @@ def deploys_main(args: argparse.Namespace) -> int:
     per case; exits 1 if one fails."""
     _, _, versions = soak_versions(args)
     started = time.monotonic()
-    return report_cases(run_deploys(versions, args.out), started)
+    return report_cases(run_deploys(versions, args.out, args.engine), started)

@@ -150,13 +150,15 @@ def fuzz_main(args: argparse.Namespace) -> int:
 
 
 def fuzz_child_server(args: argparse.Namespace) -> FuzzOutcome:
-    """Starts the server (``--model``/``--index`` or the synthetic model) in a spawned process on a
-    free port, sends ``--fuzz`` calls, and stops it."""
+    """Starts the server (``--model``/``--index`` or the synthetic model; ``--engine``'s) in a
+    spawned process on a free port, sends ``--fuzz`` calls, and stops it."""
     max_bytes = int(args.max_message_mb * 2**20)
     context = multiprocessing.get_context("spawn")
     ports = context.Queue()
     model_dir, index_dir = (str(args.model), str(args.index)) if args.model else (None, None)
-    server = context.Process(target=serve, args=(model_dir, index_dir, max_bytes, ports), daemon=True)
+    server = context.Process(
+        target=serve, args=(model_dir, index_dir, max_bytes, ports, args.engine), daemon=True
+    )
     server.start()
     try:
         port = ports.get(timeout=300)
@@ -167,7 +169,8 @@ def fuzz_child_server(args: argparse.Namespace) -> FuzzOutcome:
         client = FuzzClient(f"127.0.0.1:{port}")
         client.wait_ready()
         print(
-            f"fuzzing {SERVICE}* on 127.0.0.1:{port} (server pid {server.pid}) with {args.fuzz} requests, "
+            f"fuzzing {SERVICE}* on 127.0.0.1:{port} ({args.engine} engine, server pid {server.pid}) "
+            f"with {args.fuzz} requests, "
             f"seed {args.seed}, message limit {max_bytes} bytes",
             flush=True,
         )

@@ -15,6 +15,7 @@ import grpc
 from bench.data import REPO
 from bench.robustness.calls import SERVICE
 from retrieval.api.v1 import retrieval_pb2
+from retrieval.serving.config import Engine
 
 
 def tool_env() -> dict[str, str]:
@@ -67,16 +68,17 @@ def model_version_of(address: str, timeout: float = 5.0) -> str:
 
 
 def start_watching_server(
-    root: Path, log_file: Path, interval: float, startup_seconds: float = 300.0
+    root: Path, log_file: Path, interval: float, startup_seconds: float = 300.0, engine: Engine = "python"
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Starts ``tools/serve.py --watch ROOT`` on a free port (its log to ``log_file``) and waits
-    until it answers; returns the process and its address."""
+    """Starts ``tools/serve.py --watch ROOT --engine ENGINE`` on a free port (its log to
+    ``log_file``) and waits until it answers; returns the process and its address."""
     from bench.serving import free_port
 
     port = free_port()
     command = tool_command(
         "serve", "--watch", str(root), "--watch-interval", str(interval), "--port", str(port),
         "--processes", "1",  # one process: the soak reads its resident memory
+        "--engine", engine,
     )  # fmt: skip
     with open(log_file, "wb") as log_handle:
         process = subprocess.Popen(

@@ -11,6 +11,7 @@ import numpy as np
 
 from bench.robustness.calls import FUZZ_MAX_MESSAGE_BYTES
 from bench.robustness.oracle import Served
+from retrieval.serving.config import Engine
 
 SYNTHETIC_ITEMS = tuple(f"item{i:02d}" for i in range(64))
 SYNTHETIC_VERSION = "fuzz-model-v1"
@@ -90,20 +91,48 @@ def served_by(
     )
 
 
-def serve(model_dir: str | None, index_dir: str | None, max_message_bytes: int, ports: Any) -> None:
-    """Child process: loads or builds the retriever, serves on a free port, sends the port back."""
-    from retrieval.serving import LimitsConfig, Retriever, ServerConfig, create_server
+def create_engine_server(retriever: Any, config: Any) -> tuple[Any, int]:
+    """Starts ``retriever`` on ``config.engine``'s server, as ``mitt serve`` chooses it:
+    :func:`~retrieval.serving.create_server` or the native engine's
+    :func:`~retrieval.serving.native_server.create_native_server`. Returns ``(server, port)``."""
+    if config.engine == "native":
+        from retrieval.serving.native_server import create_native_server
+
+        return create_native_server(retriever, config)
+    from retrieval.serving import create_server
+
+    return create_server(retriever, config)
+
+
+def serve(
+    model_dir: str | None,
+    index_dir: str | None,
+    max_message_bytes: int,
+    ports: Any,
+    engine: Engine = "python",
+) -> None:
+    """Child process: loads or builds the retriever, serves it with ``engine`` on a free port,
+    sends the port back."""
+    from retrieval.serving import Retriever
 
     if model_dir and index_dir:
         retriever = Retriever.from_dirs(Path(model_dir), Path(index_dir))
     else:
         retriever = synthetic_retriever()
+    server, port = create_engine_server(retriever, fuzzed_config(max_message_bytes, engine))
+    ports.put(port)
+    server.wait_for_termination()
+
+
+def fuzzed_config(max_message_bytes: int, engine: Engine) -> Any:
+    """The fuzzed server's :class:`~retrieval.serving.ServerConfig`: a free port, requests and
+    responses of up to ``max_message_bytes``, ``engine``."""
+    from retrieval.serving import LimitsConfig, ServerConfig
+
     mib = max_message_bytes / 2**20
     limits = LimitsConfig(max_request_mb=mib, max_response_mb=mib)
     # search_threads None: FAISS's own default, as these runs always measured.
-    server, port = create_server(retriever, ServerConfig(port=0, search_threads=None, limits=limits))
-    ports.put(port)
-    server.wait_for_termination()
+    return ServerConfig(port=0, search_threads=None, limits=limits, engine=engine)
 
 
 def served_from_dirs(model_dir: Path, max_message_bytes: int) -> Served:

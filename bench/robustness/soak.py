@@ -33,6 +33,7 @@ from bench.robustness.processes import (
 )
 from bench.robustness.soak_report import RSS_GROWTH_LIMIT, SoakTrace, soak_table, summarise_soak
 from retrieval.api.v1 import retrieval_pb2
+from retrieval.serving.config import Engine
 
 log = logging.getLogger("bench.robustness")
 
@@ -170,9 +171,10 @@ def run_soak(
     watch_interval: float = 1.0,
     rss_limit: float = RSS_GROWTH_LIMIT,
     reload_at: float = 0.5,
+    engine: Engine = "python",
 ) -> dict[str, Any]:
     """Serves ``versions[0]`` from a fresh deployment root under ``out`` with ``tools/serve.py
-    --watch`` in a child process, measures its max QPS (``probe_concurrency`` calls in flight
+    --watch --engine ENGINE`` in a child process, measures its max QPS (``probe_concurrency`` calls in flight
     for ``probe_seconds``, after a 1 s warm-up), then holds ``load_fraction`` of it for
     ``seconds`` while ``tools/deploy.py`` publishes ``versions[1]`` at ``reload_at`` of the run
     (halfway by default; short runs publish earlier, so that the swap finishes within the run
@@ -190,7 +192,7 @@ def run_soak(
     shutil.rmtree(root, ignore_errors=True)
     run_tool_process("deploy", "--model", str(old.model), "--index", str(old.index), "--root", str(root))
     server_log = out / "soak-server.log"
-    server, address = start_watching_server(root, server_log, watch_interval)
+    server, address = start_watching_server(root, server_log, watch_interval, engine=engine)
     try:
         rss_loaded = rss_kb(server.pid)
         probe = asyncio.run(load(address, batch, probe_concurrency, probe_seconds, 10**7))
@@ -215,6 +217,7 @@ def run_soak(
     ]
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "engine": engine,
         "seconds": seconds,
         "load_fraction": load_fraction,
         "probe": probe,
@@ -247,13 +250,20 @@ def soak_main(args: argparse.Namespace) -> int:
     data, train_args, versions = soak_versions(args)
     batch = requests(data, args.k)
     result = run_soak(
-        versions, batch, args.soak, args.out, args.load_fraction, args.probe_seconds, args.probe_concurrency
+        versions,
+        batch,
+        args.soak,
+        args.out,
+        args.load_fraction,
+        args.probe_seconds,
+        args.probe_concurrency,
+        engine=args.engine,
     )
     result["command"] = "python -m bench.robustness " + " ".join(sys.argv[1:])
     result["data"] = str(data)
     result["train_args"] = train_args
     text = soak_table(result)
-    stem = f"soak-{args.soak:g}s"
+    stem = f"soak-{args.soak:g}s" + ("" if args.engine == "python" else f"-{args.engine}")
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     (args.out / f"{stem}.md").write_text(text + "\n")
     print(text)

@@ -153,7 +153,7 @@ def _swap(calls: _Calls, old: str, new: str) -> dict[str, Any]:
 def soak_table(result: dict[str, Any]) -> str:
     """The soak's result as Markdown: one row per window, then the totals and checks."""
     lines = [
-        f"soak {result['seconds']:.0f} s at {result['target_qps']:.0f} QPS "
+        f"soak {result['seconds']:.0f} s, {result['engine']} engine, at {result['target_qps']:.0f} QPS "
         f"({result['load_fraction']:.0%} of the {result['probe']['qps']:.0f} QPS measured at concurrency "
         f"{result['probe']['concurrency']}, p99 {result['probe']['p99_ms']} ms); reload at "
         f"{result['deploy'].get('start_s')} s, first answer of the new version at {result['swap_at_s']} s; "

@@ -1,6 +1,6 @@
 """A serving group's failures (``python -m bench.robustness --group``).
 
-``tools/serve.py --processes 2`` serves the soak's first version in a child process, and one
+``tools/serve.py --processes 2 --engine ENGINE`` serves the soak's first version in a child process, and one
 case per failure of a worker:
 
 * kill -9 of one worker under load (4 client threads, one connection each, and a health check
@@ -38,6 +38,7 @@ from bench.robustness.deploys import Case, report_cases
 from bench.robustness.processes import tool_command, tool_env
 from bench.robustness.soak import Version, soak_versions
 from retrieval.api import SERVICE_NAME, RetrievalClient
+from retrieval.serving.config import Engine
 
 log = logging.getLogger("bench.robustness")
 
@@ -219,14 +220,14 @@ class ServedGroup:
                 os.kill(pid, signal.SIGKILL)
 
 
-def killed_worker(version: Version, work: Path) -> Case:
+def killed_worker(version: Version, work: Path, engine: Engine) -> Case:
     """kill -9 of worker 0 two seconds into the load; the load goes on until its replacement
     has been up for 50 more calls. Passes with no failed call and no probe reading NOT_SERVING."""
     from bench.serving import free_port
 
     history = _history(version)
     metrics_port = free_port()
-    args = ["--model", str(version.model), "--index", str(version.index), "--metrics-port", str(metrics_port)]
+    args = [*_served(version, engine), "--metrics-port", str(metrics_port)]
     with ServedGroup(work, *args) as group:
         with Availability(group.address, history) as load:
             time.sleep(2.0)
@@ -249,13 +250,13 @@ def killed_worker(version: Version, work: Path) -> Case:
     )
 
 
-def stopped_worker(version: Version, work: Path) -> Case:
+def stopped_worker(version: Version, work: Path, engine: Engine) -> Case:
     """SIGSTOP of worker 1: the supervisor must log it and kill it within the heartbeat's
     timeout (and a second), and its replacement must answer every new connection."""
     from retrieval.serving import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 
     history = _history(version)
-    with ServedGroup(work, "--model", str(version.model), "--index", str(version.index)) as group:
+    with ServedGroup(work, *_served(version, engine)) as group:
         victim = group.workers[1]
         os.kill(victim, signal.SIGSTOP)
         stopped = time.monotonic()
@@ -276,14 +277,14 @@ def stopped_worker(version: Version, work: Path) -> Case:
     return Case("SIGSTOP of one worker of 2", figures, detected <= bound and answered == 20 and code == 0)
 
 
-def stuck_stop(version: Version, work: Path, signals: int) -> Case:
+def stuck_stop(version: Version, work: Path, engine: Engine, signals: int) -> Case:
     """SIGTERM (``signals`` times, 0.5 s apart) to a supervisor one of whose workers is stopped:
     once, it must exit 0 within ``--grace`` + :data:`STOP_MARGIN` (+1 s), the stopped worker
     killed; twice, it must exit 1 within 2 s of the second signal, no worker left."""
     from retrieval.serving import STOP_MARGIN
 
     grace = 2.0
-    args = ["--model", str(version.model), "--index", str(version.index), "--grace", str(grace)]
+    args = [*_served(version, engine), "--grace", str(grace)]
     with ServedGroup(work, *args) as group:
         workers = group.workers
         os.kill(workers[0], signal.SIGSTOP)
@@ -300,21 +301,26 @@ def stuck_stop(version: Version, work: Path, signals: int) -> Case:
     )
 
 
+def _served(version: Version, engine: Engine) -> list[str]:
+    """The flags that serve ``version`` with ``engine``."""
+    return ["--model", str(version.model), "--index", str(version.index), "--engine", engine]
+
+
 def _history(version: Version) -> list[str]:
     from retrieval.artifacts import read_model_vocab
 
     return list(read_model_vocab(version.model).ids[:3])
 
 
-def run_group_cases(version: Version, out: Path) -> list[Case]:
-    """Every case on ``version``, their logs under ``out``/group."""
+def run_group_cases(version: Version, out: Path, engine: Engine = "python") -> list[Case]:
+    """Every case on ``version`` served by ``engine``, their logs under ``out``/group."""
     work = out / "group"
     work.mkdir(parents=True, exist_ok=True)
     return [
-        killed_worker(version, work),
-        stopped_worker(version, work),
-        stuck_stop(version, work, signals=1),
-        stuck_stop(version, work, signals=2),
+        killed_worker(version, work, engine),
+        stopped_worker(version, work, engine),
+        stuck_stop(version, work, engine, signals=1),
+        stuck_stop(version, work, engine, signals=2),
     ]
 
 
@@ -323,4 +329,4 @@ def group_main(args: argparse.Namespace) -> int:
     per case; exits 1 if one fails."""
     version = soak_versions(args)[2][0]
     started = time.monotonic()
-    return report_cases(run_group_cases(version, args.out), started)
+    return report_cases(run_group_cases(version, args.out, args.engine), started)

@@ -168,6 +168,11 @@ class GatedRetriever(Retriever):
     def calls(self) -> int:
         return len(self.sizes)
 
+    def hold(self) -> None:
+        """Closes ``gate`` and clears ``entered``: the next call sets ``entered`` and waits."""
+        self.gate.clear()
+        self.entered.clear()
+
     def retrieve_many(self, queries: Sequence[Query], deadline: float | None = None) -> list[Retrieved]:
         self.sizes.append(len(queries))
         self.entered.set()

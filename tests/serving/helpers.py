@@ -1,6 +1,6 @@
 """Helpers of the serving tests: a toy kernel for the native engine (a brute-force search over
 random item vectors, the reference answers come from the same numbers) and its servable; a
-call's status, a server's health, a certificate rotated on disk."""
+call's status, a refusal's metric sample, a server's health, a certificate rotated on disk."""
 
 from __future__ import annotations
 
@@ -126,6 +126,15 @@ class Held(ToyKernel):
         self.entered.set()
         assert self.release.wait(10)
         return super().search(*args)
+
+
+def refusal(
+    code: str, reason: str, identity: str = "", method: str = "Retrieve"
+) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The ``retrieval_refusals_total`` sample of one kind of refusal, keyed as
+    :func:`tests.helpers.scrape` keys it (labels sorted by name)."""
+    labels = (("code", code), ("identity", identity), ("method", method), ("reason", reason))
+    return "retrieval_refusals_total", labels
 
 
 def code_of(call: Any, *args: Any) -> grpc.StatusCode:

@@ -511,8 +511,7 @@ def test_heavy_merges_never_share_a_micro_batch_with_ordinary_calls() -> None:
         with connected(f"127.0.0.1:{port}", retries=0) as client:
             for _ in range(10):
                 recorder.merges.clear()
-                recorder.gate.clear()
-                recorder.entered.clear()
+                recorder.hold()
                 held = client._stub.Retrieve.future(ordinary[0], timeout=30)
                 assert recorder.entered.wait(10)
                 calls = [client._stub.Retrieve.future(r, timeout=30) for r in [*ordinary, diverse, diverse]]

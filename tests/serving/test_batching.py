@@ -39,8 +39,7 @@ def queries(n: int) -> list[Query]:
 def submit_held(batcher: MicroBatcher, retriever: GatedRetriever, batch: Sequence[Query]) -> list[Any]:
     """Submits ``batch`` from one thread each while the first call is held, so the rest queue up
     and form a batch; returns each thread's answer or exception."""
-    retriever.gate.clear()
-    retriever.entered.clear()
+    retriever.hold()
     with ThreadPoolExecutor(len(batch)) as pool:
         first = pool.submit(batcher.submit, batch[0])
         assert retriever.entered.wait(5)
@@ -107,8 +106,7 @@ def test_a_batch_holds_as_many_queries_as_fit_its_cost(retriever: GatedRetriever
     costs = [1.0] * 5 + [4.0] + [1.0] * 4
     batch = queries(len(costs))
     batcher = MicroBatcher(lambda: retriever, max_cost=8.0)
-    retriever.gate.clear()
-    retriever.entered.clear()
+    retriever.hold()
     try:
         with ThreadPoolExecutor(len(batch)) as pool:
             first = pool.submit(batcher.submit, batch[0], None, costs[0])
@@ -128,8 +126,7 @@ def test_a_batch_holds_as_many_queries_as_fit_its_cost(retriever: GatedRetriever
 
 def test_a_query_whose_deadline_passes_in_the_queue_is_not_computed(retriever: GatedRetriever) -> None:
     batcher = MicroBatcher(lambda: retriever)
-    retriever.gate.clear()
-    retriever.entered.clear()
+    retriever.hold()
     try:
         with ThreadPoolExecutor(2) as pool:
             held = pool.submit(batcher.submit, Query(["item01"], k=3))
@@ -147,8 +144,7 @@ def test_a_query_whose_deadline_passes_in_the_queue_is_not_computed(retriever: G
 
 def test_a_full_queue_refuses_and_a_closed_batcher_is_unavailable(retriever: GatedRetriever) -> None:
     batcher = MicroBatcher(lambda: retriever, max_queue=2)
-    retriever.gate.clear()
-    retriever.entered.clear()
+    retriever.hold()
     with ThreadPoolExecutor(3) as pool:
         held = [pool.submit(batcher.submit, Query(["item01"], k=3))]
         assert retriever.entered.wait(5)
@@ -184,8 +180,7 @@ def test_server_batches_concurrent_calls_and_reports_not_serving_on_stop(
                 assert got == retriever.retrieve_many([q])[0]
             assert sum(retriever.sizes[: len(retriever.sizes) - len(batch)]) == len(batch)
 
-            retriever.gate.clear()
-            retriever.entered.clear()
+            retriever.hold()
             held = client._stub.Retrieve.future(
                 retrieval_pb2.RetrieveRequest(history=["item01"], k=3), timeout=10
             )
@@ -225,8 +220,7 @@ def test_invalid_calls_are_refused_alone_and_never_rerun_a_micro_batch(retriever
             client.wait_until_serving(timeout=10)
             for _ in range(10):
                 retriever.sizes.clear()
-                retriever.gate.clear()
-                retriever.entered.clear()
+                retriever.hold()
                 held = client._stub.Retrieve.future(valid[0], timeout=30)
                 assert retriever.entered.wait(10)
                 calls = [client._stub.Retrieve.future(r, timeout=30) for r in [*valid, unknown, *invalid]]

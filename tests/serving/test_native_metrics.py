@@ -25,7 +25,7 @@ from retrieval.serving.native_server import create_native_server
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import StartedServer, create_server
 from tests.helpers import ITEMS, connected, local, scrape
-from tests.serving.helpers import Held, ToyKernel, toy_servable
+from tests.serving.helpers import Held, ToyKernel, built, refusal, toy_servable
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -42,11 +42,8 @@ COUNTED = (
 
 
 @pytest.fixture(autouse=True)
-def built() -> None:
-    try:
-        native.native_module()
-    except native.NativeEngineMissing as e:
-        pytest.skip(f"{e}")
+def needs_the_engine() -> None:
+    built()
 
 
 @contextmanager
@@ -105,13 +102,7 @@ def test_the_same_calls_give_the_same_metrics_on_both_engines(retriever: Retriev
     assert [python.pop(key) for key in batches] == [7, 5 + 3 + 2]
     assert ours == python
     assert python[("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))] == 5
-    refused = (
-        ("code", "INVALID_ARGUMENT"),
-        ("identity", ""),
-        ("method", "Retrieve"),
-        ("reason", "invalid_argument"),
-    )
-    assert python[("retrieval_refusals_total", refused)] == 1
+    assert python[refusal("INVALID_ARGUMENT", "invalid_argument")] == 1
     assert our_series == python_series  # the same buckets, for the same methods and codes
     for sample in ("retrieval_index_search_seconds_count",):  # timed in both
         assert our_all[(sample, ())] == python_all[(sample, ())] > 0
@@ -147,13 +138,7 @@ def test_a_capacity_refusal_counts_by_its_reason_and_the_queues_show_the_held_ca
             during = scrape(port)
             kernel.release.set()
             assert held.result(timeout=10).items
-        reason = (
-            ("code", "RESOURCE_EXHAUSTED"),
-            ("identity", ""),
-            ("method", "Retrieve"),
-            ("reason", "queue_full"),
-        )
-        assert during[("retrieval_refusals_total", reason)] == 1
+        assert during[refusal("RESOURCE_EXHAUSTED", "queue_full")] == 1
         ok = ("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))
         calls = ("retrieval_queue_depth", (("queue", "calls"),))
         assert during[calls] == 1

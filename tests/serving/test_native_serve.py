@@ -34,17 +34,10 @@ from retrieval.serving.native_metrics import SYNC_INTERVAL
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.stopping import STOP_MARGIN
 from tests.helpers import REPO_ROOT, connected, scrape, serving
+from tests.serving.helpers import built, refusal
 
 SLACK = 30.0
 """Seconds a loaded 2-core machine may add to a bound (process start-up aside)."""
-
-
-def built() -> None:
-    """Skips the test when the engine is not built."""
-    try:
-        native.native_module()
-    except native.NativeEngineMissing as e:
-        pytest.skip(f"{e}")
 
 
 @pytest.fixture
@@ -275,8 +268,7 @@ def test_a_native_group_serves_access_control_from_the_flags(
         assert refused.value.details() == "invalid bearer token"
         time.sleep(2 * SYNC_INTERVAL)  # the workers' counts moved to the group's files
         samples = scrape(metrics_port)
-        denied_key = (("code", "PERMISSION_DENIED"), ("identity", "reader"), ("method", "Retrieve"))
-        assert samples[("retrieval_refusals_total", (*denied_key, ("reason", "permission")))] == 3
+        assert samples[refusal("PERMISSION_DENIED", "permission", identity="reader")] == 3
         assert samples[("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))] == 10
         stop(process, STOP_MARGIN + SLACK)
     lines = [line for line in log.read_text().splitlines() if "method=Retrieve" in line]
@@ -355,32 +347,36 @@ def reload_under_load(
     return callers.calls
 
 
-@pytest.mark.slow  # a watched deployment, a version published under load: ~20 s
-def test_native_hot_reload_under_load_fails_no_call(
-    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
-) -> None:
-    """``--watch`` in one process: the engine follows the deployment watcher's swap."""
+@pytest.fixture
+def live(model_versions: list[tuple[Path, Path, str]], tmp_path: Path) -> Path:
+    """The deployment folder a server watches (``tmp_path/live``), the first version published
+    (skips without the engine)."""
     built()
     root = tmp_path / "live"
     publish_deployment(*model_versions[0][:2], root)
-    with served(tmp_path, "--watch", str(root), "--watch-interval", "0.05") as (process, address, log):
-        reload_under_load(address, root, process, log, model_versions)
+    return root
+
+
+@pytest.mark.slow  # a watched deployment, a version published under load: ~20 s
+def test_native_hot_reload_under_load_fails_no_call(
+    model_versions: list[tuple[Path, Path, str]], live: Path, tmp_path: Path
+) -> None:
+    """``--watch`` in one process: the engine follows the deployment watcher's swap."""
+    with served(tmp_path, "--watch", str(live), "--watch-interval", "0.05") as (process, address, log):
+        reload_under_load(address, live, process, log, model_versions)
         stop(process, 5.0 + STOP_MARGIN + SLACK)
         assert process.returncode == 0, log.read_text()
 
 
 @pytest.mark.slow  # a native group on a watched deployment, a version published under load: ~40 s
 def test_a_native_group_reloads_in_two_phases_under_load_failing_no_call(
-    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
+    model_versions: list[tuple[Path, Path, str]], live: Path, tmp_path: Path
 ) -> None:
     """``--processes 2 --watch``: every worker loads, then all swap (the supervisor's two phases)."""
-    built()
-    root = tmp_path / "live"
-    publish_deployment(*model_versions[0][:2], root)
     metrics_port = free_port()
-    args = ["--engine", "native", "--watch", str(root), "--watch-interval", "0.05"]
+    args = ["--engine", "native", "--watch", str(live), "--watch-interval", "0.05"]
     with Group(tmp_path, *args, "--metrics-port", str(metrics_port)) as group:
-        answered = reload_under_load(group.address, root, group.process, group.log, model_versions)
+        answered = reload_under_load(group.address, live, group.process, group.log, model_versions)
         v2 = model_versions[1][2]
         assert f"the group now serves model {v2}" in group.log.read_text()
         # The workers' counts, summed by the supervisor (each worker moves its own every second).

@@ -32,6 +32,7 @@ from retrieval.serving.reload import RetrieverSlot
 from retrieval.serving.server import RetrievalServer, create_server, public_refusal
 from retrieval.storage.manifest import ArtifactError
 from tests.helpers import REPO_ROOT, GatedRetriever, local, make_model, scrape
+from tests.serving.helpers import refusal
 
 ACCESS = """
 [identities.reader]
@@ -125,8 +126,7 @@ def test_every_refusal_is_counted_with_its_code_reason_and_identity(
             oversized = code_of(lambda: ops._stub.Retrieve(large, timeout=10, metadata=ops._metadata))
             assert oversized is not None and oversized.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             # --max-queued 1: while one call is held, the next is refused with a retry hint.
-            gated.gate.clear()
-            gated.entered.clear()
+            gated.hold()
             held = ops._stub.Retrieve.future(request, timeout=30, metadata=ops._metadata)
             assert gated.entered.wait(10)
             depth = scrape(port)[("retrieval_queue_depth", (("queue", "calls"),))]
@@ -159,8 +159,7 @@ def test_max_queued_refusals_carry_a_retry_hint_under_concurrency(gated: GatedRe
         with RetrievalClient(address, retries=0) as client:
             client.wait_until_serving(timeout=10)
             for _ in range(20):
-                gated.gate.clear()
-                gated.entered.clear()
+                gated.hold()
                 held = [client._stub.Retrieve.future(request, timeout=30) for _ in range(2)]
                 assert gated.entered.wait(10)
                 time.sleep(0.05)  # the second held call reaches the server (it queues in the batcher)
@@ -302,8 +301,7 @@ def test_a_refusal_on_a_full_server_does_not_wait_for_a_request_thread(gated: Ga
         request = retrieval_pb2.RetrieveRequest(history=["item01"], k=3)
         with RetrievalClient(address, retries=0) as client:
             client.wait_until_serving(timeout=10)
-            gated.gate.clear()
-            gated.entered.clear()
+            gated.hold()
             held = client._stub.Retrieve.future(request, timeout=30)
             assert gated.entered.wait(10)
             answered = threading.Event()
@@ -340,9 +338,6 @@ def test_a_groups_queue_depths_are_those_of_its_live_workers(tmp_path: Path) -> 
     finally:
         group.close()
     depth = ("retrieval_queue_depth", (("queue", "calls"),))
-    refused = (
-        "retrieval_refusals_total",
-        (("code", "RESOURCE_EXHAUSTED"), ("identity", ""), ("method", "Retrieve"), ("reason", "queue_full")),
-    )
+    refused = refusal("RESOURCE_EXHAUSTED", "queue_full")
     assert (before[depth], before[refused]) == (7, 2)
     assert after[depth] in (3, 4) and after[refused] == 2

@@ -166,8 +166,7 @@ def test_a_request_that_waited_past_its_deadline_is_not_computed(retriever: Gate
     try:
         with RetrievalClient(f"127.0.0.1:{port}") as client:
             client.wait_until_serving(timeout=10)
-            retriever.gate.clear()
-            retriever.entered.clear()
+            retriever.hold()
             request = retrieval_pb2.RetrieveRequest(history=["item01"], k=3)
             held = client._stub.Retrieve.future(request, timeout=10)
             assert retriever.entered.wait(5)

@@ -37,7 +37,6 @@ CPU milliseconds per request of this one-threaded process, beside the Python eng
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import logging
@@ -53,7 +52,7 @@ import numpy as np
 
 from bench.context import load_average, measured, run_meta, write_report
 from bench.data import REPO, add_data_root_argument, dataset_file
-from bench.serving import build_artifacts, load, memory, rows_table, start
+from bench.serving import build_artifacts, measure, rows_table, start
 from bench.serving import requests as user_requests
 from retrieval.api import MAX_BATCH
 from retrieval.api.v1 import retrieval_pb2
@@ -309,18 +308,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server = start(ROWS[key], command)
         try:
             for concurrency in args.concurrency:
-                row = asyncio.run(
-                    load(
-                        server.address,
-                        sent,
-                        concurrency,
-                        args.seconds,
-                        args.max_requests,
-                        server.process.pid,
-                        16,
-                    )
-                )
-                rows.append({"server": ROWS[key], **row, "server_memory": memory(server.process.pid)})
+                rows.append(measure(server, sent, concurrency, args.seconds, args.max_requests, 16))
                 log.info("%s", rows[-1])
         finally:
             server.stop()

@@ -29,7 +29,6 @@ writes ``stages.json`` and ``stages.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -43,7 +42,7 @@ from bench.context import load_average, measured, run_meta, write_report
 from bench.data import REPO, add_data_root_argument, dataset_file
 from bench.floor import STAGES as FLOOR_STAGES
 from bench.floor import stages as floor_stages
-from bench.serving import answerer, build_artifacts, load, ms_per_request, start
+from bench.serving import answerer, build_artifacts, measure, ms_per_request, start
 from bench.serving import requests as user_requests
 from retrieval.environment import THREADS_ENV, single_threaded_tensorflow
 
@@ -101,17 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server = start("native", command)
     try:
         before = thread_cpu(server.process.pid)
-        row = asyncio.run(
-            load(
-                server.address,
-                users,
-                args.concurrency,
-                args.seconds,
-                args.max_requests,
-                server.process.pid,
-                16,
-            )
-        )
+        row = measure(server, users, args.concurrency, args.seconds, args.max_requests, 16)
         after = thread_cpu(server.process.pid)
     finally:
         server.stop()

@@ -414,6 +414,22 @@ async def load(
     }
 
 
+def measure(
+    server: Started,
+    sent: Sequence[retrieval_pb2.RetrieveRequest],
+    concurrency: int,
+    seconds: float,
+    max_requests: int,
+    connections: int,
+) -> dict[str, Any]:
+    """One row of a report: :func:`load` of ``server`` with ``sent`` at ``concurrency`` in flight,
+    its ``server`` name and its ``server_memory`` (:func:`memory`) once measured."""
+    measured = asyncio.run(
+        load(server.address, sent, concurrency, seconds, max_requests, server.process.pid, connections)
+    )
+    return {"server": server.name, **measured, "server_memory": memory(server.process.pid)}
+
+
 def percentiles(seconds: Sequence[float]) -> dict[str, float]:
     """p50/p90/p99 in milliseconds of latencies in seconds."""
     ms = np.array(seconds) * 1000 if len(seconds) else np.zeros(1)
@@ -577,23 +593,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server = start(name, command)
         try:
             for concurrency in args.concurrency:
-                row = {
-                    "server": name,
-                    **asyncio.run(
-                        load(
-                            server.address,
-                            sent,
-                            concurrency,
-                            args.seconds,
-                            args.max_requests,
-                            server.process.pid,
-                            args.connections,
-                        )
-                    ),
-                }
-                row["server_memory"] = memory(server.process.pid)
-                log.info("%s", row)
-                rows.append(row)
+                rows.append(
+                    measure(server, sent, concurrency, args.seconds, args.max_requests, args.connections)
+                )
+                log.info("%s", rows[-1])
             if name in (RERANK, RERANK_XLA):
                 paired[name] = asyncio.run(
                     paired_load(server.address, batch, reranked, args.seconds, args.max_requests)

@@ -67,15 +67,9 @@ class ToyKernel:
         self._search = search
 
     def search(
-        self,
-        histories: np.ndarray,
-        fetch: np.ndarray,
-        allow_group: np.ndarray,
-        allows: Sequence[np.ndarray],
-        events: Any,
-        want_interests: bool,
-        explain_rows: np.ndarray,
+        self, histories: np.ndarray, fetch: np.ndarray, *_: Any
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, None]:
+        """The engine's arguments after ``fetch`` (filters, events, explanations) go unread."""
         ids, scores = self._search(histories, fetch)
         fetched = (ids >= 0).sum(axis=2).min(axis=1).astype(np.int32)  # every list full: none short
         interests = toy_tower(histories)

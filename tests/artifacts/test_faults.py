@@ -1056,10 +1056,35 @@ def run_deploy(version: tuple[Path, Path, str], root: Path, kill_at: int) -> sub
     return subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.slow  # a server under load while deploys are killed: 5 to 8 s each, 20 s with the calibration
+@pytest.fixture(scope="module")
+def deploy_steps(
+    model_versions: list[tuple[Path, Path, str]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[list[list[str]], int]:
+    """A whole publication's file-system steps (``[event, first argument]``), where the kills
+    below are drawn from, and the (1-based) step of its switch: the rename of the new ``current``
+    link over the old one (killed at that step, the rename has not happened: audit hooks run
+    before the call). One dry run for the three seeds: the steps depend on the tool, not on them."""
+    from retrieval.artifacts.deployment import publish_deployment
+
+    calibration = tmp_path_factory.mktemp("calibration") / "live"
+    publish_deployment(model_versions[0][0], model_versions[0][1], calibration)
+    dry = run_deploy(model_versions[1], calibration, 0)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    events = json.loads(dry.stdout.splitlines()[-1])
+    switch = next(
+        i for i, (event, arg) in enumerate(events, 1) if event == "os.rename" and ".current.tmp-" in arg
+    )
+    assert switch < len(events)
+    return events, switch
+
+
+@pytest.mark.slow  # a server under load while four deploys are killed: 20 to 40 s each (loaded machine)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_during_a_hot_reload_keeps_serving(
-    model_versions: list[tuple[Path, Path, str]], tmp_path: Path, seed: int
+    model_versions: list[tuple[Path, Path, str]],
+    deploy_steps: tuple[list[list[str]], int],
+    tmp_path: Path,
+    seed: int,
 ) -> None:
     """A server watches a root under load while ``tools/deploy.py`` is killed at random steps of
     publishing the other version: no call fails, the server serves the version ``current`` names
@@ -1070,18 +1095,8 @@ def test_kill_9_during_a_hot_reload_keeps_serving(
     by_version = {v[2]: v for v in model_versions}
     root = tmp_path / "live"
     publish_deployment(model_versions[0][0], model_versions[0][1], root)
-    calibration = tmp_path / "calibration"
-    publish_deployment(model_versions[0][0], model_versions[0][1], calibration)
-    dry = run_deploy(model_versions[1], calibration, 0)
-    assert dry.returncode == 0, dry.stderr[-2000:]
-    events = json.loads(dry.stdout.splitlines()[-1])
+    events, switch = deploy_steps
     steps = len(events)
-    # The switch: the rename of the new ``current`` link over the old one (killed at that step,
-    # the rename has not happened: audit hooks run before the call).
-    switch = next(
-        i for i, (event, arg) in enumerate(events, 1) if event == "os.rename" and ".current.tmp-" in arg
-    )
-    assert switch < steps
     rng = np.random.default_rng(seed)
     # Three kills anywhere up to the switch, one in the clean-up after it, in a random order.
     kills = [*rng.integers(1, switch + 1, size=3), rng.integers(switch + 1, steps + 1)]

@@ -19,13 +19,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(if $(wildcard ../shared/data),MITT_DATA="$${MITT_DATA:-$(abspath ../shared/data)}" )$(BIN)/python tools/demo.py $(DEMO_ARGS)
 
+## Two pytest-xdist workers, a test module whole on one of them, long modules first (tests/conftest.py):
+## on 2 cores the child processes' start-up and the servers' waits of one overlap the other's work.
+WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
+
 ## Lint, type-check, build the native engine and run the whole test suite (the 20 slowest listed).
 test: $(STAMP) lint native
-	$(BIN)/pytest -q --durations=20
+	$(BIN)/pytest -q $(WORKERS) --durations=20
 
 ## The edit loop: every test not marked slow or network, no lint (`make test` runs them all).
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow and not network"
+	$(BIN)/pytest -q $(WORKERS) -m "not slow and not network"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -70,6 +70,7 @@ DOCS = [
 DEV_TOOLS = [
     "pytest>=8,<10",
     "pytest-timeout>=2.3,<3",
+    "pytest-xdist>=3.6,<4",  # make test and test-fast run on two workers (tests/conftest.py)
     "hypothesis>=6.100,<7",
     # Exact: their output is checked (ruff format --check) or their verdict changes by release.
     "ruff==0.17.6",

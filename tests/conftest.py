@@ -99,3 +99,20 @@ def client(address: str) -> Iterator[RetrievalClient]:
     """A client of ``address`` that has seen it SERVING."""
     with connected(address) as client:
         yield client
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a pytest-xdist worker (``make test``: ``-n 2 --dist loadfile --no-loadscope-reorder``,
+    a module whole on one worker, so that its fixtures are built once), the modules in the order
+    they are handed out: those with a network test first, then those with a slow one, each by
+    size, so that no long module starts last and the short ones even out the end."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank: dict[Path, int] = {}
+    size: dict[Path, int] = {}
+    for item in items:
+        own = 0 if item.get_closest_marker("network") else 1 if item.get_closest_marker("slow") else 2
+        rank[item.path] = min(own, rank.get(item.path, 2))
+        size[item.path] = size.get(item.path, 0) + 1
+    items.sort(key=lambda item: (rank[item.path], -size[item.path]))  # stable: a module's order is kept

@@ -151,7 +151,7 @@ def test_the_fuzzed_server_is_the_engine_asked_for(engine: Engine, kind: type) -
         server.stop(None)
 
 
-@pytest.mark.slow  # 14-20 s on a loaded 2-core machine
+@pytest.mark.slow  # 4 s on a quiet machine, up to 20 s on a loaded 2-core one
 def test_a_short_fuzz_of_the_native_engine_finds_no_violation() -> None:
     """200 generated calls, checked as ``python -m bench.robustness --engine native`` checks them
     (the Python engine's are in ``tests/serving/test_fuzz_rpc.py``)."""

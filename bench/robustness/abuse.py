@@ -32,7 +32,7 @@ from bench.robustness.processes import rss_kb
 from bench.robustness.soak import Version, soak_versions
 from bench.serving import Started, cpu_seconds, free_port, requests, start
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
-from retrieval.serving.config import Engine
+from retrieval.serving import Engine
 
 log = logging.getLogger("bench.robustness")
 

@@ -15,7 +15,7 @@ from bench.robustness.deploys import deploys_main
 from bench.robustness.fuzz import fuzz_main
 from bench.robustness.soak import soak_main
 from bench.robustness.workers import group_main
-from retrieval.serving.config import ENGINES
+from retrieval.serving import ENGINES
 
 DEFAULT_OUT = REPO / "runs" / "bench-robustness"
 
@@ -104,7 +104,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
     if args.engine == "native":
-        from retrieval.serving.native import NativeEngineMissing, native_module
+        from retrieval.serving import NativeEngineMissing, native_module
 
         try:
             native_module()

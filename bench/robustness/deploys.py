@@ -28,7 +28,7 @@ from bench.robustness.processes import start_watching_server, stop_server, tool_
 from bench.robustness.server import create_engine_server
 from bench.robustness.soak import Version, soak_versions
 from retrieval.api import RetrievalClient
-from retrieval.serving.config import Engine
+from retrieval.serving import Engine
 from retrieval.storage import MANIFEST, sha256_file
 
 log = logging.getLogger("bench.robustness")

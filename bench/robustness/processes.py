@@ -15,7 +15,7 @@ import grpc
 from bench.data import REPO
 from bench.robustness.calls import SERVICE
 from retrieval.api.v1 import retrieval_pb2
-from retrieval.serving.config import Engine
+from retrieval.serving import Engine
 
 
 def tool_env() -> dict[str, str]:

@@ -11,7 +11,7 @@ import numpy as np
 
 from bench.robustness.calls import FUZZ_MAX_MESSAGE_BYTES
 from bench.robustness.oracle import Served
-from retrieval.serving.config import Engine
+from retrieval.serving import Engine
 
 SYNTHETIC_ITEMS = tuple(f"item{i:02d}" for i in range(64))
 SYNTHETIC_VERSION = "fuzz-model-v1"
@@ -96,7 +96,7 @@ def create_engine_server(retriever: Any, config: Any) -> tuple[Any, int]:
     :func:`~retrieval.serving.create_server` or the native engine's
     :func:`~retrieval.serving.native_server.create_native_server`. Returns ``(server, port)``."""
     if config.engine == "native":
-        from retrieval.serving.native_server import create_native_server
+        from retrieval.serving import create_native_server
 
         return create_native_server(retriever, config)
     from retrieval.serving import create_server

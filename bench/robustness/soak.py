@@ -33,7 +33,7 @@ from bench.robustness.processes import (
 )
 from bench.robustness.soak_report import RSS_GROWTH_LIMIT, SoakTrace, soak_table, summarise_soak
 from retrieval.api.v1 import retrieval_pb2
-from retrieval.serving.config import Engine
+from retrieval.serving import Engine
 
 log = logging.getLogger("bench.robustness")
 

@@ -38,7 +38,7 @@ from bench.robustness.deploys import Case, report_cases
 from bench.robustness.processes import tool_command, tool_env
 from bench.robustness.soak import Version, soak_versions
 from retrieval.api import SERVICE_NAME, RetrievalClient
-from retrieval.serving.config import Engine
+from retrieval.serving import Engine
 
 log = logging.getLogger("bench.robustness")
 

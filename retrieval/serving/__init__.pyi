@@ -15,8 +15,10 @@ from .admission import (
 from .auth import PERMISSIONS, AccessFile, Identity
 from .batching import MicroBatcher
 from .config import (
+    ENGINES,
     AccessConfig,
     BatchingConfig,
+    Engine,
     LimitsConfig,
     MetricsConfig,
     ServerConfig,
@@ -38,6 +40,7 @@ from .memory import MemoryTrimmer, resident_bytes, trimmer
 from .metrics import BasicAuth, GroupMetrics, Metrics
 from .native import NativeEngineMissing, NativeServer, native_module
 from .native_kernel import NativeKernel, NativeServable, native_servable
+from .native_server import create_native_server
 from .ratelimit import RateLimiter
 from .reload import (
     DeploymentWatcher,
@@ -56,6 +59,7 @@ from .tls import CertificateFiles
 from .worker import WorkerLink
 
 __all__ = [
+    "ENGINES",
     "HEARTBEAT_INTERVAL",
     "HEARTBEAT_TIMEOUT",
     "LOG_FORMATS",
@@ -72,6 +76,7 @@ __all__ = [
     "CallLimit",
     "CertificateFiles",
     "DeploymentWatcher",
+    "Engine",
     "GroupError",
     "GroupMetrics",
     "GroupOptions",
@@ -100,6 +105,7 @@ __all__ = [
     "check_server_config",
     "configure_logging",
     "cost",
+    "create_native_server",
     "create_server",
     "default_processes",
     "hold_ports",

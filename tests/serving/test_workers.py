@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,13 +227,20 @@ def test_hot_reload_moves_every_worker_without_a_failed_request(
         assert group.stop()[0] == 0
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A new folder in the system's temporary folder: the metrics folder's socket paths under it fit
+    AF_UNIX's 108 bytes, where under ``tmp_path`` on a pytest-xdist worker (``popen-gw1/``) not."""
+    with tempfile.TemporaryDirectory(prefix="mitt-test-") as folder:
+        yield Path(folder)
+
+
 @pytest.mark.slow  # a group whose supervisor is killed: ~15 s
 def test_workers_stop_when_their_supervisor_is_killed_and_remove_the_metrics_folder(
-    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
+    model_versions: list[tuple[Path, Path, str]], tmp_path: Path, short_tmp: Path
 ) -> None:
     (model_dir, index_dir, _), _ = model_versions
-    temporary = tmp_path / "tmp"  # where the supervisor makes its metrics folder
-    temporary.mkdir()
+    temporary = short_tmp  # where the supervisor makes its metrics folder
     args = ["--model", str(model_dir), "--index", str(index_dir), "--metrics-port", str(free_port())]
     with Group(tmp_path, *args, env={"TMPDIR": str(temporary)}) as group:
         assert len(list(temporary.glob("mitt-metrics-*"))) == 1

@@ -28,6 +28,7 @@ struct Counters {
   uint64_t alone = 0;           // rows answered by the Python engine's own search (theirs came back short)
   uint64_t deadline_exceeded = 0;  // calls whose deadline passed while computing
   uint64_t queued = 0;          // queries waiting for a batch now (filled by NativeServer)
+  uint64_t trims = 0;           // heap trims after large requests (filled by NativeServer)
 };
 
 class Engine {

@@ -368,6 +368,7 @@ ServerOptions OptionsOf(const nb::dict& py) {
     options.tls = TlsFiles{nb::cast<std::string>(files[0]), nb::cast<std::string>(files[1]),
                            nb::cast<std::string>(files[2])};
   }
+  options.large_request_bytes = Field<uint64_t>(py, "large_request_bytes");
   options.max_request_bytes = Field<int>(py, "max_request_bytes");
   options.max_response_bytes = Field<int>(py, "max_response_bytes");
   options.explain_top = Field<size_t>(py, "explain_top");
@@ -505,6 +506,7 @@ NB_MODULE(_native, m) {
         out["alone"] = c.alone;
         out["deadline_exceeded"] = c.deadline_exceeded;
         out["queued"] = c.queued;
+        out["trims"] = c.trims;
         const mitt::native::Stages& stages = self.server().stages();
         using mitt::native::Stage;
         out["parse_ns"] = stages.nanoseconds(Stage::kParse);

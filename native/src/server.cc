@@ -73,12 +73,14 @@ NativeServer::NativeServer(std::shared_ptr<const Servable> servable, ModelInfos 
       admission_(options_.admission),
       calls_(options_.max_queued),
       metrics_(options_.latency_bounds, options_.batch_bounds),
+      trimmer_(options_.large_request_bytes, std::chrono::milliseconds(200)),
       engine_(options_.explain_top, metrics_, stages_, [this](std::unique_ptr<PendingCall> call) {
         const grpc::Status status = call->status;
         service_.End(std::move(call), status);
       }),
       batcher_(options_.batching, [this](Batch batch) { engine_.Answer(std::move(batch)); }),
-      service_(slot_, checker_, options_.units, access_, access_log_, admission_, calls_, batcher_, metrics_, stages_) {}
+      service_(slot_, checker_, options_.units, access_, access_log_, admission_, calls_, batcher_, metrics_, stages_,
+               trimmer_) {}
 
 NativeServer::~NativeServer() { Stop(0); }
 

@@ -18,6 +18,7 @@
 #include "admission.h"
 #include "batcher.h"
 #include "call_limit.h"
+#include "memory_trimmer.h"
 #include "call_metrics.h"
 #include "cost.h"
 #include "engine.h"
@@ -42,6 +43,7 @@ struct ServerOptions {
   AdmissionLimits admission;
   BatchOptions batching;
   uint32_t max_queued = 128;  // calls held at once
+  uint64_t large_request_bytes = 0;  // the heap is trimmed after requests this large (0: never)
   int max_request_bytes = 0;  // gRPC refuses larger requests (RESOURCE_EXHAUSTED); 0 = gRPC's default
   int max_response_bytes = 0;
   size_t explain_top = 3;     // events an explanation lists per interest
@@ -98,6 +100,7 @@ class NativeServer {
   Counters counters() const {
     Counters counters = engine_.counters();
     counters.queued = batcher_.queued_rows();
+    counters.trims = trimmer_.trims();
     return counters;
   }
   CallMetrics::Snapshot metrics() const { return metrics_.Read(); }
@@ -120,6 +123,7 @@ class NativeServer {
   CallLimit calls_;
   CallMetrics metrics_;
   Stages stages_;
+  MemoryTrimmer trimmer_;
   Engine engine_;
   MicroBatcher batcher_;
   RetrievalService service_;

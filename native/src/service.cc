@@ -137,6 +137,7 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
 bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request,
                             google::protobuf::Message* message, const char* type) {
   const auto parsing = Stages::Clock::now();
+  trimmer_.Note(request.Length());
   if (const auto refused = admission_.Screen(request.Length())) {
     End(std::move(call), *refused);
     return false;

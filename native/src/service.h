@@ -18,6 +18,7 @@
 #include "call_limit.h"
 #include "call_metrics.h"
 #include "cost.h"
+#include "memory_trimmer.h"
 #include "request.h"
 #include "retrieval.grpc.pb.h"
 #include "servable_slot.h"
@@ -33,9 +34,9 @@ class RetrievalService final : public RawRetrievalService {
  public:
   RetrievalService(const ServableSlot& slot, const RequestChecker& checker, const CostUnits& units,
                    AccessControl& access, AccessLog& log, Admission& admission, CallLimit& calls,
-                   MicroBatcher& batcher, CallMetrics& metrics, Stages& stages)
+                   MicroBatcher& batcher, CallMetrics& metrics, Stages& stages, MemoryTrimmer& trimmer)
       : slot_(slot), checker_(checker), units_(units), access_(access), log_(log), admission_(admission),
-        calls_(calls), batcher_(batcher), metrics_(metrics), stages_(stages) {}
+        calls_(calls), batcher_(batcher), metrics_(metrics), stages_(stages), trimmer_(trimmer) {}
 
   grpc::ServerUnaryReactor* Retrieve(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -75,6 +76,7 @@ class RetrievalService final : public RawRetrievalService {
   MicroBatcher& batcher_;
   CallMetrics& metrics_;
   Stages& stages_;
+  MemoryTrimmer& trimmer_;
 };
 
 }  // namespace mitt::native

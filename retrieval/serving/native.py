@@ -50,7 +50,7 @@ from retrieval.api.types import (
     MAX_USER_ID,
 )
 from retrieval.serving.config import BatchingConfig, LimitsConfig, ServerConfig, TlsConfig
-from retrieval.serving.memory import trimmer
+from retrieval.serving.memory import LARGE_REQUEST, trimmer
 from retrieval.serving.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
 if TYPE_CHECKING:
@@ -283,6 +283,7 @@ class NativeServer:
             "reflection": reflection,
             "access_log": None if log is None else (log.sample, log.user_ids),
             "tls": None if self._tls is None else self._tls.files(),
+            "large_request_bytes": LARGE_REQUEST,
             "max_request_bytes": limits.max_request_bytes,
             "max_response_bytes": limits.max_response_bytes,
             "explain_top": EXPLAIN_TOP,

@@ -32,6 +32,7 @@ from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
 from retrieval.serving import native
 from retrieval.serving.batching import MicroBatcher
 from retrieval.serving.config import BatchingConfig, LimitsConfig
+from retrieval.serving.memory import LARGE_REQUEST
 from tests.helpers import REPO_ROOT, connected
 from tests.serving.helpers import (
     DIM,
@@ -373,6 +374,34 @@ def test_the_vocabulary_handover_refuses_a_repeated_id() -> None:
 
 
 # --- serving ---------------------------------------------------------------------------------------------
+
+
+def test_the_heap_is_trimmed_once_after_a_burst_of_large_requests(
+    serve: Callable[..., native.NativeServer],
+) -> None:
+    """As the Python engine's MemoryTrimmer: small requests never trim; a burst of requests of
+    LARGE_REQUEST bytes or more (answered or refused) trims once, after the burst."""
+    server = serve()
+    with grpc.insecure_channel(address(server)) as channel:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
+        for _ in range(20):
+            stub.Retrieve(retrieval_pb2.RetrieveRequest(history=["item1"], k=3), timeout=10)
+        time.sleep(0.5)
+        assert server.counters()["trims"] == 0
+        large = retrieval_pb2.RetrieveRequest(
+            history=["item1"], k=3, exclude_ids=[f"x{i:07d}" for i in range(120_000)]
+        )
+        assert large.ByteSize() >= LARGE_REQUEST
+        for _ in range(3):
+            try:
+                stub.Retrieve(large, timeout=10)
+            except grpc.RpcError as e:  # refused by a limit after it was read: noted all the same
+                assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    deadline = time.monotonic() + 10
+    while server.counters()["trims"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert server.counters()["trims"] == 1
 
 
 def test_port_zero_health_and_reflection(serve: Callable[..., native.NativeServer]) -> None:

@@ -35,6 +35,17 @@ def data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, clustered(N, 2), clustered(12, 3)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def embedded_servers() -> Iterator[None]:
+    """Stops the module's embedded Milvus servers at its end: milvus-lite stops them at exit
+    otherwise, and its log line then meets pytest's closed stream ('--- Logging error ---' and a
+    traceback at the end of the run)."""
+    from milvus_lite.server_manager import server_manager_instance
+
+    yield
+    server_manager_instance.release_all()
+
+
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("milvus") / "items.db")

@@ -205,6 +205,15 @@ def printable_table() -> bytes:
     return np.packbits(np.array(printable, bool), bitorder="little").tobytes()
 
 
+@functools.cache
+def code_names() -> dict[int, str]:
+    """A gRPC status code's number -> its name: the metrics' ``code`` label and the access log's
+    ``code`` (gRPC is imported on first use: the group supervisor loads this module too)."""
+    import grpc
+
+    return {code.value[0]: code.name for code in grpc.StatusCode}
+
+
 class NativeServer:
     """A native gRPC server for ``retrieval.v1.RetrievalService`` (``Retrieve``, ``BatchRetrieve``,
     ``GetModelInfo``), gRPC health (``SERVING`` once started) and server reflection.
@@ -439,7 +448,6 @@ class NativeServer:
         """Writes the lines of the calls the engine logged since the last time, as the Python
         engine writes them (:class:`~retrieval.serving.access_log.AccessLog`)."""
         from retrieval.serving.access_log import logger
-        from retrieval.serving.native_metrics import CODE_NAMES
 
         log = self._access_log
         assert log is not None
@@ -450,7 +458,7 @@ class NativeServer:
                 fields.update(history_len=history_len, k=k, **({} if batch is None else {"batch": batch}))
                 if log.user_ids:
                     fields["user_id"] = users if batch is not None else users[0]
-            fields["code"] = CODE_NAMES[code]
+            fields["code"] = code_names()[code]
             fields["latency_ms"] = round(seconds * 1000, 3)
             fields["model_version"] = version
             log.write(fields)

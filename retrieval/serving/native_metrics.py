@@ -26,19 +26,15 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
 from prometheus_client.metrics import Histogram
 
 from retrieval.serving.metrics import Metrics
-from retrieval.serving.native import NativeServer
+from retrieval.serving.native import NativeServer, code_names
 
 __all__ = ["SYNC_INTERVAL", "NativeMetrics"]
 
 SYNC_INTERVAL = 1.0
 """Seconds between two moves of the engine's counts (besides one before each scrape)."""
-
-CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
-"""A gRPC status code's number -> its name, the ``code`` label."""
 
 
 class NativeMetrics:
@@ -74,11 +70,11 @@ class NativeMetrics:
             for (method, number), (buckets, seconds) in now["latency"].items():
                 old_buckets, old_seconds = last["latency"].get((method, number), ((), 0.0))
                 added = _added(buckets, old_buckets)
-                code = CODE_NAMES[number]
+                code = code_names()[number]
                 metrics.requests.labels(method, code).inc(sum(added))
                 _observed(metrics.latency.labels(method, code), added, seconds - old_seconds)
             for (method, number, reason, identity), count in now["refusals"].items():
-                code = CODE_NAMES[number]
+                code = code_names()[number]
                 added_calls = count - last["refusals"].get((method, number, reason, identity), 0)
                 metrics.refusals.labels(method, code, reason or code.lower(), identity).inc(added_calls)
             buckets, rows = now["batches"]

@@ -37,18 +37,8 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 import numpy as np
 
+import retrieval.api.types as api_types
 import retrieval.serving.admission as admission
-from retrieval.api.types import (
-    DEFAULT_RERANK_CANDIDATES,
-    EXPLAIN_TOP,
-    MAX_BATCH,
-    MAX_FILTER_IDS,
-    MAX_HISTORY,
-    MAX_K,
-    MAX_NAME,
-    MAX_PER_INTEREST_K,
-    MAX_USER_ID,
-)
 from retrieval.serving.config import BatchingConfig, LimitsConfig, ServerConfig, TlsConfig
 from retrieval.serving.memory import LARGE_REQUEST, trimmer
 from retrieval.serving.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
@@ -65,14 +55,14 @@ PACKAGES = ("libgrpc++-dev", "protobuf-compiler-grpc", "libprotobuf-dev", "cmake
 """The Debian packages ``make native`` installs when they are missing (and nanobind from PyPI)."""
 
 LIMITS = {
-    "max_k": MAX_K,
-    "max_history": MAX_HISTORY,
-    "max_per_interest_k": MAX_PER_INTEREST_K,
-    "max_filter_ids": MAX_FILTER_IDS,
-    "max_batch": MAX_BATCH,
-    "max_user_id": MAX_USER_ID,
-    "max_name": MAX_NAME,
-    "default_rerank_candidates": DEFAULT_RERANK_CANDIDATES,
+    "max_k": api_types.MAX_K,
+    "max_history": api_types.MAX_HISTORY,
+    "max_per_interest_k": api_types.MAX_PER_INTEREST_K,
+    "max_filter_ids": api_types.MAX_FILTER_IDS,
+    "max_batch": api_types.MAX_BATCH,
+    "max_user_id": api_types.MAX_USER_ID,
+    "max_name": api_types.MAX_NAME,
+    "default_rerank_candidates": api_types.DEFAULT_RERANK_CANDIDATES,
 }
 """The API's limits as the engine checks them (their one definition is retrieval.api.types)."""
 
@@ -295,7 +285,7 @@ class NativeServer:
             "large_request_bytes": LARGE_REQUEST,
             "max_request_bytes": limits.max_request_bytes,
             "max_response_bytes": limits.max_response_bytes,
-            "explain_top": EXPLAIN_TOP,
+            "explain_top": api_types.EXPLAIN_TOP,
             "printable": printable_table(),
             "latency_buckets": [float(b) for b in LATENCY_BUCKETS],
             "batch_buckets": [float(b) for b in BATCH_BUCKETS],

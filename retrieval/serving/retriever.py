@@ -12,27 +12,12 @@ from typing import Any
 
 import numpy as np
 
+import retrieval.api.types as api_types
 from index import VectorIndex
 from index.merge import strategy
 from index.multi_interest import SearchResult, search_interests
 from retrieval.api.errors import DeadlineExceeded, InvalidArgument, shorten
-from retrieval.api.types import (
-    DEFAULT_RERANK_CANDIDATES,
-    MAX_BATCH,
-    MAX_FILTER_IDS,
-    MAX_HISTORY,
-    MAX_K,
-    MAX_NAME,
-    MAX_PER_INTEREST_K,
-    MAX_USER_ID,
-    Explanations,
-    MergeStrategy,
-    ModelInfo,
-    Query,
-    Rerank,
-    Retrieved,
-    as_query,
-)
+from retrieval.api.types import Explanations, MergeStrategy, ModelInfo, Query, Rerank, Retrieved, as_query
 from retrieval.artifacts.categories import Categories
 from retrieval.artifacts.changes import CatalogueChanges, changed_attributes
 from retrieval.artifacts.index import load_index
@@ -344,8 +329,10 @@ class Retriever:
         """
         if not queries:
             raise InvalidArgument("the batch is empty: send at least one request")
-        if len(queries) > MAX_BATCH:
-            raise InvalidArgument(f"the batch has {len(queries)} requests, at most {MAX_BATCH} are accepted")
+        if len(queries) > api_types.MAX_BATCH:
+            raise InvalidArgument(
+                f"the batch has {len(queries)} requests, at most {api_types.MAX_BATCH} are accepted"
+            )
         errors: dict[int, InvalidArgument] = {}
         for i, query in enumerate(queries):
             try:
@@ -616,14 +603,16 @@ class Retriever:
         name = rerank.ranker or next(iter(self.rankers))
         if name not in self.rankers:
             raise InvalidArgument(f"unknown ranker {shorten(name)}; the server has {sorted(self.rankers)}")
-        depth = rerank.candidates or max(k, DEFAULT_RERANK_CANDIDATES)
-        if not k <= depth <= MAX_K:
+        depth = rerank.candidates or max(k, api_types.DEFAULT_RERANK_CANDIDATES)
+        if not k <= depth <= api_types.MAX_K:
             raise InvalidArgument(
-                f"rerank candidates must be 0 or between k ({k}) and {MAX_K}, got {rerank.candidates}"
+                f"rerank candidates must be 0 or between k ({k}) and {api_types.MAX_K}, "
+                f"got {rerank.candidates}"
             )
-        if len(rerank.unclicked) > MAX_FILTER_IDS:
+        if len(rerank.unclicked) > api_types.MAX_FILTER_IDS:
             raise InvalidArgument(
-                f"rerank unclicked has {len(rerank.unclicked)} ids, at most {MAX_FILTER_IDS} are accepted"
+                f"rerank unclicked has {len(rerank.unclicked)} ids, "
+                f"at most {api_types.MAX_FILTER_IDS} are accepted"
             )
         return self.rankers[name], depth
 
@@ -666,12 +655,12 @@ def _check(query: Query) -> None:
         InvalidArgument: the first argument out of range (the message says which and why).
     """
     history, k = query.history, query.k
-    if isinstance(k, bool) or not 1 <= k <= MAX_K:
-        raise InvalidArgument(f"k must be between 1 and {MAX_K}, got {k}")
+    if isinstance(k, bool) or not 1 <= k <= api_types.MAX_K:
+        raise InvalidArgument(f"k must be between 1 and {api_types.MAX_K}, got {k}")
     if not history:
         raise InvalidArgument("history is empty: send at least one item id")
-    if len(history) > MAX_HISTORY:
-        raise InvalidArgument(f"history has {len(history)} ids, at most {MAX_HISTORY} are accepted")
+    if len(history) > api_types.MAX_HISTORY:
+        raise InvalidArgument(f"history has {len(history)} ids, at most {api_types.MAX_HISTORY} are accepted")
     for name, values in (("timestamps", query.timestamps), ("actions", query.actions)):
         if values is not None and len(values) != len(history):
             raise InvalidArgument(f"{len(values)} {name} for a history of {len(history)} events")
@@ -680,18 +669,20 @@ def _check(query: Query) -> None:
         raise InvalidArgument(f"diversity_lambda must be a finite number >= 0, got {lam}")
     if lam and query.merge is not MergeStrategy.DIVERSITY:
         raise InvalidArgument(f"diversity_lambda is only used by the DIVERSITY merge, not {query.merge.name}")
-    if query.per_interest_k and not k <= query.per_interest_k <= MAX_PER_INTEREST_K:
+    if query.per_interest_k and not k <= query.per_interest_k <= api_types.MAX_PER_INTEREST_K:
         raise InvalidArgument(
-            f"per_interest_k must be 0 (= k) or between k ({k}) and {MAX_PER_INTEREST_K}, "
+            f"per_interest_k must be 0 (= k) or between k ({k}) and {api_types.MAX_PER_INTEREST_K}, "
             f"got {query.per_interest_k}"
         )
     for name, ids in (("exclude_ids", query.exclude), ("allow_ids", query.allow)):
-        if len(ids) > MAX_FILTER_IDS:
-            raise InvalidArgument(f"{name} has {len(ids)} ids, at most {MAX_FILTER_IDS} are accepted")
+        if len(ids) > api_types.MAX_FILTER_IDS:
+            raise InvalidArgument(
+                f"{name} has {len(ids)} ids, at most {api_types.MAX_FILTER_IDS} are accepted"
+            )
     for name, text, limit in (
-        ("user_id", query.user_id, MAX_USER_ID),
-        ("category", query.category, MAX_NAME),
-        ("rerank.ranker", "" if query.rerank is None else query.rerank.ranker, MAX_NAME),
+        ("user_id", query.user_id, api_types.MAX_USER_ID),
+        ("category", query.category, api_types.MAX_NAME),
+        ("rerank.ranker", "" if query.rerank is None else query.rerank.ranker, api_types.MAX_NAME),
     ):
         if len(text) > limit:
             raise InvalidArgument(f"{name} has {len(text)} characters, at most {limit}")

@@ -29,6 +29,7 @@ from retrieval.data.s3rec import load_s3rec
 from retrieval.data.splits import leave_one_out
 from retrieval.data.tables import load_table
 from retrieval.data.vocab import PAD, ItemVocab
+from tests.data.helpers import write_files
 
 
 def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
@@ -44,44 +45,37 @@ def records(frame: pd.DataFrame) -> list[dict]:
 # --- tiny hand-written datasets -------------------------------------------------------------
 
 
+ML100K = {
+    "u.data": "1\t2\t4\t881250949\n1\t1\t5\t874965758\n2\t1\t3\t891717742\n\n",
+    "u.genre": "unknown|0\nAction|1\nComedy|2\n\n",
+    "u.item": "1|Toy Story (1995)|01-Jan-1995||http://x|0|0|1\n"
+    "2|Café au lait (1993)|01-Jan-1993||http://y|0|1|1\n"
+    "3|Unwatched (1990)|01-Jan-1990||http://z|1|0|0\n",
+}
+"""Unsorted ratings, and a blank line at the end like the official u.genre."""
+ML1M = {
+    "ratings.dat": "1::1193::5::978300760\r\n1::661::3::978302109\r\n2::1193::4::978298413\r\n",
+    "movies.dat": "661::James and the Giant Peach (1996)::Animation|Children's|Musical\n"
+    "1193::One Flew Over the Cuckoo's Nest (1975)::Drama\n"
+    "2::Señor (1995)::\n",
+}
+
+
 @pytest.fixture
 def ml100k(tmp_path: Path) -> Path:
-    folder = tmp_path / "ml-100k"
-    # Unsorted, with a blank line at the end like the official u.genre.
-    write(folder / "u.data", "1\t2\t4\t881250949\n1\t1\t5\t874965758\n2\t1\t3\t891717742\n\n")
-    write(folder / "u.genre", "unknown|0\nAction|1\nComedy|2\n\n")
-    write(
-        folder / "u.item",
-        "1|Toy Story (1995)|01-Jan-1995||http://x|0|0|1\n"
-        "2|Café au lait (1993)|01-Jan-1993||http://y|0|1|1\n"
-        "3|Unwatched (1990)|01-Jan-1990||http://z|1|0|0\n",
-        encoding="latin-1",
-    )
-    return folder
+    return write_files(tmp_path / "ml-100k", ML100K)
 
 
 @pytest.fixture
 def ml1m(tmp_path: Path) -> Path:
-    folder = tmp_path / "ml-1m"
-    write(
-        folder / "ratings.dat", "1::1193::5::978300760\r\n1::661::3::978302109\r\n2::1193::4::978298413\r\n"
-    )
-    write(
-        folder / "movies.dat",
-        "661::James and the Giant Peach (1996)::Animation|Children's|Musical\n"
-        "1193::One Flew Over the Cuckoo's Nest (1975)::Drama\n"
-        "2::Señor (1995)::\n",
-        encoding="latin-1",
-    )
-    return folder
+    return write_files(tmp_path / "ml-1m", ML1M)
 
 
 @pytest.fixture
 def s3rec(tmp_path: Path) -> Path:
-    path = write(tmp_path / "Toy.txt", "1 3 1 2\n2 2 4\n3 1 5 5\n")
     attributes = {"1": [1, 2], "2": [2], "3": [3], "4": [], "5": [1], "9": [4]}
-    write(tmp_path / "Toy_item2attributes.json", json.dumps(attributes))
-    return path
+    files = {"Toy.txt": "1 3 1 2\n2 2 4\n3 1 5 5\n", "Toy_item2attributes.json": json.dumps(attributes)}
+    return write_files(tmp_path, files) / "Toy.txt"
 
 
 # --- loaders --------------------------------------------------------------------------------

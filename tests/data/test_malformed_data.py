@@ -29,7 +29,7 @@ from retrieval.data.movielens import load_movielens
 from retrieval.data.recbole import load_recbole
 from retrieval.data.s3rec import load_s3rec, load_sasrec
 from retrieval.data.tables import load_table
-from tests.data.helpers import reproducible
+from tests.data.helpers import encoded, reproducible, write_files
 
 ML100K = {
     "u.data": "1\t10\t4\t881250949\n1\t20\t5\t881250950\n2\t10\t3\t881250951\n",
@@ -57,14 +57,7 @@ SHOP_COLUMNS = {"user": "uid", "item": "sku", "timestamp": "ts"}
 
 def folder(tmp_path: Path, files: Mapping[str, str | bytes], **changes: str | bytes) -> Path:
     """Writes ``files`` with ``changes`` applied (a file's new content) into ``tmp_path``."""
-    for name, content in {**files, **changes}.items():
-        data = (
-            content.encode("latin-1" if name.endswith((".item", ".dat", ".genre")) else "utf-8")
-            if isinstance(content, str)
-            else content
-        )
-        (tmp_path / name).write_bytes(data)
-    return tmp_path
+    return write_files(tmp_path, {**files, **changes})
 
 
 def refused(load: Callable[[], Interactions], pattern: str) -> str:
@@ -532,7 +525,7 @@ def damaged_files(draw: st.DrawFn) -> tuple[str, str, bytes]:
     """A valid file of one format, damaged by truncation, byte flips, insertions or deletions."""
     fmt = draw(st.sampled_from(sorted(VALID)))
     name = draw(st.sampled_from([n for n in VALID[fmt] if n != "u.genre"]))
-    data = bytearray(VALID[fmt][name].encode("latin-1" if name.endswith((".item", ".dat")) else "utf-8"))
+    data = bytearray(encoded(name, VALID[fmt][name]))
     for _ in range(draw(st.integers(1, 3))):
         at = draw(st.integers(0, len(data)))
         action = draw(st.sampled_from(["truncate", "flip", "insert", "delete"]))

@@ -10,21 +10,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from bench.robustness.calls import (
-    DIVERSITY,
-    FUZZ_MAX_MESSAGE_BYTES,
-    MAX_BATCH,
-    MAX_FILTER_IDS,
-    MAX_HISTORY,
-    MAX_K,
-    MAX_PER_INTEREST_K,
-    MAX_SCORE_MERGES,
-    MAX_USER_ID,
-    MERGES,
-    RESPONSE_TYPES,
-    ROUND_ROBIN,
-    Call,
-)
+from bench.robustness import calls
 from retrieval.api import query_from_request
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import LimitsConfig, ModelSize, call_cost
@@ -47,7 +33,7 @@ class Served:
     dim: int
     max_len: int
     vocab: tuple[str, ...]
-    max_message_bytes: int = FUZZ_MAX_MESSAGE_BYTES
+    max_message_bytes: int = calls.FUZZ_MAX_MESSAGE_BYTES
     embeddings: np.ndarray | None = None
     user_vectors: Callable[[dict[str, np.ndarray]], np.ndarray] | None = None
     side_inputs: tuple[str, ...] = ()
@@ -81,19 +67,20 @@ def invalid_reason(request: retrieval_pb2.RetrieveRequest, served: Served) -> st
     lam = request.diversity_lambda
     checks = [
         (bool(request.events) and bool(request.history), "both history and events"),
-        (request.merge not in MERGES, f"unknown merge {request.merge}"),
-        (not 1 <= request.k <= MAX_K, f"k {request.k}"),
+        (request.merge not in calls.MERGES, f"unknown merge {request.merge}"),
+        (not 1 <= request.k <= calls.MAX_K, f"k {request.k}"),
         (not history, "empty history"),
-        (len(history) > MAX_HISTORY, f"history of {len(history)}"),
+        (len(history) > calls.MAX_HISTORY, f"history of {len(history)}"),
         (not math.isfinite(lam) or lam < 0, f"diversity_lambda {lam}"),
-        (lam != 0 and request.merge != DIVERSITY, "diversity_lambda without DIVERSITY"),
+        (lam != 0 and request.merge != calls.DIVERSITY, "diversity_lambda without DIVERSITY"),
         (
-            request.per_interest_k != 0 and not request.k <= request.per_interest_k <= MAX_PER_INTEREST_K,
+            request.per_interest_k != 0
+            and not request.k <= request.per_interest_k <= calls.MAX_PER_INTEREST_K,
             f"per_interest_k {request.per_interest_k} for k {request.k}",
         ),
-        (len(request.exclude_ids) > MAX_FILTER_IDS, f"{len(request.exclude_ids)} exclude_ids"),
-        (len(request.allow_ids) > MAX_FILTER_IDS, f"{len(request.allow_ids)} allow_ids"),
-        (len(request.user_id) > MAX_USER_ID, f"user_id of {len(request.user_id)} characters"),
+        (len(request.exclude_ids) > calls.MAX_FILTER_IDS, f"{len(request.exclude_ids)} exclude_ids"),
+        (len(request.allow_ids) > calls.MAX_FILTER_IDS, f"{len(request.allow_ids)} allow_ids"),
+        (len(request.user_id) > calls.MAX_USER_ID, f"user_id of {len(request.user_id)} characters"),
         (bool(request.category) and request.category not in served.categories, "unknown category"),
     ]
     for failed, reason in checks:
@@ -116,7 +103,7 @@ def _response_bound(requests: Sequence[retrieval_pb2.RetrieveRequest], served: S
     return total
 
 
-def expected_codes(call: Call, served: Served) -> tuple[frozenset[grpc.StatusCode], str]:
+def expected_codes(call: calls.Call, served: Served) -> tuple[frozenset[grpc.StatusCode], str]:
     """The status codes the documented API allows for ``call``, and why.
 
     DEADLINE_EXCEEDED is always allowed (a loaded machine may miss the client's deadline).
@@ -134,7 +121,7 @@ def expected_codes(call: Call, served: Served) -> tuple[frozenset[grpc.StatusCod
     else:
         assert isinstance(call.request, retrieval_pb2.BatchRetrieveRequest)
         requests = list(call.request.requests)
-        if not 1 <= len(requests) <= MAX_BATCH:
+        if not 1 <= len(requests) <= calls.MAX_BATCH:
             return frozenset(codes | {grpc.StatusCode.INVALID_ARGUMENT}), f"batch of {len(requests)}"
     reasons = [(i, invalid_reason(r, served)) for i, r in enumerate(requests)]
     bad = [(i, reason) for i, reason in reasons if reason is not None]
@@ -208,7 +195,7 @@ def _answer_problems(
         problems.append(f"non-finite scores {scores[~np.isfinite(scores)][:5].tolist()}")
     if any(not 0 <= item.interest < served.num_interests for item in response.items):
         problems.append(f"interest out of range 0..{served.num_interests - 1}")
-    if request.merge in MAX_SCORE_MERGES and np.any(np.diff(scores) > 0):
+    if request.merge in calls.MAX_SCORE_MERGES and np.any(np.diff(scores) > 0):
         problems.append("max-score items are not sorted best first")
     expected_interests = served.num_interests if request.return_interests else 0
     if len(response.interests) != expected_interests or any(
@@ -238,9 +225,9 @@ def _oracle_problems(
     if not np.allclose(scores, named, rtol=1e-4, atol=1e-4):
         problems.append("a score differs from the inner product with its interest")
     best = all_scores.max(axis=0)
-    if request.merge != ROUND_ROBIN and not np.allclose(scores, best[dense], rtol=1e-4, atol=1e-4):
+    if request.merge != calls.ROUND_ROBIN and not np.allclose(scores, best[dense], rtol=1e-4, atol=1e-4):
         problems.append("an item is not reported with its best interest")
-    if request.merge in MAX_SCORE_MERGES and len(ids) and len(candidates) > len(ids):
+    if request.merge in calls.MAX_SCORE_MERGES and len(ids) and len(candidates) > len(ids):
         rest = np.array([served.index[c] for c in candidates - set(ids)], np.int64)
         if best[rest].max() > scores.min() + 1e-4 * max(1.0, abs(scores.min())):
             problems.append("a better candidate than the returned ones was left out")
@@ -252,7 +239,7 @@ def _oracle_problems(
 
 
 def check_call(
-    call: Call, code: grpc.StatusCode, details: str, response: bytes | None, served: Served
+    call: calls.Call, code: grpc.StatusCode, details: str, response: bytes | None, served: Served
 ) -> list[str]:
     """What is wrong with the server's answer to ``call`` (empty = a documented, correct answer).
 
@@ -269,7 +256,7 @@ def check_call(
     if code is not grpc.StatusCode.OK:
         return [] if details.strip() else [f"status {code.name} without a message"]
     assert response is not None and call.request is not None
-    parsed = RESPONSE_TYPES[call.method].FromString(response)
+    parsed = calls.RESPONSE_TYPES[call.method].FromString(response)
     if isinstance(parsed, retrieval_pb2.RetrieveResponse):
         assert isinstance(call.request, retrieval_pb2.RetrieveRequest)
         return check_result(call.request, parsed, served)

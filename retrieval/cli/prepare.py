@@ -33,6 +33,12 @@ MAX_PARTITIONS = 4096
 EVENTS_PER_PARTITION = 2_000_000
 USERS_PER_ROW_GROUP = 1024
 BATCH_ROWS = 1 << 18
+SIZES = (
+    ("--events-per-partition", EVENTS_PER_PARTITION, "partition size aimed at; bounds memory"),
+    ("--users-per-row-group", USERS_PER_ROW_GROUP, "users per Parquet row group, the readers' unit"),
+    ("--batch-rows", BATCH_ROWS, "rows per record batch"),
+)
+"""The positive sizes ``prepare`` takes: flag, default, what it sizes."""
 
 
 def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.Namespace:
@@ -57,24 +63,10 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
         type=ranged(int, Range(1, MAX_PARTITIONS)),
         help=f"partition files (1..{MAX_PARTITIONS}; default: events / --events-per-partition)",
     )
-    p.add_argument(
-        "--events-per-partition",
-        type=ranged(int, Range(1)),
-        default=EVENTS_PER_PARTITION,
-        help=f"partition size aimed at; bounds memory (default {EVENTS_PER_PARTITION:,})",
-    )
-    p.add_argument(
-        "--users-per-row-group",
-        type=ranged(int, Range(1)),
-        default=USERS_PER_ROW_GROUP,
-        help=f"users per Parquet row group, the readers' unit (default {USERS_PER_ROW_GROUP})",
-    )
-    p.add_argument(
-        "--batch-rows",
-        type=ranged(int, Range(1)),
-        default=BATCH_ROWS,
-        help=f"rows per record batch (default {BATCH_ROWS})",
-    )
+    for flag, default, what in SIZES:
+        p.add_argument(
+            flag, type=ranged(int, Range(1)), default=default, help=f"{what} (default {default:,})"
+        )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 

@@ -1,9 +1,11 @@
 """Helpers of the serving tests: a toy kernel for the native engine (a brute-force search over
-random item vectors, the reference answers come from the same numbers) and its servable; a
-call's status, a refusal's metric sample, a server's health, a certificate rotated on disk."""
+random item vectors, the reference answers come from the same numbers) and its servable; the
+access file of the identity tests; a call's status, a refusal's metric sample, a server's
+health, a certificate rotated on disk."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import threading
@@ -19,6 +21,29 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import native
 from retrieval.serving.native_kernel import NativeServable
+
+OPS_TOKEN_ENV = "OPS_TOKEN_FOR_TESTS"
+"""The environment variable holding the ``ops`` identity's token (a test sets it)."""
+
+ACCESS = f"""
+[identities.team-a]
+tokens = ["token-a"]
+permissions = ["retrieve", "info"]
+
+[identities.team-b]
+token_sha256 = ["{hashlib.sha256(b"token-b").hexdigest()}"]
+permissions = ["info"]
+
+[identities.ops]
+token_env = "{OPS_TOKEN_ENV}"
+permissions = ["admin"]
+
+[identities.service]
+certificates = ["client"]
+permissions = ["info"]
+"""
+"""An access file of every kind of identity: a plain token (``token-a``), a token's hash
+(``token-b``), a token from the environment (``ops``) and a client certificate (CN ``client``)."""
 
 NUM_ITEMS, DIM, NUM_INTERESTS, MAX_LEN = 60, 16, 3, 8
 VOCAB = [f"item{i}" for i in range(NUM_ITEMS)]  # dense id i + 1

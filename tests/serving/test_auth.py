@@ -6,7 +6,6 @@ and loopback default. Real servers on port 0."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import logging
 import shutil
 import urllib.error
@@ -32,30 +31,12 @@ from retrieval.serving.metrics import BasicAuth, Metrics
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import RetrievalServer, create_server
 from tests.helpers import assert_same, brute_force, local, write_certificates
-from tests.serving.helpers import code_of, health_status, rotate
-
-ACCESS = """
-[identities.team-a]
-tokens = ["token-a"]
-permissions = ["retrieve", "info"]
-
-[identities.team-b]
-token_sha256 = ["{sha_b}"]
-permissions = ["info"]
-
-[identities.ops]
-token_env = "OPS_TOKEN_FOR_TESTS"
-permissions = ["admin"]
-
-[identities.service]
-certificates = ["client"]
-permissions = ["info"]
-""".replace("{sha_b}", hashlib.sha256(b"token-b").hexdigest())
+from tests.serving.helpers import ACCESS, OPS_TOKEN_ENV, code_of, health_status, rotate
 
 
 @pytest.fixture
 def access_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("OPS_TOKEN_FOR_TESTS", "token-ops")
+    monkeypatch.setenv(OPS_TOKEN_ENV, "token-ops")
     path = tmp_path / "access.toml"
     path.write_text(ACCESS)
     return path

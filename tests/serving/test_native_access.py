@@ -10,7 +10,6 @@ Concurrent callers share one bucket, many rounds. Needs ``make native`` (skips w
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import shutil
@@ -42,21 +41,12 @@ from retrieval.serving.native_server import create_native_server
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import StartedServer, create_server
 from tests.helpers import ITEMS, local, scrape, write_certificates
-from tests.serving.helpers import code_of, health_status, rotate, toy_servable
+from tests.serving.helpers import ACCESS as TEAMS_ACCESS
+from tests.serving.helpers import OPS_TOKEN_ENV, code_of, health_status, rotate, toy_servable
 
-ACCESS = """
-[identities.team-a]
-tokens = ["token-a"]
-permissions = ["retrieve", "info"]
-
-[identities.team-b]
-token_sha256 = ["{sha_b}"]
-permissions = ["info"]
-
-[identities.ops]
-token_env = "OPS_TOKEN_FOR_NATIVE_TESTS"
-permissions = ["admin"]
-
+ACCESS = (
+    TEAMS_ACCESS
+    + """
 [identities.slow]
 tokens = ["token-slow"]
 permissions = ["retrieve"]
@@ -67,11 +57,8 @@ burst = 2
 tokens = ["token-free"]
 permissions = ["retrieve", "info"]
 rate = 0
-
-[identities.service]
-certificates = ["client"]
-permissions = ["info"]
-""".replace("{sha_b}", hashlib.sha256(b"token-b").hexdigest())
+"""
+)
 
 RATE = 0.0001
 """The server's rate limit: no token comes back while a test runs (one every 10,000 s)."""
@@ -99,7 +86,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> None:
         native.native_module()
     except native.NativeEngineMissing as e:
         pytest.skip(f"{e}")
-    monkeypatch.setenv("OPS_TOKEN_FOR_NATIVE_TESTS", "token-ops")
+    monkeypatch.setenv(OPS_TOKEN_ENV, "token-ops")
 
 
 @contextmanager

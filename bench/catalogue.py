@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from bench import markdown
 from bench.data import REPO, add_data_root_argument, dataset_file
 from bench.serving import FACTORY, SEARCH_PARAMS, requests, start
 from retrieval.api.v1 import retrieval_pb2, retrieval_pb2_grpc
@@ -229,19 +230,20 @@ def table(results: dict[str, Any]) -> str:
         f"{results['items']:,} items, `--watch-interval {results['watch_interval']}`; "
         f"{results['answered']:,} Retrieve calls answered meanwhile, {results['failed']} failed",
         "",
-        "| change | command s | command start -> served s | target |",
-        "|---|---|---|---|",
     ]
+    header = ["change", "command s", "command start -> served s", "target"]
+    rows = []
     for r in results["rounds"]:
         met = "met" if r["retrievable_s"] <= TARGET_SECONDS else "missed"
-        cells = [
-            r["change"],
-            f"{r['command_s']:.2f}",
-            f"{r['retrievable_s']:.2f}",
-            f"<= {TARGET_SECONDS} s: {met}",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(
+            [
+                r["change"],
+                f"{r['command_s']:.2f}",
+                f"{r['retrievable_s']:.2f}",
+                f"<= {TARGET_SECONDS} s: {met}",
+            ]
+        )
+    return "\n".join(lines + markdown.table(header, rows))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bench import markdown
 from retrieval.evaluation import PairedComparison, UserMetrics, compare_user_metrics
 
 
@@ -28,22 +29,23 @@ def comparison_table(comparisons: Mapping[str, PairedComparison], names: tuple[s
     when the 95% interval excludes 0), the interval, and the relative change with its interval."""
     a, b = names
     header = ["metric", a, b, f"{a} − {b} ± SE", "95% interval", f"{a} / {b} − 1 (95% interval)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for metric, c in comparisons.items():
         difference = f"{c.difference:+.4f} ± {c.se:.4f}"
         if c.low > 0 or c.high < 0:
             difference = f"**{difference}**"
         low, high = c.relative_interval
-        cells = [
-            metric,
-            f"{c.mean_a:.4f}",
-            f"{c.mean_b:.4f}",
-            difference,
-            f"[{c.low:+.4f}, {c.high:+.4f}]",
-            f"{c.relative:+.1%} [{low:+.1%}, {high:+.1%}]",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(
+            [
+                metric,
+                f"{c.mean_a:.4f}",
+                f"{c.mean_b:.4f}",
+                difference,
+                f"[{c.low:+.4f}, {c.high:+.4f}]",
+                f"{c.relative:+.1%} [{low:+.1%}, {high:+.1%}]",
+            ]
+        )
+    return "\n".join(markdown.table(header, rows))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

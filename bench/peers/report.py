@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.context import measured
+from bench.markdown import table as markdown_table
 from bench.peers.evaluation import SELECT_BY
 from bench.peers.plan import PAIRS
 
@@ -154,7 +155,7 @@ def _context(meta: Mapping[str, Any]) -> list[str]:
 def _runs_table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> list[str]:
     """One row per run: its test metrics, epochs, speed and memory."""
     head = ["side", "model", *cols, "best / epochs", "s / epoch", "examples / s", "events / s", "peak RSS MB"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for r in rows:
         sp = r["speed"]
         cells = [r["side"], r["model"], *(_f(r["test"].get(c)) for c in cols)]
@@ -165,23 +166,23 @@ def _runs_table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> list[
         cells += [trained, _f(sp["median_epoch_seconds"], 1)]
         cells += [_f(sp["examples_per_second"], 0), _f(sp["events_per_second"], 0)]
         cells.append(_f(r["process"]["peak_rss_mb"], 0))
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        body.append(cells)
+    return markdown_table(head, body)
 
 
 def _pairs_table(pairs: Sequence[Mapping[str, Any]], best: Sequence[Mapping[str, Any]]) -> list[str]:
     """One row per pair (:func:`compare`), then the best of each side."""
     head = ["protocol", "ours", "peer", "quality (ours vs peer)", "s / epoch", "events / s",
             "time to peer's best validation metric", "peak RSS"]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for label, group in (("", pairs), ("best: ", best)):
         for p in group:
             quality = ", ".join(f"{k} {_f(a)} vs {_f(b)}" for k, (a, b) in p["quality"].items())
             cells = [p["protocol"], label + p["ours"], p["peer"], quality]
             cells += [f"{_f(p['epoch_seconds_ratio'], 2)}×", f"{_f(p['events_per_second_ratio'], 2)}×"]
             cells += [_reached(p), f"{_f(p['peak_rss_ratio'], 2)}×"]
-            lines.append("| " + " | ".join(cells) + " |")
-    return lines
+            body.append(cells)
+    return markdown_table(head, body)
 
 
 def _reached(pair: Mapping[str, Any]) -> str:

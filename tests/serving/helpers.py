@@ -9,7 +9,7 @@ import hashlib
 import os
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from retrieval.api.client import RetrievalClient
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import native
 from retrieval.serving.native_kernel import NativeServable
+from retrieval.serving.server import StartedServer
 
 OPS_TOKEN_ENV = "OPS_TOKEN_FOR_TESTS"
 """The environment variable holding the ``ops`` identity's token (a test sets it)."""
@@ -174,6 +176,30 @@ def health_status(address: str, credentials: grpc.ChannelCredentials | None = No
     ):
         response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+
+def check_health_ports(server: StartedServer, address: str, files: Mapping[str, Path]) -> str:
+    """Checks health on both ports of a TLS ``server`` at ``address`` (its certificates in
+    ``files``): SERVING on the main port (a client certificate, no token) and on the plaintext
+    health port, which serves nothing else; :meth:`~StartedServer.set_serving` switches both.
+
+    Returns:
+        The health port's address.
+    """
+    ssl = grpc.ssl_channel_credentials(
+        files["ca.pem"].read_bytes(), files["client.key"].read_bytes(), files["client.pem"].read_bytes()
+    )
+    assert health_status(address, ssl) == "SERVING"
+    assert server.health_port is not None
+    health_address = f"127.0.0.1:{server.health_port}"
+    assert health_status(health_address) == "SERVING"
+    with RetrievalClient(health_address, retries=0, token="token-a") as plain:
+        assert code_of(plain.model_info) == grpc.StatusCode.UNIMPLEMENTED
+    server.set_serving(False)  # one health status for both ports
+    assert health_status(health_address) == "NOT_SERVING"
+    server.set_serving(True)
+    assert health_status(health_address) == "SERVING"
+    return health_address
 
 
 def rotate(new: Path, live: Path) -> None:

@@ -31,7 +31,7 @@ from retrieval.serving.metrics import BasicAuth, Metrics
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import RetrievalServer, create_server
 from tests.helpers import assert_same, brute_force, local, write_certificates
-from tests.serving.helpers import ACCESS, OPS_TOKEN_ENV, code_of, health_status, rotate
+from tests.serving.helpers import ACCESS, OPS_TOKEN_ENV, check_health_ports, code_of, health_status, rotate
 
 
 @pytest.fixture
@@ -200,20 +200,7 @@ def test_mutual_tls_identities_and_the_plaintext_health_port(
         # A token over the same connection names another identity.
         with RetrievalClient(address, retries=0, token="token-a", **client_files) as client:
             assert len(client.retrieve(["item05"], 4).items) == 4
-        # Health on the main port (TLS, no token) and on the plaintext health port, which serves
-        # nothing else.
-        ssl = grpc.ssl_channel_credentials(
-            files["ca.pem"].read_bytes(), files["client.key"].read_bytes(), files["client.pem"].read_bytes()
-        )
-        assert health_status(address, ssl) == "SERVING"
-        assert server.health_port is not None
-        health_address = f"127.0.0.1:{server.health_port}"
-        assert health_status(health_address) == "SERVING"
-        with RetrievalClient(health_address, retries=0, token="token-a") as plain:
-            assert code_of(plain.model_info) == grpc.StatusCode.UNIMPLEMENTED
-        server.set_serving(False)  # one health status for both ports
-        assert health_status(health_address) == "NOT_SERVING"
-        server.set_serving(True)
+        health_address = check_health_ports(server, address, files)
     with pytest.raises(grpc.RpcError):  # stopped with the server
         health_status(health_address)
 

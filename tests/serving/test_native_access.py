@@ -42,7 +42,14 @@ from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import StartedServer, create_server
 from tests.helpers import ITEMS, local, scrape, write_certificates
 from tests.serving.helpers import ACCESS as TEAMS_ACCESS
-from tests.serving.helpers import OPS_TOKEN_ENV, code_of, health_status, rotate, toy_servable
+from tests.serving.helpers import (
+    OPS_TOKEN_ENV,
+    check_health_ports,
+    code_of,
+    health_status,
+    rotate,
+    toy_servable,
+)
 
 ACCESS = (
     TEAMS_ACCESS
@@ -498,19 +505,7 @@ def test_mutual_tls_identities_and_the_plaintext_health_port(
             assert len(client.retrieve(["item05"], 4).items) == 4
         with RetrievalClient(address, retries=0, token="", tls_ca=files["ca.pem"]) as anonymous:
             assert code_of(anonymous.model_info) == grpc.StatusCode.UNAVAILABLE  # no client certificate
-        ssl = grpc.ssl_channel_credentials(
-            files["ca.pem"].read_bytes(), files["client.key"].read_bytes(), files["client.pem"].read_bytes()
-        )
-        assert health_status(address, ssl) == "SERVING"
-        assert server.health_port is not None
-        health_address = f"127.0.0.1:{server.health_port}"
-        assert health_status(health_address) == "SERVING"
-        with RetrievalClient(health_address, retries=0, token="token-a") as plain:
-            assert code_of(plain.model_info) == grpc.StatusCode.UNIMPLEMENTED
-        server.set_serving(False)  # one health status for both ports
-        assert health_status(health_address) == "NOT_SERVING"
-        server.set_serving(True)
-        assert health_status(health_address) == "SERVING"
+        health_address = check_health_ports(server, address, files)
     finally:
         server.stop(None).wait(30)
     with pytest.raises(grpc.RpcError):  # stopped with the server

@@ -378,8 +378,9 @@ ServerOptions OptionsOf(const nb::dict& py) {
   options.printable.assign(static_cast<const uint8_t*>(printable.data()),
                            static_cast<const uint8_t*>(printable.data()) + printable.size());
   if (options.batching.max_batch < 1 || options.batching.max_wait.count() < 0 || options.max_queued < 1 ||
-      options.batching.max_queue < 1) {
-    throw std::invalid_argument("max_batch, max_queued and max_queue must be >= 1 and max_wait_us >= 0");
+      options.batching.max_queue < 1 || options.max_request_bytes < 1) {
+    throw std::invalid_argument(
+        "max_batch, max_queued, max_queue and max_request_bytes must be >= 1 and max_wait_us >= 0");
   }
   return options;
 }

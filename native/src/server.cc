@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <stdexcept>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -35,6 +37,20 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
                    plugins->end());
   }
 };
+
+// gRPC's own receive limit, above the engine's: 4x it, at most INT_MAX (gRPC's setting is an
+// int). The engine refuses a request over its limit itself (RetrievalService::Read), counted as
+// message_size, in the access log, worded as the Python engine's clients read it; gRPC refuses
+// one over its limit before any handler sees the call, uncounted and in its own words. gRPC 1.51
+// compares a message's length with its limit only once it holds the whole message
+// (message_size_filter), so a higher limit costs no memory on a plain request; it compares a
+// compressed one's length before inflating it (message_decompress_filter), so the ceiling bounds
+// what a compressed request can be inflated to before the engine refuses it: 4x what grpcio
+// inflates for the Python engine. A client over the limit by a few times (a list or a batch too
+// long) is counted; one past 4x is refused by gRPC.
+int ReceiveCeiling(int max_request_bytes) {
+  return static_cast<int>(std::min<int64_t>(int64_t{4} * max_request_bytes, std::numeric_limits<int>::max()));
+}
 
 // Binds `builder` to every one of `addresses` with `credentials`; the ports it will pick (on the
 // heap: the builder writes them when it starts).
@@ -79,8 +95,8 @@ NativeServer::NativeServer(std::shared_ptr<const Servable> servable, ModelInfos 
         service_.End(std::move(call), status);
       }),
       batcher_(options_.batching, [this](Batch batch) { engine_.Answer(std::move(batch)); }),
-      service_(slot_, checker_, options_.units, access_, access_log_, admission_, calls_, batcher_, metrics_, stages_,
-               trimmer_) {}
+      service_(slot_, checker_, static_cast<uint64_t>(options_.max_request_bytes), options_.units, access_,
+               access_log_, admission_, calls_, batcher_, metrics_, stages_, trimmer_) {}
 
 NativeServer::~NativeServer() { Stop(0); }
 
@@ -119,7 +135,7 @@ int NativeServer::Start(const std::vector<std::string>& addresses, bool serving,
     gates.push_back(std::make_unique<ReflectionGate>(access_, metrics_));
     builder.experimental().SetInterceptorCreators(std::move(gates));
   }
-  if (options_.max_request_bytes > 0) builder.SetMaxReceiveMessageSize(options_.max_request_bytes);
+  builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.max_request_bytes));
   if (options_.max_response_bytes > 0) builder.SetMaxSendMessageSize(options_.max_response_bytes);
   // A second server on the port would silently take half the traffic: refuse it, as the Python
   // engine does (only a serving group's workers share a port).

@@ -44,7 +44,7 @@ struct ServerOptions {
   BatchOptions batching;
   uint32_t max_queued = 128;  // calls held at once
   uint64_t large_request_bytes = 0;  // the heap is trimmed after requests this large (0: never)
-  int max_request_bytes = 0;  // gRPC refuses larger requests (RESOURCE_EXHAUSTED); 0 = gRPC's default
+  int max_request_bytes = 0;  // the engine refuses larger requests (RESOURCE_EXHAUSTED, message_size)
   int max_response_bytes = 0;
   size_t explain_top = 3;     // events an explanation lists per interest
   std::vector<uint8_t> printable;  // PythonText's table

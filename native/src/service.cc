@@ -23,6 +23,15 @@ void AddPushback(grpc::CallbackServerContext* context, double seconds) {
   context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(static_cast<int64_t>(ms)));
 }
 
+// A request of `bytes` over the engine's `limit`, refused unread in the words grpcio's core
+// answers the Python engine's clients with (that engine counts the call message_size when gRPC
+// hands its handler no message).
+Refusal Oversized(size_t bytes, uint64_t limit) {
+  return {"message_size",
+          "SERVER: Received message larger than max (" + std::to_string(bytes) + " vs. " + std::to_string(limit) + ")",
+          std::nullopt};
+}
+
 void Put(const std::string& bytes, grpc::ByteBuffer* buffer) {
   grpc::Slice slice(bytes);
   grpc::ByteBuffer filled(&slice, 1);
@@ -137,7 +146,11 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
 bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request,
                             google::protobuf::Message* message, const char* type) {
   const auto parsing = Stages::Clock::now();
-  trimmer_.Note(request.Length());
+  trimmer_.Note(request.Length());  // refused or not, gRPC has held its bytes
+  if (request.Length() > max_request_bytes_) {
+    End(std::move(call), Oversized(request.Length(), max_request_bytes_));
+    return false;
+  }
   if (const auto refused = admission_.Screen(request.Length())) {
     End(std::move(call), *refused);
     return false;

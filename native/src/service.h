@@ -3,7 +3,8 @@
 // and rate, the request read and parsed, its
 // lengths, its cost and admission, its checks and lookups; then it is queued for the batcher,
 // which answers it. Requests arrive as bytes (raw methods) so that one that does not parse is
-// refused INVALID_ARGUMENT, as the Python engine refuses it.
+// refused INVALID_ARGUMENT, and one over --max-request-mb refused and counted message_size, as
+// the Python engine refuses them.
 #pragma once
 
 #include <memory>
@@ -32,11 +33,14 @@ using RawRetrievalService = retrieval::v1::RetrievalService::WithRawCallbackMeth
 
 class RetrievalService final : public RawRetrievalService {
  public:
-  RetrievalService(const ServableSlot& slot, const RequestChecker& checker, const CostUnits& units,
-                   AccessControl& access, AccessLog& log, Admission& admission, CallLimit& calls,
-                   MicroBatcher& batcher, CallMetrics& metrics, Stages& stages, MemoryTrimmer& trimmer)
-      : slot_(slot), checker_(checker), units_(units), access_(access), log_(log), admission_(admission),
-        calls_(calls), batcher_(batcher), metrics_(metrics), stages_(stages), trimmer_(trimmer) {}
+  // `max_request_bytes`: the largest request read (gRPC's own limit is set above it: server.cc).
+  RetrievalService(const ServableSlot& slot, const RequestChecker& checker, uint64_t max_request_bytes,
+                   const CostUnits& units, AccessControl& access, AccessLog& log, Admission& admission,
+                   CallLimit& calls, MicroBatcher& batcher, CallMetrics& metrics, Stages& stages,
+                   MemoryTrimmer& trimmer)
+      : slot_(slot), checker_(checker), max_request_bytes_(max_request_bytes), units_(units), access_(access),
+        log_(log), admission_(admission), calls_(calls), batcher_(batcher), metrics_(metrics), stages_(stages),
+        trimmer_(trimmer) {}
 
   grpc::ServerUnaryReactor* Retrieve(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -58,7 +62,8 @@ class RetrievalService final : public RawRetrievalService {
   std::unique_ptr<PendingCall> Arrive(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
                                       grpc::ByteBuffer* response, Method method);
   void Finish(std::unique_ptr<PendingCall> call, const grpc::Status& status, const Refusal* refused);
-  // Parses `request` into `message`; false (the call ended) when it does not parse or is refused unread.
+  // Parses `request` into `message`; false (the call ended) when it does not parse or is refused
+  // unread (over max_request_bytes, or large while heavy calls leave no room).
   bool Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request, google::protobuf::Message* message,
             const char* type);
   // Admits `call` (cheap at once; heavy by the admission, maybe later), then ends it with
@@ -68,6 +73,7 @@ class RetrievalService final : public RawRetrievalService {
 
   const ServableSlot& slot_;
   const RequestChecker& checker_;
+  const uint64_t max_request_bytes_;
   const CostUnits& units_;
   AccessControl& access_;
   AccessLog& log_;

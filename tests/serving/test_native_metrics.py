@@ -47,15 +47,16 @@ def needs_the_engine() -> None:
 
 
 @contextmanager
-def metered(engine: str, retriever: Retriever) -> Iterator[tuple[str, int]]:
-    """A server of ``engine`` on port 0 with its metrics served on another: (address, metrics port)."""
+def metered(engine: str, retriever: Retriever, **fields: Any) -> Iterator[tuple[str, int]]:
+    """A server of ``engine`` on port 0 (:func:`~tests.helpers.local`'s config with ``fields``)
+    with its metrics served on another: (address, metrics port)."""
     metrics = Metrics()
     port = metrics.serve(0)
     server: StartedServer
     if engine == "native":
-        server, bound = create_native_server(retriever, local(engine="native"), metrics=metrics)
+        server, bound = create_native_server(retriever, local(engine="native", **fields), metrics=metrics)
     else:
-        server, bound = create_server(retriever, local(), metrics=metrics)
+        server, bound = create_server(retriever, local(**fields), metrics=metrics)
     try:
         yield f"127.0.0.1:{bound}", port
     finally:
@@ -112,6 +113,59 @@ def test_the_same_calls_give_the_same_metrics_on_both_engines(retriever: Retriev
         if name == "retrieval_queue_depth"
     }
     assert depths == {"calls": 0, "batch": 0, "heavy": 0}
+
+
+SMALL_LIMIT = 4096
+"""The request limit of the oversized-request test, in bytes (``--max-request-mb`` 1/256)."""
+
+
+def oversized(times: float) -> bytes:
+    """A ``Retrieve`` of about ``times`` :data:`SMALL_LIMIT` bytes (excluded ids of 8 characters)."""
+    excluded = [f"x{i:07d}" for i in range(int(times * SMALL_LIMIT / 10))]
+    return retrieval_pb2.RetrieveRequest(history=ITEMS[:3], k=3, exclude_ids=excluded).SerializeToString()
+
+
+def refused(channel: grpc.Channel, request: bytes) -> tuple[grpc.StatusCode, str]:
+    """The code and message ``request`` to ``Retrieve`` is refused with (sent as bytes: past the
+    client's own size check)."""
+    with pytest.raises(grpc.RpcError) as error:
+        channel.unary_unary("/retrieval.v1.RetrievalService/Retrieve", None, None)(request, timeout=10)
+    return error.value.code(), str(error.value.details())
+
+
+def test_a_request_over_the_size_limit_is_refused_and_counted_as_the_python_engine_does(
+    retriever: Retriever,
+) -> None:
+    """A 4 KiB limit; three requests of about twice that: on both engines the same code and
+    message, counted ``message_size`` three times (the native engine's own check: gRPC's limit is
+    set 4x higher), and the server answers the next call. One past the 4x ceiling is refused by
+    gRPC itself on the native engine, uncounted (server.cc's ReceiveCeiling)."""
+    limits = LimitsConfig(max_request_mb=SMALL_LIMIT / 2**20)
+    request = oversized(2)
+    found = {}
+    for engine in ("python", "native"):
+        with (
+            metered(engine, retriever, limits=limits) as (address, port),
+            connected(address, retries=0) as client,
+            grpc.insecure_channel(address) as channel,
+        ):
+            answers = [refused(channel, request) for _ in range(3)]
+            assert len(client.retrieve(ITEMS[:3], k=3).items) == 3
+            found[engine] = (answers, exported(port))
+            if engine == "native":
+                past = refused(channel, oversized(4.5))
+                assert past[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert f"vs. {4 * SMALL_LIMIT})" in past[1], past[1]
+                assert exported(port) == found[engine][1]  # not counted
+    (python, python_metrics), (ours, our_metrics) = found["python"], found["native"]
+    assert ours == python
+    code, message = python[0]
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert message.endswith(f"Received message larger than max ({len(request)} vs. {SMALL_LIMIT})"), message
+    assert our_metrics == python_metrics
+    assert python_metrics[refusal("RESOURCE_EXHAUSTED", "message_size")] == 3
+    ok = ("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))
+    assert python_metrics[ok] == 1
 
 
 @pytest.mark.parametrize("round_", range(5))

@@ -44,6 +44,7 @@ from tests.serving.helpers import (
     ToyKernel,
     brute_force,
     built,
+    code_of,
     toy_servable,
 )
 
@@ -376,12 +377,17 @@ def test_the_vocabulary_handover_refuses_a_repeated_id() -> None:
 # --- serving ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("max_request_mb", "refused_with"),
+    [(5.0, grpc.StatusCode.INVALID_ARGUMENT), (1.0, grpc.StatusCode.RESOURCE_EXHAUSTED)],
+)
 def test_the_heap_is_trimmed_once_after_a_burst_of_large_requests(
-    serve: Callable[..., native.NativeServer],
+    serve: Callable[..., native.NativeServer], max_request_mb: float, refused_with: grpc.StatusCode
 ) -> None:
     """As the Python engine's MemoryTrimmer: small requests never trim; a burst of requests of
-    LARGE_REQUEST bytes or more (answered or refused) trims once, after the burst."""
-    server = serve()
+    LARGE_REQUEST bytes or more trims once, after the burst: refused once parsed (too many
+    exclusions) or, over a 1 MiB ``--max-request-mb``, unparsed (gRPC read them all the same)."""
+    server = serve(limits=LimitsConfig(max_request_mb=max_request_mb))
     with grpc.insecure_channel(address(server)) as channel:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)  # type: ignore[no-untyped-call]
         for _ in range(20):
@@ -392,11 +398,8 @@ def test_the_heap_is_trimmed_once_after_a_burst_of_large_requests(
             history=["item1"], k=3, exclude_ids=[f"x{i:07d}" for i in range(120_000)]
         )
         assert large.ByteSize() >= LARGE_REQUEST
-        for _ in range(3):
-            try:
-                stub.Retrieve(large, timeout=10)
-            except grpc.RpcError as e:  # refused by a limit after it was read: noted all the same
-                assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        for _ in range(3):  # refused by a limit after it was read: noted all the same
+            assert code_of(lambda: stub.Retrieve(large, timeout=10)) == refused_with
     deadline = time.monotonic() + 10
     while server.counters()["trims"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)

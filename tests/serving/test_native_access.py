@@ -35,7 +35,7 @@ from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import native
 from retrieval.serving.access import AccessControl
 from retrieval.serving.auth import AccessFile
-from retrieval.serving.config import AccessConfig, ServerConfig, TlsConfig
+from retrieval.serving.config import AccessConfig, LimitsConfig, ServerConfig, TlsConfig
 from retrieval.serving.metrics import Metrics
 from retrieval.serving.native_server import create_native_server
 from retrieval.serving.retriever import Retriever
@@ -559,8 +559,8 @@ def test_the_access_log_writes_the_python_engines_lines(
 ) -> None:
     """Every call sampled (``--access-log-sample 1``, with user ids): the same fields in the same
     order on both engines (the latency aside), the caller's request id or a generated one, sent
-    back in the ``x-request-id`` trailer of every call; without an access file the identity is
-    the client's address."""
+    back in the ``x-request-id`` trailer of every call, one over ``--max-request-mb`` too; without
+    an access file the identity is the client's address."""
     access_file = tmp_path / "access.toml"
     access_file.write_text(ACCESS)
     access = AccessConfig(
@@ -570,6 +570,9 @@ def test_the_access_log_writes_the_python_engines_lines(
     batch = retrieval_pb2.BatchRetrieveRequest(
         requests=[one, retrieval_pb2.RetrieveRequest(history=ITEMS[4:6], k=3, user_id="u3")]
     )
+    oversized = retrieval_pb2.RetrieveRequest(
+        history=ITEMS[:3], k=5, exclude_ids=[f"x{i:07d}" for i in range(8000)]
+    )
     team_a, team_b = CREDENTIALS["team-a"], CREDENTIALS["team-b (sha256)"]
     sent: list[tuple[str, Message, Metadata]] = [
         ("Retrieve", one, (*team_a, ("x-request-id", "abc"))),
@@ -577,6 +580,7 @@ def test_the_access_log_writes_the_python_engines_lines(
         ("Retrieve", retrieval_pb2.RetrieveRequest(history=ITEMS[:2], k=0, user_id="u2"), team_a),
         ("GetModelInfo", retrieval_pb2.GetModelInfoRequest(), team_b),
         ("Retrieve", one, team_b),  # denied: its identity, nothing of its request
+        ("Retrieve", oversized, team_a),  # ~80 KB over 64 KiB: refused unread
         ("Retrieve", one, CREDENTIALS["wrong"]),  # not identified
         ("Retrieve", one, (*team_a, ("x-request-id", "x" * 129))),  # too long: one is generated
     ]
@@ -584,7 +588,8 @@ def test_the_access_log_writes_the_python_engines_lines(
     for engine in ("python", "native"):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="retrieval.access"):
-            server, port = start(engine, retriever, local(engine=engine, access=access))
+            limits = LimitsConfig(max_request_mb=1 / 16)
+            server, port = start(engine, retriever, local(engine=engine, access=access, limits=limits))
             try:
                 with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                     trailers[engine] = [request_id(channel, *one) for one in sent]
@@ -592,9 +597,12 @@ def test_the_access_log_writes_the_python_engines_lines(
                 server.stop(None).wait(30)  # every line is written (the native engine's every 50 ms)
         records = [r for r in caplog.records if r.name == "retrieval.access"]
         lines[engine] = [dict(getattr(r, "fields")) for r in records]  # noqa: B009 (set by AccessLog.write)
+    # grpcio refuses the oversized call before the Python engine's handler sets its trailers.
+    assert [i for i, trailer in enumerate(trailers["python"]) if trailer is None] == [5]
+    assert None not in trailers["native"]
     for engine in lines:
         for line, trailer in zip(lines[engine], trailers[engine], strict=True):
-            assert line.pop("request_id") == trailer
+            assert line.pop("request_id") == trailer or trailer is None
             assert line.pop("latency_ms") >= 0
         assert trailers[engine][0] == "abc" and re.fullmatch("[0-9a-f]{32}", trailers[engine][-1])
     assert lines["native"] == lines["python"]
@@ -617,17 +625,25 @@ def test_the_access_log_writes_the_python_engines_lines(
         "code": "PERMISSION_DENIED",
         "model_version": None,
     }
+    assert lines["python"][5] == {
+        "identity": "team-a",
+        "method": "Retrieve",
+        "code": "RESOURCE_EXHAUSTED",
+        "model_version": None,
+    }
 
 
-def request_id(channel: grpc.Channel, method: str, body: Message, metadata: Metadata) -> str:
-    """Sends ``body`` to ``method``: the ``x-request-id`` trailer it gets, whatever its status."""
+def request_id(channel: grpc.Channel, method: str, body: Message, metadata: Metadata) -> str | None:
+    """Sends ``body`` to ``method``: the ``x-request-id`` trailer it gets, whatever its status
+    (``None``: none)."""
     send = channel.unary_unary(SERVICE + method, None, None)
     ended: Any  # a grpc.Call: the answered call, or the error of a failed one
     try:
         _, ended = send.with_call(body.SerializeToString(), metadata=metadata, timeout=30)
     except grpc.RpcError as e:
         ended = e
-    return str(dict(ended.trailing_metadata() or ())["x-request-id"])
+    trailer = dict(ended.trailing_metadata() or ()).get("x-request-id")
+    return None if trailer is None else str(trailer)
 
 
 def answered(channel: grpc.Channel, code: str) -> bool:

@@ -10,6 +10,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from retrieval.api.client import RetrievalClient
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import native
+from retrieval.serving.config import TlsConfig
 from retrieval.serving.native_kernel import NativeServable
 from retrieval.serving.server import StartedServer
+from tests.helpers import write_certificates
 
 OPS_TOKEN_ENV = "OPS_TOKEN_FOR_TESTS"
 """The environment variable holding the ``ops`` identity's token (a test sets it)."""
@@ -202,7 +205,35 @@ def check_health_ports(server: StartedServer, address: str, files: Mapping[str, 
     return health_address
 
 
-def rotate(new: Path, live: Path) -> None:
-    """Puts ``new`` in place of ``live`` as secret managers do: written aside, renamed over."""
-    shutil.copy(new, live.with_suffix(".new"))
-    os.replace(live.with_suffix(".new"), live)
+@dataclass(frozen=True)
+class Rotation:
+    """Two sets of certificates (:func:`~tests.helpers.write_certificates`), ``first`` and
+    ``second``, and ``live``, the folder of a server's TLS files: the first's ``server.pem`` and
+    ``server.key`` until :meth:`rotate` puts the second's in their place."""
+
+    first: dict[str, Path]
+    second: dict[str, Path]
+    live: Path
+
+    @classmethod
+    def write(cls, folder: Path) -> Rotation:
+        """Writes both sets and the live folder under ``folder``."""
+        for name in ("first", "second", "live"):
+            (folder / name).mkdir()
+        first, second = write_certificates(folder / "first"), write_certificates(folder / "second")
+        live = folder / "live"
+        for name in ("server.pem", "server.key"):
+            shutil.copy(first[name], live / name)
+        return cls(first, second, live)
+
+    @property
+    def tls(self) -> TlsConfig:
+        """A server's TLS configuration reading the live files."""
+        return TlsConfig(str(self.live / "server.pem"), str(self.live / "server.key"))
+
+    def rotate(self, name: str) -> None:
+        """Puts the second set's ``name`` in place of the live one as secret managers do:
+        written aside, renamed over."""
+        live = self.live / name
+        shutil.copy(self.second[name], live.with_suffix(".new"))
+        os.replace(live.with_suffix(".new"), live)

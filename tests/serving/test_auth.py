@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,7 +30,14 @@ from retrieval.serving.metrics import BasicAuth, Metrics
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import RetrievalServer, create_server
 from tests.helpers import assert_same, brute_force, local, write_certificates
-from tests.serving.helpers import ACCESS, OPS_TOKEN_ENV, check_health_ports, code_of, health_status, rotate
+from tests.serving.helpers import (
+    ACCESS,
+    OPS_TOKEN_ENV,
+    Rotation,
+    check_health_ports,
+    code_of,
+    health_status,
+)
 
 
 @pytest.fixture
@@ -213,15 +219,9 @@ def test_reflection_can_be_switched_off(retriever: Retriever) -> None:
 
 
 def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_path: Path) -> None:
-    for name in ("first", "second", "live"):
-        (tmp_path / name).mkdir()
-    first, second = write_certificates(tmp_path / "first"), write_certificates(tmp_path / "second")
-    live = tmp_path / "live"
-    for name in ("server.pem", "server.key"):
-        shutil.copy(first[name], live / name)
-    with started(
-        retriever, local(tls=TlsConfig(str(live / "server.pem"), str(live / "server.key")))
-    ) as server:
+    certificates = Rotation.write(tmp_path)
+    first, second = certificates.first, certificates.second
+    with started(retriever, local(tls=certificates.tls)) as server:
         address = f"127.0.0.1:{server.port}"
 
         def code_trusting(ca: Path) -> grpc.StatusCode:
@@ -232,10 +232,10 @@ def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_pa
         assert code_trusting(second["ca.pem"]) == grpc.StatusCode.UNAVAILABLE
         with RetrievalClient(address, retries=0, tls_ca=first["ca.pem"]) as kept:
             kept.model_info()  # a connection made before the rotation
-            rotate(second["server.pem"], live / "server.pem")
+            certificates.rotate("server.pem")
             # Half written: the new certificate with the old key, which gRPC refuses to load.
             assert code_trusting(first["ca.pem"]) == grpc.StatusCode.OK
-            rotate(second["server.key"], live / "server.key")
+            certificates.rotate("server.key")
             assert code_trusting(second["ca.pem"]) == grpc.StatusCode.OK
             assert code_trusting(first["ca.pem"]) == grpc.StatusCode.UNAVAILABLE
             assert code_of(kept.model_info) == grpc.StatusCode.OK  # keeps its session

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import threading
 import time
 from collections import Counter
@@ -44,10 +43,10 @@ from tests.helpers import ITEMS, local, scrape, write_certificates
 from tests.serving.helpers import ACCESS as TEAMS_ACCESS
 from tests.serving.helpers import (
     OPS_TOKEN_ENV,
+    Rotation,
     check_health_ports,
     code_of,
     health_status,
-    rotate,
     toy_servable,
 )
 
@@ -522,14 +521,9 @@ def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_pa
     """The native engine's TLS files are re-read when they change (within a second or two): new
     connections get the new certificate, a half-written rotation keeps the pair in use, a
     connection made before keeps its session."""
-    for name in ("first", "second", "live"):
-        (tmp_path / name).mkdir()
-    first, second = write_certificates(tmp_path / "first"), write_certificates(tmp_path / "second")
-    live = tmp_path / "live"
-    for name in ("server.pem", "server.key"):
-        shutil.copy(first[name], live / name)
-    tls = TlsConfig(str(live / "server.pem"), str(live / "server.key"))
-    server, port = start("native", retriever, local(engine="native", tls=tls))
+    certificates = Rotation.write(tmp_path)
+    first, second = certificates.first, certificates.second
+    server, port = start("native", retriever, local(engine="native", tls=certificates.tls))
     address = f"127.0.0.1:{port}"
 
     def code_trusting(ca: Path) -> grpc.StatusCode:
@@ -541,11 +535,11 @@ def test_rotated_certificates_serve_new_connections(retriever: Retriever, tmp_pa
         assert code_trusting(second["ca.pem"]) == grpc.StatusCode.UNAVAILABLE
         with RetrievalClient(address, retries=0, tls_ca=first["ca.pem"]) as kept:
             kept.model_info()  # a connection made before the rotation
-            rotate(second["server.pem"], live / "server.pem")
+            certificates.rotate("server.pem")
             time.sleep(2.5)  # gRPC's file watcher has looked (every second)
             # Half written: the new certificate with the old key, which gRPC refuses to load.
             assert code_trusting(first["ca.pem"]) == grpc.StatusCode.OK
-            rotate(second["server.key"], live / "server.key")
+            certificates.rotate("server.key")
             wait_for(lambda: code_trusting(second["ca.pem"]) == grpc.StatusCode.OK, "the new certificate")
             assert code_trusting(first["ca.pem"]) == grpc.StatusCode.UNAVAILABLE
             assert code_of(kept.model_info) == grpc.StatusCode.OK  # keeps its session

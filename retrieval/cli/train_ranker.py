@@ -52,20 +52,13 @@ from retrieval.storage import ArtifactError
 
 __all__ = ["main", "parse_args"]
 
-# flag dest -> RankerConfig field; a flag overrides its field only when given, and an error names it.
-FLAG_FIELDS = {
-    "ranker": "ranker",
-    "epochs": "epochs",
-    "negatives": "negatives",
-    "num_negatives": "num_negatives",
-    "candidates": "candidates",
-    "positions_per_user": "positions_per_user",
-    "dim": "dim",
-    "item_init": "item_init",
-    "batch_size": "batch_size",
-    "lr": "learning_rate",
-    "seed": "seed",
-}
+SAME_NAMED = (
+    "ranker", "epochs", "negatives", "num_negatives", "candidates", "positions_per_user", "dim", "item_init",
+    "batch_size", "seed",
+)  # fmt: skip
+FLAG_FIELDS = {**{name: name for name in SAME_NAMED}, "lr": "learning_rate"}
+"""Flag dest -> RankerConfig field (each flag but ``--lr`` is named as its field); a flag overrides
+its field only when given, and an error names it."""
 
 REQUIRED = ("model", "index", "data", "out")
 """Arguments a training needs (not --print-config)."""
@@ -95,17 +88,12 @@ def parse_args(
         "--negatives",
         help=f"retrieved, uniform, popularity, or several joined by '+' (default {c.negatives})",
     )
-    p.add_argument("--num-negatives", type=int, help=f"negatives per click (default {c.num_negatives})")
-    p.add_argument(
-        "--candidates",
-        type=int,
-        help=f"retrieval depth: negatives pool and reranked list (default {c.candidates})",
-    )
-    p.add_argument(
-        "--positions-per-user",
-        type=int,
-        help=f"last clicks of each user trained on (default {c.positions_per_user})",
-    )
+    for flag, default, what in (
+        ("--num-negatives", c.num_negatives, "negatives per click"),
+        ("--candidates", c.candidates, "retrieval depth: negatives pool and reranked list"),
+        ("--positions-per-user", c.positions_per_user, "last clicks of each user trained on"),
+    ):
+        p.add_argument(flag, type=int, help=f"{what} (default {default})")
     p.add_argument("--dim", type=int, help="embedding size (default: the retrieval model's)")
     p.add_argument(
         "--item-init",

@@ -571,7 +571,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     batch = requests(args.data, args.k)
     reranked = twins(batch, rerank=retrieval_pb2.Rerank(candidates=RERANK_CANDIDATES))
     explained = twins(batch, explain=True)
-    serve = ["tools/serve.py", "--model", str(model_dir), "--index", str(index_dir), "--processes", "1"]
+    serve = ["tools/serve.py", "--model", str(model_dir), "--index", str(index_dir), "--engine", "python"]
+    serve += ["--processes", "1"]  # the last flag: a group's rows replace its value
     servers = {
         "echo": (["-m", "bench.serving", "--echo", "--k", str(args.k)], batch),
         RETRIEVAL: (serve, batch),

@@ -30,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fuzz", type=int, default=10_000, help="generated requests to send")
     p.add_argument(
         "--engine",
-        choices=ENGINES,
+        choices=[engine for engine in ENGINES if engine != "auto"],  # an engine named, to compare
         default="python",
         help="the engine of every server the run starts (docs/serving.md, Engines; default %(default)s)",
     )

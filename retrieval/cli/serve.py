@@ -172,8 +172,9 @@ def _add_processes(p: argparse.ArgumentParser, c: ServerConfig) -> None:
     p.add_argument(
         "--engine",
         choices=ENGINES,
-        help="what answers the calls: python, or native: a C++ gRPC server calling the model once "
-        f"per micro-batch (make native builds it; docs/serving.md, Engines) (default {c.engine})",
+        help="what answers the calls: native, a C++ gRPC server calling the model once per "
+        "micro-batch (make native builds it); python; or auto: native where it is built and "
+        f"implements every option given, else python (docs/serving.md, Engines) (default {c.engine})",
     )
     p.add_argument("--host", help=f"interface to bind, 0.0.0.0 for all (default {c.host})")
     p.add_argument("--port", type=int, help=f"0 picks a free port (default {c.port})")
@@ -343,13 +344,15 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if isinstance(started, int):
         return started
     config, args = started
-    if config.engine == "native":  # before any process starts: not built, or an option it lacks
-        from retrieval.serving.native import NativeEngineMissing, check_native
+    from retrieval.serving.logs import configure_logging
+    from retrieval.serving.native import NativeEngineMissing, choose_engine
 
-        try:
-            check_native(config)
-        except (ValueError, NativeEngineMissing) as e:
-            return refuse(e)
+    configure_logging(config.log_format)
+    try:  # before any process starts: not built, or an option it lacks
+        config = choose_engine(config)
+    except (ValueError, NativeEngineMissing) as e:
+        return refuse(e)
+    if config.engine == "native":
         single_threaded_tensorflow()  # the tower, called once per batch (its workers inherit it)
     from retrieval.serving.group import default_processes
 

@@ -53,8 +53,9 @@ Port = Annotated[int, Range(0, 65535)]
 
 MIB = 2**20
 
-Engine = Literal["python", "native"]
-"""What answers the calls (``ServerConfig.engine``, ``--engine``)."""
+Engine = Literal["auto", "python", "native"]
+"""What answers the calls (``ServerConfig.engine``, ``--engine``); ``auto`` is decided at start
+(:func:`~retrieval.serving.native.choose_engine`)."""
 ENGINES: tuple[str, ...] = typing.get_args(Engine)
 
 
@@ -223,10 +224,11 @@ class ServerConfig:
         watch_interval: seconds between two looks at ``watch``.
         xla: run the user tower and the rankers compiled by XLA (not with ``watch``: TensorFlow
             keeps every compiled version in memory).
-        engine: what answers the calls: ``python`` (grpcio, the retriever in Python), or
-            ``native``: a C++ gRPC server (``make native``) calling the loaded tower and index
-            once per micro-batch, which refuses at start the options it does not implement yet
-            (:func:`~retrieval.serving.native.check_native`; docs/serving.md, "Engines").
+        engine: what answers the calls: ``native``, a C++ gRPC server (``make native``) calling
+            the loaded tower and index once per micro-batch, which refuses at start the options
+            it does not implement yet (:func:`~retrieval.serving.native.check_native`);
+            ``python`` (grpcio, the retriever in Python); or ``auto``: ``native`` where it is
+            built and implements every option set, else ``python`` (docs/serving.md, "Engines").
         host: the interface to bind (``0.0.0.0`` for all); every address it resolves to is bound.
         port: the gRPC port; 0 picks a free one.
         processes: server processes answering on the port, each with its own model and request
@@ -253,7 +255,7 @@ class ServerConfig:
     watch: str | None = None
     watch_interval: PositiveFloat = 2.0
     xla: bool = False
-    engine: Engine = "python"
+    engine: Engine = "auto"
     host: str = "127.0.0.1"
     port: Port = 50051
     processes: PositiveInt | None = None

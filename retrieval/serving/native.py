@@ -24,8 +24,10 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
+import logging
 import os
 import sys
 import threading
@@ -98,6 +100,7 @@ __all__ = [
     "NativeEngineMissing",
     "NativeServer",
     "check_native",
+    "choose_engine",
     "native_module",
     "printable_table",
 ]
@@ -140,6 +143,11 @@ def _not_native(config: ServerConfig) -> dict[str, bool]:
     }
 
 
+def _unimplemented(config: ServerConfig) -> str | None:
+    """The first option ``config`` sets that the native engine does not implement, if any."""
+    return next((option for option, given in _not_native(config).items() if given), None)
+
+
 def check_native(config: ServerConfig) -> None:
     """Checks that the native engine can serve ``config``: every option it sets is implemented,
     and the engine is built.
@@ -149,10 +157,35 @@ def check_native(config: ServerConfig) -> None:
             ``--engine python``).
         NativeEngineMissing: the engine is not built.
     """
-    for option, given in _not_native(config).items():
-        if given:
-            raise ValueError(f"the native engine does not implement {option} yet: serve with --engine python")
+    option = _unimplemented(config)
+    if option is not None:
+        raise ValueError(f"the native engine does not implement {option} yet: serve with --engine python")
     native_module()
+
+
+def choose_engine(config: ServerConfig) -> ServerConfig:
+    """``config`` with the engine that serves it: ``auto`` becomes ``native`` where the engine is
+    built and implements every option ``config`` sets, else ``python`` (logged with the reason);
+    ``native`` is checked (:func:`check_native`); ``python`` stays.
+
+    Raises:
+        ValueError: ``native`` with an option it does not implement yet.
+        NativeEngineMissing: ``native`` and the engine is not built.
+    """
+    if config.engine != "auto":
+        if config.engine == "native":
+            check_native(config)
+        return config
+    option = _unimplemented(config)
+    try:
+        if option is None:
+            native_module()
+            return dataclasses.replace(config, engine="native")
+        why = f"the native engine does not implement {option}"
+    except NativeEngineMissing as e:
+        why = str(e)
+    logging.getLogger(__name__).info("the Python engine serves (--engine auto): %s", why)
+    return dataclasses.replace(config, engine="python")
 
 
 def _identity_table(

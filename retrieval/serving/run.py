@@ -12,6 +12,7 @@ from retrieval.api.convert import SERVICE_NAME
 from retrieval.serving.access import AccessControl
 from retrieval.serving.config import MetricsConfig, ServerConfig
 from retrieval.serving.metrics import BasicAuth, Metrics
+from retrieval.serving.native import choose_engine
 from retrieval.serving.reload import RetrieverSlot
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.server import StartedServer, create_server
@@ -37,7 +38,8 @@ def serve_forever(
     reuse_port: bool = False,
     serving: bool = True,
 ) -> None:
-    """Serves until SIGTERM or SIGINT with the engine ``config.engine`` names, then stops gracefully.
+    """Serves until SIGTERM or SIGINT with the engine ``config.engine`` names (``auto``:
+    :func:`~retrieval.serving.native.choose_engine`), then stops gracefully.
 
     On the signal the health status turns NOT_SERVING, calls are still answered for
     ``config.drain`` seconds (while load balancers move away), then new calls are refused and
@@ -53,12 +55,13 @@ def serve_forever(
 
     Raises:
         OSError: the metrics port or the gRPC port cannot be bound; nothing is left serving.
+        ValueError, NativeEngineMissing: ``native`` asked for, and it cannot serve ``config``.
     """
     # A heavy call's Python work holds the GIL for up to the switch interval each time a cheap
     # call's thread asks for it, and a call asks many times: 1 ms (instead of 5) keeps cheap
     # calls' latency under heavy load (bench/robustness --abuse).
     sys.setswitchinterval(SWITCH_INTERVAL)
-    config = config or ServerConfig()
+    config = choose_engine(config or ServerConfig())
     access = AccessControl.from_config(config) if access is None else access
     served = _serve_metrics(config.metrics, access.metrics_auth)
     try:
@@ -115,7 +118,7 @@ def _serve_metrics(config: MetricsConfig, auth: BasicAuth | None) -> Metrics | N
 
 def _log_started(server: StartedServer, config: ServerConfig, bound: int) -> None:
     tls = " with TLS" if config.tls.cert else ""
-    engine = " (native engine)" if config.engine == "native" else ""
+    engine = f" ({config.engine} engine)"
     version = server.slot.current.model_version
     logger.info("serving %s (model %s) on %s:%d%s%s", SERVICE_NAME, version, config.host, bound, tls, engine)
     if server.health_port is not None:

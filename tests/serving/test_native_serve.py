@@ -73,7 +73,7 @@ def test_options_the_native_engine_lacks_are_refused_at_start_in_one_line(
 def _python_engine_error(
     folders: list[str], given: list[str], file: Path, capsys: pytest.CaptureFixture[str]
 ) -> str:
-    argv = [*folders, "--processes", "1", *(a.replace("{file}", str(file)) for a in given)]
+    argv = [*folders, "--engine", "python", *(a.replace("{file}", str(file)) for a in given)]
     assert serve.main(argv) == 2  # the empty model folder
     return capsys.readouterr().err
 
@@ -100,6 +100,50 @@ def test_without_the_engine_built_native_exits_2_naming_make_native_and_the_pack
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: the native engine is not built (")
     assert "run `make native`" in line and " ".join(native.PACKAGES) in line
+
+
+def test_auto_is_native_where_built_and_python_otherwise_saying_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``auto`` (the default) falls back to the Python engine, with a log line naming the reason,
+    when an option the native engine lacks is set or the engine is not built; ``python`` and
+    ``native`` are kept as asked."""
+    from retrieval.serving.config import ServerConfig
+
+    assert ServerConfig().engine == "auto"
+    with caplog.at_level("INFO", logger=native.__name__):
+        assert native.choose_engine(ServerConfig(threads=8)).engine == "python"
+    assert "the native engine does not implement --threads (threads)" in caplog.text
+    assert native.choose_engine(ServerConfig(engine="python")).engine == "python"
+    with pytest.raises(ValueError, match="--threads"):
+        native.choose_engine(ServerConfig(engine="native", threads=8))
+    monkeypatch.setitem(sys.modules, "retrieval.serving._native", None)  # as if never built
+    caplog.clear()
+    with caplog.at_level("INFO", logger=native.__name__):
+        assert native.choose_engine(ServerConfig()).engine == "python"
+    assert "the native engine is not built" in caplog.text and "make native" in caplog.text
+    with pytest.raises(native.NativeEngineMissing):
+        native.choose_engine(ServerConfig(engine="native"))
+
+
+def test_auto_is_native_where_built() -> None:
+    from retrieval.serving.config import ServerConfig
+
+    built()
+    assert native.choose_engine(ServerConfig()).engine == "native"
+    assert native.choose_engine(ServerConfig(engine="native")).engine == "native"
+
+
+def test_mitt_serve_without_the_build_goes_on_with_the_python_engine(
+    folders: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No ``--engine``, no build: not the native engine's refusal but the Python engine's start,
+    which then finds the (empty) model folder."""
+    monkeypatch.setitem(sys.modules, "retrieval.serving._native", None)
+    assert serve.main([*folders, "--processes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "the Python engine serves (--engine auto): the native engine is not built" in err
+    assert "error: " in err and "make native" not in err.split("error: ", 1)[1]
 
 
 def test_every_refused_option_is_a_flag_of_mitt_serve(capsys: pytest.CaptureFixture[str]) -> None:

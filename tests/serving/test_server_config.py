@@ -44,7 +44,7 @@ OLD_DEFAULTS: dict[str, Any] = {
     "metrics_host": "127.0.0.1",
     "log_format": "text",
     "xla": False,
-    "engine": "python",  # --engine came later (issue 44): the Python engine was the only one
+    "engine": "auto",  # --engine came later (issue 44): native where built, else Python
     "model": None,
     "index": None,
     "watch": None,

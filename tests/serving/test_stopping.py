@@ -49,7 +49,7 @@ if stuck == "drain":  # the drain's shut-down never returns
 model = make_model()
 run.serve_forever(
     Retriever(model, build_index_from_model(model, "Flat")),
-    ServerConfig(port=port, grace=grace),
+    ServerConfig(engine="python", port=port, grace=grace),
     on_start=stuck_watcher if stuck == "health" else None,
 )
 print("serve_forever returned", flush=True)
@@ -173,7 +173,7 @@ def test_mitt_serve_exits_within_its_grace_and_margin_whatever_is_stuck(
     publish_deployment(model_1, index_1, root)
     port, grace = free_port(), 1.0
     argv = ["--watch", str(root), "--watch-interval", "0.1", "--host", "localhost", "--port", str(port)]
-    argv += ["--processes", "1", "--grace", str(grace)]
+    argv += ["--processes", "1", "--grace", str(grace), "--engine", "python"]  # its threads and loads
     log = tmp_path / "server.log"
     process = start([sys.executable, "-c", SERVE_CLI, stuck, *argv], log, f"127.0.0.1:{port}")
     history = list(read_model_vocab(model_1).ids[:3])

@@ -1,36 +1,32 @@
 #include "call_metrics.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace mitt::native {
 
-const char* MethodName(Method method) {
-  switch (method) {
-    case Method::kRetrieve:
-      return "Retrieve";
-    case Method::kBatchRetrieve:
-      return "BatchRetrieve";
-    case Method::kGetModelInfo:
-      return "GetModelInfo";
-    case Method::kServerReflectionInfo:
-      return "ServerReflectionInfo";
-  }
-  return "";
-}
+namespace {
 
-const char* FullMethodName(Method method) {
-  switch (method) {
-    case Method::kRetrieve:
-      return "/retrieval.v1.RetrievalService/Retrieve";
-    case Method::kBatchRetrieve:
-      return "/retrieval.v1.RetrievalService/BatchRetrieve";
-    case Method::kGetModelInfo:
-      return "/retrieval.v1.RetrievalService/GetModelInfo";
-    case Method::kServerReflectionInfo:  // the only version gRPC 1.51's plugin serves
-      return "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
-  }
-  return "";
-}
+struct MethodNames {
+  const char* name;       // the `method` label
+  const char* full_name;  // "/package.Service/Method"
+};
+
+// Indexed by Method.
+constexpr MethodNames kMethodNames[] = {
+    {"Retrieve", "/retrieval.v1.RetrievalService/Retrieve"},
+    {"BatchRetrieve", "/retrieval.v1.RetrievalService/BatchRetrieve"},
+    {"GetModelInfo", "/retrieval.v1.RetrievalService/GetModelInfo"},
+    // v1alpha: the only version gRPC 1.51's plugin serves
+    {"ServerReflectionInfo", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"},
+};
+static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kServerReflectionInfo) + 1);
+
+}  // namespace
+
+const char* MethodName(Method method) { return kMethodNames[static_cast<size_t>(method)].name; }
+
+const char* FullMethodName(Method method) { return kMethodNames[static_cast<size_t>(method)].full_name; }
 
 void CallMetrics::Observe(Histogram& histogram, const std::vector<double>& bounds, double value) {
   if (histogram.buckets.empty()) histogram.buckets.assign(bounds.size() + 1, 0);

@@ -36,16 +36,20 @@ Merge MergeOf(const RetrieveRequest& request) {
   }
 }
 
-const char* MergeEnumName(Merge merge) {
-  switch (merge) {
-    case Merge::kRoundRobin:
-      return "ROUND_ROBIN";
-    case Merge::kDiversity:
-      return "DIVERSITY";
-    default:
-      return "MAX_SCORE";
-  }
-}
+struct MergeNames {
+  const char* enum_name;  // the proto's
+  const char* name;       // index.merge's
+};
+
+// Indexed by Merge.
+constexpr MergeNames kMergeNames[] = {
+    {"MAX_SCORE", "max_score"},
+    {"ROUND_ROBIN", "round_robin"},
+    {"DIVERSITY", "diversity"},
+};
+static_assert(std::size(kMergeNames) == static_cast<size_t>(Merge::kDiversity) + 1);
+
+const char* MergeEnumName(Merge merge) { return kMergeNames[static_cast<size_t>(merge)].enum_name; }
 
 void SortUnique(std::vector<int64_t>& ids) {
   std::sort(ids.begin(), ids.end());
@@ -54,16 +58,7 @@ void SortUnique(std::vector<int64_t>& ids) {
 
 }  // namespace
 
-const char* MergeName(Merge merge) {
-  switch (merge) {
-    case Merge::kRoundRobin:
-      return "round_robin";
-    case Merge::kDiversity:
-      return "diversity";
-    default:
-      return "max_score";
-  }
-}
+const char* MergeName(Merge merge) { return kMergeNames[static_cast<size_t>(merge)].name; }
 
 grpc::Status RequestChecker::CheckSizes(const RetrieveRequest& request) const {
   const std::pair<const char*, int> lists[] = {

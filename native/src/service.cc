@@ -143,8 +143,17 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
   return call;
 }
 
+std::unique_ptr<PendingCall> RetrievalService::Begin(grpc::CallbackServerContext* context,
+                                                     grpc::ServerUnaryReactor* reactor, const grpc::ByteBuffer& request,
+                                                     grpc::ByteBuffer* response, Method method,
+                                                     google::protobuf::Message* message) {
+  auto call = Arrive(context, reactor, response, method);
+  if (call != nullptr && !Read(call, request, message)) return nullptr;
+  return call;
+}
+
 bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request,
-                            google::protobuf::Message* message, const char* type) {
+                            google::protobuf::Message* message) {
   const auto parsing = Stages::Clock::now();
   trimmer_.Note(request.Length());  // refused or not, gRPC has held its bytes
   if (request.Length() > max_request_bytes_) {
@@ -158,8 +167,8 @@ bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::Byte
   grpc::ByteBuffer copy(request);  // the reader consumes its buffer
   grpc::ProtoBufferReader reader(&copy);
   if (!message->ParseFromZeroCopyStream(&reader)) {
-    End(std::move(call), Invalid(std::string("the request is not a valid ") + type +
-                                 ": Error parsing message with type '" + type + "'"));
+    const std::string type = message->GetTypeName();
+    End(std::move(call), Invalid("the request is not a valid " + type + ": Error parsing message with type '" + type + "'"));
     return false;
   }
   stages_.Add(Stage::kParse, parsing);
@@ -170,10 +179,9 @@ grpc::ServerUnaryReactor* RetrievalService::Retrieve(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto call = Arrive(context, reactor, response, Method::kRetrieve);
-  if (call == nullptr) return reactor;
   retrieval::v1::RetrieveRequest parsed;
-  if (!Read(call, *request, &parsed, "retrieval.v1.RetrieveRequest")) return reactor;
+  auto call = Begin(context, reactor, *request, response, Method::kRetrieve, &parsed);
+  if (call == nullptr) return reactor;
   if (call->record != nullptr) log_.Read(parsed, call->record.get());
   const auto checking = Stages::Clock::now();
   if (grpc::Status status = checker_.CheckSizes(parsed); !status.ok()) {
@@ -199,10 +207,9 @@ grpc::ServerUnaryReactor* RetrievalService::BatchRetrieve(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto call = Arrive(context, reactor, response, Method::kBatchRetrieve);
-  if (call == nullptr) return reactor;
   retrieval::v1::BatchRetrieveRequest parsed;
-  if (!Read(call, *request, &parsed, "retrieval.v1.BatchRetrieveRequest")) return reactor;
+  auto call = Begin(context, reactor, *request, response, Method::kBatchRetrieve, &parsed);
+  if (call == nullptr) return reactor;
   if (call->record != nullptr) log_.Read(parsed, call->record.get());
   const auto checking = Stages::Clock::now();
   const auto count = static_cast<size_t>(parsed.requests_size());
@@ -249,10 +256,9 @@ grpc::ServerUnaryReactor* RetrievalService::GetModelInfo(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto call = Arrive(context, reactor, response, Method::kGetModelInfo);
-  if (call == nullptr) return reactor;
   retrieval::v1::GetModelInfoRequest parsed;
-  if (!Read(call, *request, &parsed, "retrieval.v1.GetModelInfoRequest")) return reactor;
+  auto call = Begin(context, reactor, *request, response, Method::kGetModelInfo, &parsed);
+  if (call == nullptr) return reactor;
   const std::shared_ptr<const ModelInfos> info = slot_.model_info();
   const bool whole = call->caller == nullptr || call->caller->Has("admin");
   Put(whole ? info->whole : info->cut, response);

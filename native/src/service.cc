@@ -143,13 +143,14 @@ std::unique_ptr<PendingCall> RetrievalService::Arrive(grpc::CallbackServerContex
   return call;
 }
 
-std::unique_ptr<PendingCall> RetrievalService::Begin(grpc::CallbackServerContext* context,
-                                                     grpc::ServerUnaryReactor* reactor, const grpc::ByteBuffer& request,
-                                                     grpc::ByteBuffer* response, Method method,
-                                                     google::protobuf::Message* message) {
+RetrievalService::Started RetrievalService::Begin(grpc::CallbackServerContext* context, const grpc::ByteBuffer& request,
+                                                 grpc::ByteBuffer* response, Method method,
+                                                 google::protobuf::Message* message) {
+  // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto call = Arrive(context, reactor, response, method);
-  if (call != nullptr && !Read(call, request, message)) return nullptr;
-  return call;
+  if (call != nullptr && !Read(call, request, message)) return {reactor, nullptr};
+  return {reactor, std::move(call)};
 }
 
 bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request,
@@ -177,10 +178,8 @@ bool RetrievalService::Read(std::unique_ptr<PendingCall>& call, const grpc::Byte
 
 grpc::ServerUnaryReactor* RetrievalService::Retrieve(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
-  // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   retrieval::v1::RetrieveRequest parsed;
-  auto call = Begin(context, reactor, *request, response, Method::kRetrieve, &parsed);
+  auto [reactor, call] = Begin(context, *request, response, Method::kRetrieve, &parsed);
   if (call == nullptr) return reactor;
   if (call->record != nullptr) log_.Read(parsed, call->record.get());
   const auto checking = Stages::Clock::now();
@@ -205,10 +204,8 @@ grpc::ServerUnaryReactor* RetrievalService::Retrieve(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* RetrievalService::BatchRetrieve(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
-  // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   retrieval::v1::BatchRetrieveRequest parsed;
-  auto call = Begin(context, reactor, *request, response, Method::kBatchRetrieve, &parsed);
+  auto [reactor, call] = Begin(context, *request, response, Method::kBatchRetrieve, &parsed);
   if (call == nullptr) return reactor;
   if (call->record != nullptr) log_.Read(parsed, call->record.get());
   const auto checking = Stages::Clock::now();
@@ -254,10 +251,8 @@ grpc::ServerUnaryReactor* RetrievalService::BatchRetrieve(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* RetrievalService::GetModelInfo(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
-  // Once per call: each DefaultReactor() call starts a new reactor, forgetting a Finish.
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   retrieval::v1::GetModelInfoRequest parsed;
-  auto call = Begin(context, reactor, *request, response, Method::kGetModelInfo, &parsed);
+  auto [reactor, call] = Begin(context, *request, response, Method::kGetModelInfo, &parsed);
   if (call == nullptr) return reactor;
   const std::shared_ptr<const ModelInfos> info = slot_.model_info();
   const bool whole = call->caller == nullptr || call->caller->Has("admin");

@@ -65,11 +65,14 @@ class RetrievalService final : public RawRetrievalService {
   // Parses `request` into `message`; false (the call ended) when it does not parse or is refused
   // unread (over max_request_bytes, or large while heavy calls leave no room).
   bool Read(std::unique_ptr<PendingCall>& call, const grpc::ByteBuffer& request, google::protobuf::Message* message);
-  // A call's start: Arrive, then Read `request` into `message`; nullptr when the call was refused
-  // (and answered already).
-  std::unique_ptr<PendingCall> Begin(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
-                                     const grpc::ByteBuffer& request, grpc::ByteBuffer* response, Method method,
-                                     google::protobuf::Message* message);
+  // A call's start: its reactor, and the call as Arrive, then Read `request` into `message` leave it
+  // (nullptr when it was refused and answered already).
+  struct Started {
+    grpc::ServerUnaryReactor* reactor;
+    std::unique_ptr<PendingCall> call;
+  };
+  Started Begin(grpc::CallbackServerContext* context, const grpc::ByteBuffer& request, grpc::ByteBuffer* response,
+                Method method, google::protobuf::Message* message);
   // Admits `call` (cheap at once; heavy by the admission, maybe later), then ends it with
   // `checked` when that is a failure, else queues it.
   void Admit(std::unique_ptr<PendingCall> call, grpc::Status checked);

@@ -747,6 +747,45 @@ def rows_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def native_lines(results: dict[str, Any]) -> list[str]:
+    """The native engine's verdicts against its targets, and each engine's ``BatchRetrieve``."""
+    c, lines = results["checks"], []
+    for name, target in NATIVE_TARGETS.items():
+        if f"native_{name}" in c:
+            bound = ">=" if name.startswith("qps") else "<="
+            verdict = f"target {bound} {target}: {met(c[f'native_{name}_ok'])}"
+            lines.append(f"{NATIVE}: {name} = {c[f'native_{name}']} ({verdict})")
+    if "native_cpu_bound_over_python_at_32" in c or "native_cpu_bound_over_echo_at_32" in c:
+        lines.append(
+            f"{NATIVE}: QPS at 32 bounded by CPU (cores / (server + client CPU ms per request)) = "
+            f"{c.get('native_cpu_bound_over_python_at_32')} x the Python engine's, "
+            f"{c.get('native_cpu_bound_over_echo_at_32')} x the echo's"
+        )
+    if "native_rss_over_python" in c:
+        lines.append(
+            f"{NATIVE}: RSS / the Python engine's at 32 = {c['native_rss_over_python']} "
+            f"(target <= 1: {met(c['native_rss_over_python_ok'])})"
+        )
+    for name, b in results.get("batched", {}).items():
+        lines.append(
+            f"{name}: BatchRetrieve of {b['users']} users, one in flight ({b['calls']} calls, "
+            f"{b['errors']} errors): {b['server_cpu_ms_per_user']} ms of server CPU and "
+            f"{b['p50_ms_per_user']} ms (p50) per user"
+        )
+    if "native_batch_cpu_ms_per_user" in c:
+        lines.append(
+            f"{NATIVE}: BatchRetrieve server CPU per user = {c['native_batch_cpu_ms_per_user']} ms "
+            f"(target <= {NATIVE_BATCH_TARGET_MS}: {met(c['native_batch_ok'])}; "
+            f"{c.get('native_batch_cpu_over_python')} x the Python engine's)"
+        )
+    return lines
+
+
+def met(ok: Any) -> str:
+    """A target's verdict."""
+    return "met" if ok else "NOT met"
+
+
 def table(results: dict[str, Any]) -> str:
     lines = [
         f"{results['items']:,} items, K={results['num_interests']}, k={results['k']}, "
@@ -763,39 +802,11 @@ def table(results: dict[str, Any]) -> str:
             continue  # a row --rows left out: no verdict
         lines.append(
             f"{name}: p99 at concurrency 1: {c.get('p99_at_1_ms' + suffix)} ms (target <= "
-            f"{TARGET_P99_MS}: {'met' if c.get('p99_at_1_ok' + suffix) else 'NOT met'}); QPS at "
+            f"{TARGET_P99_MS}: {met(c.get('p99_at_1_ok' + suffix))}); QPS at "
             f"concurrency 32 = {c.get('qps_share_of_echo_at_32' + suffix)} x echo (target >= "
-            f"{TARGET_ECHO_SHARE}: {'met' if c.get('qps_share_ok' + suffix) else 'NOT met'})"
+            f"{TARGET_ECHO_SHARE}: {met(c.get('qps_share_ok' + suffix))})"
         )
-    for name, target in NATIVE_TARGETS.items():
-        if f"native_{name}" in c:
-            bound = ">=" if name.startswith("qps") else "<="
-            met = "met" if c[f"native_{name}_ok"] else "NOT met"
-            lines.append(f"{NATIVE}: {name} = {c[f'native_{name}']} (target {bound} {target}: {met})")
-    if "native_cpu_bound_over_python_at_32" in c or "native_cpu_bound_over_echo_at_32" in c:
-        lines.append(
-            f"{NATIVE}: QPS at 32 bounded by CPU (cores / (server + client CPU ms per request)) = "
-            f"{c.get('native_cpu_bound_over_python_at_32')} x the Python engine's, "
-            f"{c.get('native_cpu_bound_over_echo_at_32')} x the echo's"
-        )
-    if "native_rss_over_python" in c:
-        met = "met" if c["native_rss_over_python_ok"] else "NOT met"
-        lines.append(
-            f"{NATIVE}: RSS / the Python engine's at 32 = {c['native_rss_over_python']} (target <= 1: {met})"
-        )
-    for name, b in results.get("batched", {}).items():
-        lines.append(
-            f"{name}: BatchRetrieve of {b['users']} users, one in flight ({b['calls']} calls, "
-            f"{b['errors']} errors): {b['server_cpu_ms_per_user']} ms of server CPU and "
-            f"{b['p50_ms_per_user']} ms (p50) per user"
-        )
-    if "native_batch_cpu_ms_per_user" in c:
-        met = "met" if c["native_batch_ok"] else "NOT met"
-        lines.append(
-            f"{NATIVE}: BatchRetrieve server CPU per user = {c['native_batch_cpu_ms_per_user']} ms "
-            f"(target <= {NATIVE_BATCH_TARGET_MS}: {met}; {c.get('native_batch_cpu_over_python')} x the "
-            "Python engine's)"
-        )
+    lines += native_lines(results)
     lines += [
         f"errors: {c['errors']}",
         f"Server work without gRPC (one thread, batches of 32): "
@@ -817,7 +828,7 @@ def table(results: dict[str, Any]) -> str:
             f"p99 added by the DIN rerank of {RERANK_CANDIDATES} candidates at concurrency 1 ({server}"
             f"{', interleaved' if server in results.get('paired', {}) else ', between rows'}): "
             f"{c.get('rerank_added_p99_at_1_ms' + suffix)} ms (target <= "
-            f"{TARGET_RERANK_P99_MS}: {'met' if c.get('rerank_added_p99_ok' + suffix) else 'NOT met'})"
+            f"{TARGET_RERANK_P99_MS}: {met(c.get('rerank_added_p99_ok' + suffix))})"
         )
     for r in results["rows"]:
         if r.get("server_memory") and r["concurrency"] == max(x["concurrency"] for x in results["rows"]):
@@ -828,7 +839,7 @@ def table(results: dict[str, Any]) -> str:
     if "group_memory_pss_ratio" in c:
         lines.append(
             f"2 processes / 1 process memory: PSS x{c['group_memory_pss_ratio']} (target <= "
-            f"{TARGET_GROUP_MEMORY}: {'met' if c['group_memory_ok'] else 'NOT met'}), "
+            f"{TARGET_GROUP_MEMORY}: {met(c['group_memory_ok'])}), "
             f"RSS x{c['group_memory_rss_ratio']}"
         )
     if "explain_added_p99_at_1_ms" in c:

@@ -47,6 +47,7 @@ from retrieval.storage.manifest import (
     sha256_file,
 )
 from retrieval.storage.versions import publish, resolve_current
+from tests.artifacts.helpers import ForkedChild, ForkServer
 from tests.helpers import REPO_ROOT, FakeModel, ReloadUnderLoad, run_tool, saved_endpoint, tiered
 
 FILE_KINDS = {
@@ -818,6 +819,13 @@ FS_EVENTS = ("open", "os.", "shutil.", "ctypes.")
 ``renameat2``, called through ctypes, raises none itself, but its ``ctypes.dlopen``/``dlsym`` come
 right before it, so a kill lands on each side of the atomic exchange."""
 
+RUN_TOOL_CHILD = """
+import runpy, sys
+tool, sys.argv[1:] = sys.argv[1], sys.argv[2:]
+runpy.run_path(tool, run_name="__main__")
+"""
+"""``python TOOL ARGS`` as ``python -c RUN_TOOL_CHILD TOOL ARGS`` (a child :class:`ForkServer` can fork)."""
+
 TRAIN_EPOCHS = 5
 TRAIN_ARGS = [
     "--model", "youtubednn", "--epochs", str(TRAIN_EPOCHS), "--dim", "8", "--max-len", "8",
@@ -827,32 +835,44 @@ TRAIN_ARGS = [
 
 
 def start_training(
-    data: Path, out: Path, report: Path, phase: str = "none", call: int = 0, kill_at: int = 0, *extra: str
-) -> subprocess.Popen[str]:
-    """``tools/train.py --data DATA --out OUT TRAIN_ARGS EXTRA`` in a child process that writes the
-    file-system events of each checkpoint and of the artifact write (to the exit) to ``report``,
-    and SIGKILLs itself at the ``kill_at``-th event of the ``call``-th write of ``phase``."""
+    server: ForkServer,
+    data: Path,
+    out: Path,
+    report: Path,
+    phase: str = "none",
+    call: int = 0,
+    kill_at: int = 0,
+    *extra: str,
+) -> ForkedChild:
+    """``tools/train.py --data DATA --out OUT TRAIN_ARGS EXTRA`` in a child process (forked by
+    ``server``) that writes the file-system events of each checkpoint and of the artifact write
+    (to the exit) to ``report``, and SIGKILLs itself at the ``kill_at``-th event of the
+    ``call``-th write of ``phase``."""
     child = TRAIN_CHILD.format(repo=str(REPO_ROOT), prefixes=FS_EVENTS)
     argv = [phase, str(call), str(kill_at), str(report), "--data", str(data), "--out", str(out)]
-    return subprocess.Popen(
-        [sys.executable, "-c", child, *argv, *TRAIN_ARGS, *extra],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-# The kill -9 series during training below is marked slow: 10 to 17 s a test here (a child trains
-# five epochs, is killed, and resumes), about two minutes with the reference run.
+    return server.start(child, *argv, *TRAIN_ARGS, *extra)
 
 
 @pytest.fixture(scope="module")
-def training_reference(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """The kill -9 series' children (a training, a deploy), forked with TensorFlow imported: a
+    fresh interpreter's ~6 s of imports, paid once instead of in each of ~30 children."""
+    with ForkServer(tmp_path_factory.mktemp("fork-server")) as server:
+        yield server
+
+
+# The kill -9 series during training below is marked slow: 5 to 11 s a test here (a child trains
+# five epochs, is killed, and resumes; 14 to 20 s when each child imported TensorFlow itself).
+
+
+@pytest.fixture(scope="module")
+def training_reference(
+    fork_server: ForkServer, synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     """An uninterrupted run: its losses, and the file-system events of every checkpoint and of
     the artifact write, where the kills are drawn from."""
     base = tmp_path_factory.mktemp("train-reference")
-    process = start_training(synthetic_csv, base / "model", base / "events.json")
+    process = start_training(fork_server, synthetic_csv, base / "model", base / "events.json")
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr[-3000:]
     events = json.loads((base / "events.json").read_text())
@@ -889,11 +909,13 @@ def assert_nothing_half_written_is_visible(out: Path, pid: int) -> int:
     return checkpoint_epoch(run)
 
 
-def resume_and_check(data: Path, out: Path, epoch: int, reference: dict[str, Any]) -> None:
+def resume_and_check(
+    server: ForkServer, data: Path, out: Path, epoch: int, reference: dict[str, Any]
+) -> None:
     """``--resume`` continues from the checkpoint's epoch, writes an artifact that loads, trained
     exactly as the uninterrupted run, and removes the run folder and every leftover."""
     started = time.monotonic()
-    process = start_training(data, out, out.parent / "resume-events.json", "none", 0, 0, "--resume")
+    process = start_training(server, data, out, out.parent / "resume-events.json", "none", 0, 0, "--resume")
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr[-3000:]
     run = out.with_name(out.name + ".partial")
@@ -910,12 +932,16 @@ def resume_and_check(data: Path, out: Path, epoch: int, reference: dict[str, Any
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_mid_epoch_then_resume(
-    synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any], seed: int
+    fork_server: ForkServer,
+    synthetic_csv: Path,
+    tmp_path: Path,
+    training_reference: dict[str, Any],
+    seed: int,
 ) -> None:
     """SIGKILL from outside at a random moment of the third epoch (timed from the second: a
     machine that speeds up may move it into the fourth)."""
     out = tmp_path / "model"
-    process = start_training(synthetic_csv, out, tmp_path / "events.json")
+    process = start_training(fork_server, synthetic_csv, out, tmp_path / "events.json")
     run = out.with_name(out.name + ".partial")
     seen: dict[int, float] = {}
     deadline = time.monotonic() + 240
@@ -935,13 +961,17 @@ def test_kill_9_mid_epoch_then_resume(
     print(f"seed {seed}: killed {delay:.3f} s after checkpoint 2 (epochs take {epoch_seconds:.3f} s): "
           f"checkpoint of epoch {epoch}")  # fmt: skip
     assert 2 <= epoch < TRAIN_EPOCHS
-    resume_and_check(synthetic_csv, out, epoch, training_reference)
+    resume_and_check(fork_server, synthetic_csv, out, epoch, training_reference)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_mid_checkpoint_write_then_resume(
-    synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any], seed: int
+    fork_server: ForkServer,
+    synthetic_csv: Path,
+    tmp_path: Path,
+    training_reference: dict[str, Any],
+    seed: int,
 ) -> None:
     """SIGKILL at a random file-system step of a random epoch's checkpoint write (the first one
     has no previous checkpoint; the others replace one)."""
@@ -950,7 +980,9 @@ def test_kill_9_mid_checkpoint_write_then_resume(
     call = int(rng.integers(1, 3))  # 1 or 2: a first checkpoint, or one that replaces another
     kill_at = int(rng.integers(1, len(writes[call - 1]) + 1))
     out = tmp_path / "model"
-    process = start_training(synthetic_csv, out, tmp_path / "events.json", "checkpoint", call, kill_at)
+    process = start_training(
+        fork_server, synthetic_csv, out, tmp_path / "events.json", "checkpoint", call, kill_at
+    )
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == -signal.SIGKILL, stderr[-3000:]
     epoch = assert_nothing_half_written_is_visible(out, process.pid)
@@ -958,7 +990,7 @@ def test_kill_9_mid_checkpoint_write_then_resume(
     print(f"seed {seed}: killed at step {kill_at}/{len(writes[call - 1])} ({step[0]}) of checkpoint "
           f"{call}: checkpoint of epoch {epoch}")  # fmt: skip
     assert epoch in (call - 1, call)  # the previous checkpoint, or the new one whole
-    resume_and_check(synthetic_csv, out, epoch, training_reference)
+    resume_and_check(fork_server, synthetic_csv, out, epoch, training_reference)
 
 
 def artifact_steps(reference: dict[str, Any]) -> tuple[list[list[str]], int, int]:
@@ -975,24 +1007,30 @@ def artifact_steps(reference: dict[str, Any]) -> tuple[list[list[str]], int, int
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_kill_9_mid_artifact_write_then_resume(
-    synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any], seed: int
+    fork_server: ForkServer,
+    synthetic_csv: Path,
+    tmp_path: Path,
+    training_reference: dict[str, Any],
+    seed: int,
 ) -> None:
     """SIGKILL at a random file-system step of writing the finished model artifact, up to the
     rename that puts it in place: no artifact appears, and the resume only exports it."""
     steps, rename, _ = artifact_steps(training_reference)
     kill_at = int(np.random.default_rng(seed).integers(1, rename + 1))
     out = tmp_path / "model"
-    process = start_training(synthetic_csv, out, tmp_path / "events.json", "artifact", 1, kill_at)
+    process = start_training(
+        fork_server, synthetic_csv, out, tmp_path / "events.json", "artifact", 1, kill_at
+    )
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == -signal.SIGKILL, stderr[-3000:]
     print(f"seed {seed}: killed at step {kill_at}/{rename} ({steps[kill_at - 1][0]}) of the artifact write")
     assert assert_nothing_half_written_is_visible(out, process.pid) == TRAIN_EPOCHS
-    resume_and_check(synthetic_csv, out, TRAIN_EPOCHS, training_reference)
+    resume_and_check(fork_server, synthetic_csv, out, TRAIN_EPOCHS, training_reference)
 
 
 @pytest.mark.slow
 def test_kill_9_after_the_artifact_is_in_place_then_resume(
-    synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any]
+    fork_server: ForkServer, synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any]
 ) -> None:
     """SIGKILL while the finished run removes its run folder (the artifact already in place):
     the artifact is whole, the half-removed checkpoint is never loaded, and the same command with
@@ -1001,7 +1039,9 @@ def test_kill_9_after_the_artifact_is_in_place_then_resume(
     removals = [i for i, (event, _) in enumerate(steps, 1) if event == "os.remove" and i > cleanup]
     kill_at = removals[1]  # the checkpoint's first file is gone, the others are still there
     out = tmp_path / "model"
-    process = start_training(synthetic_csv, out, tmp_path / "events.json", "artifact", 1, kill_at)
+    process = start_training(
+        fork_server, synthetic_csv, out, tmp_path / "events.json", "artifact", 1, kill_at
+    )
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == -signal.SIGKILL, stderr[-3000:]
     load_model(out)  # the artifact is whole
@@ -1009,10 +1049,9 @@ def test_kill_9_after_the_artifact_is_in_place_then_resume(
     if run.exists():  # what is left of the checkpoint is refused, never loaded
         with pytest.raises(ArtifactError):
             checkpoint_epoch(run)
-    resumed = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tools" / "train.py"), "--data", str(synthetic_csv), "--out",
-         str(out), *TRAIN_ARGS, "--resume"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    resumed = fork_server.run(
+        RUN_TOOL_CHILD, str(REPO_ROOT / "tools" / "train.py"), "--data", str(synthetic_csv), "--out",
+        str(out), *TRAIN_ARGS, "--resume", timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     load_model(out)
@@ -1044,21 +1083,25 @@ sys.exit(code)
 """
 
 
-def run_deploy(version: tuple[Path, Path, str], root: Path, kill_at: int) -> subprocess.CompletedProcess[str]:
-    """``tools/deploy.py --model M --index I --root ROOT`` in a child process that SIGKILLs itself
-    at the ``kill_at``-th file-system step of the publication (0: never; it then prints the steps,
-    ``[event, first argument]``, as JSON on its last line)."""
+def run_deploy(
+    server: ForkServer, version: tuple[Path, Path, str], root: Path, kill_at: int
+) -> subprocess.CompletedProcess[str]:
+    """``tools/deploy.py --model M --index I --root ROOT`` in a child process (forked by ``server``)
+    that SIGKILLs itself at the ``kill_at``-th file-system step of the publication (0: never; it
+    then prints the steps, ``[event, first argument]``, as JSON on its last line)."""
     child = DEPLOY_CHILD.format(
         repo=str(REPO_ROOT), tool=str(REPO_ROOT / "tools" / "deploy.py"), prefixes=FS_EVENTS
     )
     model_dir, index_dir, _ = version
     argv = [str(kill_at), "--model", str(model_dir), "--index", str(index_dir), "--root", str(root)]
-    return subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True, timeout=120)
+    return server.run(child, *argv, timeout=120)
 
 
 @pytest.fixture(scope="module")
 def deploy_steps(
-    model_versions: list[tuple[Path, Path, str]], tmp_path_factory: pytest.TempPathFactory
+    fork_server: ForkServer,
+    model_versions: list[tuple[Path, Path, str]],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[list[list[str]], int]:
     """A whole publication's file-system steps (``[event, first argument]``), where the kills
     below are drawn from, and the (1-based) step of its switch: the rename of the new ``current``
@@ -1068,7 +1111,7 @@ def deploy_steps(
 
     calibration = tmp_path_factory.mktemp("calibration") / "live"
     publish_deployment(model_versions[0][0], model_versions[0][1], calibration)
-    dry = run_deploy(model_versions[1], calibration, 0)
+    dry = run_deploy(fork_server, model_versions[1], calibration, 0)
     assert dry.returncode == 0, dry.stderr[-2000:]
     events = json.loads(dry.stdout.splitlines()[-1])
     switch = next(
@@ -1078,9 +1121,10 @@ def deploy_steps(
     return events, switch
 
 
-@pytest.mark.slow  # a server under load while four deploys are killed: 20 to 40 s each (loaded machine)
+@pytest.mark.slow  # a server under load while four deploys are killed: ~4 s each (40 s unforked)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_during_a_hot_reload_keeps_serving(
+    fork_server: ForkServer,
     model_versions: list[tuple[Path, Path, str]],
     deploy_steps: tuple[list[list[str]], int],
     tmp_path: Path,
@@ -1105,7 +1149,7 @@ def test_kill_9_during_a_hot_reload_keeps_serving(
         for kill_at in map(int, rng.permutation(kills)):
             old = read_manifest(deployment_dirs(root)[0], "model")["version"]
             new = next(v for v in by_version if v != old)
-            done = run_deploy(by_version[new], root, kill_at)
+            done = run_deploy(fork_server, by_version[new], root, kill_at)
             assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
             model_dir, index_dir = deployment_dirs(root)  # whole: every checksum verifies
             current = read_manifest(model_dir, "model")["version"]

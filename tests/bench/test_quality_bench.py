@@ -341,7 +341,7 @@ def test_pooled_folds_are_means_over_every_user(tmp_path: Path) -> None:
     (entry,) = report["paired"]
     assert (entry["reference"], entry["users"]) == ("sasrec-none", 31)
     sa = users[0]
-    sasrec = UserMetrics.load(tmp_path / "users" / "log" / "comirec" / "sasrec-none.csv").aligned_with(sa)
+    sasrec = UserMetrics.load(tmp_path / "users" / "log" / "comirec" / "youtubednn-none.csv").aligned_with(sa)
     d = sa.values["recall@50"] - sasrec.values["recall@50"]
     (row,) = entry["rows"]
     assert row["difference"]["recall@50"] == pytest.approx(d.mean(), abs=1e-12)
@@ -391,16 +391,16 @@ def test_a_run_saved_before_a_config_field_existed_is_still_finished(tmp_path: P
         quality.finished(quality.apply_overrides(config, ["data.folds=2", "data.fold=1"]), tmp_path)
 
 
-@pytest.mark.slow  # trains two folds of one tower: ~10 s here
+@pytest.mark.slow  # trains two folds of one tower (YouTube DNN, the quickest to build): ~5 s here
 def test_quick_report_in_folds(synthetic_csv: Path, tmp_path: Path) -> None:
     out = tmp_path / "folds"
-    argv = ["--quick", "--datasets", str(synthetic_csv), "--towers", "sasrec", "--protocols", "comirec"]
+    argv = ["--quick", "--datasets", str(synthetic_csv), "--towers", "youtubednn", "--protocols", "comirec"]
     assert quality.main([*argv, "--folds", "2", "--out", str(out), "--quiet", "--no-plots"]) == 0
     report = json.loads((out / "results.json").read_text())
     assert [(r["fold"], r["folds"]) for r in report["runs"]] == [(0, 2), (1, 2)]
     folds = [UserMetrics.load(r["folder"]) for r in report["runs"]]
     assert not set(folds[0].users) & set(folds[1].users)
-    pooled = UserMetrics.load(out / "users" / "log-200users" / "comirec" / "sasrec-none.csv")
+    pooled = UserMetrics.load(out / "users" / "log-200users" / "comirec" / "youtubednn-none.csv")
     assert set(pooled.users) == set(folds[0].users) | set(folds[1].users)
     assert len(pooled.users) == 60  # every synthetic user has enough events: each is tested once
     (group,) = report["groups"]

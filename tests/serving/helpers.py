@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.native_echo import ToyKernel as SearchOnly
 from retrieval.api.client import RetrievalClient
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import native
@@ -88,10 +89,11 @@ def brute_force(histories: np.ndarray, fetch: np.ndarray) -> tuple[np.ndarray, n
 Search = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-class ToyKernel:
+class ToyKernel(SearchOnly):
     """The engine's kernel over ``search(histories, fetch) -> (ids, scores)`` (by default
     :func:`brute_force`; no filters: the tests here send none): the interests are the toy
-    tower's, and no row is ever short (each is said to be searched as deep as its shortest list)."""
+    tower's, and no row is ever short (each is said to be searched as deep as its shortest list);
+    the calls no toy request needs raise (:class:`bench.native_echo.ToyKernel`)."""
 
     def __init__(self, search: Search = brute_force) -> None:
         self._search = search
@@ -106,15 +108,6 @@ class ToyKernel:
         if ids.shape[1] != NUM_INTERESTS:  # a search answering for other interests than the tower's
             interests = np.ones((len(histories), ids.shape[1], DIM), np.float32)
         return ids, scores, fetched, interests, None
-
-    def alone(self, *args: Any) -> Any:
-        raise AssertionError("no row of these tests comes back short")
-
-    def rescore(self, *args: Any) -> Any:
-        raise AssertionError("these tests ask for no DIVERSITY merge")
-
-    def rerank(self, *args: Any) -> Any:
-        raise AssertionError("these tests rerank nothing")
 
 
 def toy_servable(

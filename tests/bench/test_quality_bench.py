@@ -341,7 +341,7 @@ def test_pooled_folds_are_means_over_every_user(tmp_path: Path) -> None:
     (entry,) = report["paired"]
     assert (entry["reference"], entry["users"]) == ("sasrec-none", 31)
     sa = users[0]
-    sasrec = UserMetrics.load(tmp_path / "users" / "log" / "comirec" / "youtubednn-none.csv").aligned_with(sa)
+    sasrec = UserMetrics.load(tmp_path / "users" / "log" / "comirec" / "sasrec-none.csv").aligned_with(sa)
     d = sa.values["recall@50"] - sasrec.values["recall@50"]
     (row,) = entry["rows"]
     assert row["difference"]["recall@50"] == pytest.approx(d.mean(), abs=1e-12)

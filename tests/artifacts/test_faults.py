@@ -26,6 +26,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -865,12 +866,27 @@ def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer
 # five epochs, is killed, and resumes; 14 to 20 s when each child imported TensorFlow itself).
 
 
+@dataclass(frozen=True)
+class Training:
+    """The kill -9 series' trainings: the fork server their children start from, the data they
+    train on, and an uninterrupted run's losses and file-system events (``reference``: the
+    ``events`` of every checkpoint and of the artifact write, where the kills are drawn from, its
+    ``losses`` and its ``out``)."""
+
+    server: ForkServer
+    data: Path
+    reference: dict[str, Any]
+
+    def start(self, out: Path, report: Path, *kill: Any) -> ForkedChild:
+        """:func:`start_training` of this data; ``kill``: its ``phase, call, kill_at, *extra``."""
+        return start_training(self.server, self.data, out, report, *kill)
+
+
 @pytest.fixture(scope="module")
-def training_reference(
+def training(
     fork_server: ForkServer, synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    """An uninterrupted run: its losses, and the file-system events of every checkpoint and of
-    the artifact write, where the kills are drawn from."""
+) -> Training:
+    """The series' :class:`Training`, its reference run made once."""
     base = tmp_path_factory.mktemp("train-reference")
     process = start_training(fork_server, synthetic_csv, base / "model", base / "events.json")
     _, stderr = process.communicate(timeout=300)
@@ -878,7 +894,8 @@ def training_reference(
     events = json.loads((base / "events.json").read_text())
     assert len(events["checkpoint"]) == TRAIN_EPOCHS and len(events["artifact"]) == 1
     metrics = json.loads((base / "model" / "metrics.json").read_text())
-    return {"events": events, "losses": metrics["train_loss_per_epoch"], "out": base / "model"}
+    reference = {"events": events, "losses": metrics["train_loss_per_epoch"], "out": base / "model"}
+    return Training(fork_server, synthetic_csv, reference)
 
 
 def checkpoint_epoch(run: Path) -> int:
@@ -909,13 +926,11 @@ def assert_nothing_half_written_is_visible(out: Path, pid: int) -> int:
     return checkpoint_epoch(run)
 
 
-def resume_and_check(
-    server: ForkServer, data: Path, out: Path, epoch: int, reference: dict[str, Any]
-) -> None:
+def resume_and_check(training: Training, out: Path, epoch: int) -> None:
     """``--resume`` continues from the checkpoint's epoch, writes an artifact that loads, trained
     exactly as the uninterrupted run, and removes the run folder and every leftover."""
     started = time.monotonic()
-    process = start_training(server, data, out, out.parent / "resume-events.json", "none", 0, 0, "--resume")
+    process = training.start(out, out.parent / "resume-events.json", "none", 0, 0, "--resume")
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr[-3000:]
     run = out.with_name(out.name + ".partial")
@@ -924,24 +939,18 @@ def resume_and_check(
     load_model(out)  # verifies every checksum and loads the tower
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["epochs_trained"] == TRAIN_EPOCHS
-    np.testing.assert_allclose(metrics["train_loss_per_epoch"], reference["losses"], rtol=1e-5)
+    np.testing.assert_allclose(metrics["train_loss_per_epoch"], training.reference["losses"], rtol=1e-5)
     assert sorted(p.name for p in out.parent.iterdir() if p.name != "resume-events.json") == [out.name]
     print(f"resumed after epoch {epoch} in {time.monotonic() - started:.1f} s")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_kill_9_mid_epoch_then_resume(
-    fork_server: ForkServer,
-    synthetic_csv: Path,
-    tmp_path: Path,
-    training_reference: dict[str, Any],
-    seed: int,
-) -> None:
+def test_kill_9_mid_epoch_then_resume(training: Training, tmp_path: Path, seed: int) -> None:
     """SIGKILL from outside at a random moment of the third epoch (timed from the second: a
     machine that speeds up may move it into the fourth)."""
     out = tmp_path / "model"
-    process = start_training(fork_server, synthetic_csv, out, tmp_path / "events.json")
+    process = training.start(out, tmp_path / "events.json")
     run = out.with_name(out.name + ".partial")
     seen: dict[int, float] = {}
     deadline = time.monotonic() + 240
@@ -961,28 +970,20 @@ def test_kill_9_mid_epoch_then_resume(
     print(f"seed {seed}: killed {delay:.3f} s after checkpoint 2 (epochs take {epoch_seconds:.3f} s): "
           f"checkpoint of epoch {epoch}")  # fmt: skip
     assert 2 <= epoch < TRAIN_EPOCHS
-    resume_and_check(fork_server, synthetic_csv, out, epoch, training_reference)
+    resume_and_check(training, out, epoch)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_kill_9_mid_checkpoint_write_then_resume(
-    fork_server: ForkServer,
-    synthetic_csv: Path,
-    tmp_path: Path,
-    training_reference: dict[str, Any],
-    seed: int,
-) -> None:
+def test_kill_9_mid_checkpoint_write_then_resume(training: Training, tmp_path: Path, seed: int) -> None:
     """SIGKILL at a random file-system step of a random epoch's checkpoint write (the first one
     has no previous checkpoint; the others replace one)."""
     rng = np.random.default_rng(seed)
-    writes = training_reference["events"]["checkpoint"]
+    writes = training.reference["events"]["checkpoint"]
     call = int(rng.integers(1, 3))  # 1 or 2: a first checkpoint, or one that replaces another
     kill_at = int(rng.integers(1, len(writes[call - 1]) + 1))
     out = tmp_path / "model"
-    process = start_training(
-        fork_server, synthetic_csv, out, tmp_path / "events.json", "checkpoint", call, kill_at
-    )
+    process = training.start(out, tmp_path / "events.json", "checkpoint", call, kill_at)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == -signal.SIGKILL, stderr[-3000:]
     epoch = assert_nothing_half_written_is_visible(out, process.pid)
@@ -990,7 +991,7 @@ def test_kill_9_mid_checkpoint_write_then_resume(
     print(f"seed {seed}: killed at step {kill_at}/{len(writes[call - 1])} ({step[0]}) of checkpoint "
           f"{call}: checkpoint of epoch {epoch}")  # fmt: skip
     assert epoch in (call - 1, call)  # the previous checkpoint, or the new one whole
-    resume_and_check(fork_server, synthetic_csv, out, epoch, training_reference)
+    resume_and_check(training, out, epoch)
 
 
 def artifact_steps(reference: dict[str, Any]) -> tuple[list[list[str]], int, int]:
@@ -1006,42 +1007,30 @@ def artifact_steps(reference: dict[str, Any]) -> tuple[list[list[str]], int, int
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
-def test_kill_9_mid_artifact_write_then_resume(
-    fork_server: ForkServer,
-    synthetic_csv: Path,
-    tmp_path: Path,
-    training_reference: dict[str, Any],
-    seed: int,
-) -> None:
+def test_kill_9_mid_artifact_write_then_resume(training: Training, tmp_path: Path, seed: int) -> None:
     """SIGKILL at a random file-system step of writing the finished model artifact, up to the
     rename that puts it in place: no artifact appears, and the resume only exports it."""
-    steps, rename, _ = artifact_steps(training_reference)
+    steps, rename, _ = artifact_steps(training.reference)
     kill_at = int(np.random.default_rng(seed).integers(1, rename + 1))
     out = tmp_path / "model"
-    process = start_training(
-        fork_server, synthetic_csv, out, tmp_path / "events.json", "artifact", 1, kill_at
-    )
+    process = training.start(out, tmp_path / "events.json", "artifact", 1, kill_at)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == -signal.SIGKILL, stderr[-3000:]
     print(f"seed {seed}: killed at step {kill_at}/{rename} ({steps[kill_at - 1][0]}) of the artifact write")
     assert assert_nothing_half_written_is_visible(out, process.pid) == TRAIN_EPOCHS
-    resume_and_check(fork_server, synthetic_csv, out, TRAIN_EPOCHS, training_reference)
+    resume_and_check(training, out, TRAIN_EPOCHS)
 
 
 @pytest.mark.slow
-def test_kill_9_after_the_artifact_is_in_place_then_resume(
-    fork_server: ForkServer, synthetic_csv: Path, tmp_path: Path, training_reference: dict[str, Any]
-) -> None:
+def test_kill_9_after_the_artifact_is_in_place_then_resume(training: Training, tmp_path: Path) -> None:
     """SIGKILL while the finished run removes its run folder (the artifact already in place):
     the artifact is whole, the half-removed checkpoint is never loaded, and the same command with
     ``--resume`` finishes the run (nothing left to train) and clears the run folder."""
-    steps, _, cleanup = artifact_steps(training_reference)
+    steps, _, cleanup = artifact_steps(training.reference)
     removals = [i for i, (event, _) in enumerate(steps, 1) if event == "os.remove" and i > cleanup]
     kill_at = removals[1]  # the checkpoint's first file is gone, the others are still there
     out = tmp_path / "model"
-    process = start_training(
-        fork_server, synthetic_csv, out, tmp_path / "events.json", "artifact", 1, kill_at
-    )
+    process = training.start(out, tmp_path / "events.json", "artifact", 1, kill_at)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == -signal.SIGKILL, stderr[-3000:]
     load_model(out)  # the artifact is whole
@@ -1049,8 +1038,8 @@ def test_kill_9_after_the_artifact_is_in_place_then_resume(
     if run.exists():  # what is left of the checkpoint is refused, never loaded
         with pytest.raises(ArtifactError):
             checkpoint_epoch(run)
-    resumed = fork_server.run(
-        RUN_TOOL_CHILD, str(REPO_ROOT / "tools" / "train.py"), "--data", str(synthetic_csv), "--out",
+    resumed = training.server.run(
+        RUN_TOOL_CHILD, str(REPO_ROOT / "tools" / "train.py"), "--data", str(training.data), "--out",
         str(out), *TRAIN_ARGS, "--resume", timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -43,7 +43,7 @@ class AFM(Ranker):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.attention_units, self.attention_dropout = attention_units, attention_dropout
+        self.attention_units = attention_units
         self.num_fields = 4 if self.num_attributes else 2
         self.pairs = tuple(combinations(range(self.num_fields), 2))
         self.attention_hidden = keras.layers.Dense(attention_units, activation="relu", name="attention_w")

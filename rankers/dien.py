@@ -52,8 +52,7 @@ class DIEN(Ranker):
     ) -> None:
         super().__init__(**kwargs)
         self.hidden_units = [int(u) for u in hidden_units]
-        self.activation, self.dropout = activation, dropout
-        self.aux_weight, self.seed = aux_weight, seed
+        self.aux_weight = aux_weight
         self.extractor = keras.layers.GRU(self.dim, return_sequences=True, name="interest_extractor")
         self.cell = AUGRUCell(self.dim, self.dim)
         self.evolution = keras.layers.RNN(self.cell, name="interest_evolution")

@@ -48,7 +48,7 @@ class DIN(Ranker):
         super().__init__(**kwargs)
         self.attention_units = [int(u) for u in attention_units]
         self.hidden_units = [int(u) for u in hidden_units]
-        self.activation, self.dropout, self.mba_l2 = activation, dropout, mba_l2
+        self.mba_l2 = mba_l2
         self.unit = LocalActivationUnit(self.dim, self.attention_units)
         self.mlp = ClickMLP(self.hidden_units, activation, dropout)
 

@@ -115,9 +115,7 @@ class DSTN(Ranker):
         if context_size < 0:
             raise ValueError(f"context_size must be >= 0, got {context_size}")
         self.context_size = int(context_size)
-        self.attention_units = attention_units
         self.hidden_units = [int(u) for u in hidden_units]
-        self.activation, self.dropout = activation, dropout
         self.attentions = {
             name: InteractiveAttention(self.dim, attention_units, name=f"{name}_attention")
             for name in AUXILIARY_SETS

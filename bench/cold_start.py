@@ -45,6 +45,7 @@ import numpy as np
 
 from bench.context import load_average, measured, run_meta
 from bench.data import add_data_root_argument
+from bench.markdown import table as markdown_table
 from bench.quality import DEFAULT_SEEDS, Dataset, Run, mean_std, resolve_dataset, run_config, run_one
 from retrieval.artifacts import ModelArtifact, cold_vectors, encode_histories, load_model
 from retrieval.data import PAD, SequenceData, build_sequences, leave_one_out, load_interactions
@@ -378,40 +379,34 @@ _LABELS = {"recall@50": "Recall@50", "hr@50": "HR@50 (= Recall@50)", "ndcg@50": 
 
 def _header(columns: Sequence[str], *extra: str) -> list[str]:
     names = [_LABELS.get(c, c.replace("hr", "HR").replace("ndcg", "NDCG")) for c in columns]
-    header = ["ranking", "id_dropout", "seeds", *names, *extra]
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return ["ranking", "id_dropout", "seeds", *names, *extra]
 
 
 def cold_table(groups: Sequence[Mapping[str, Any]]) -> str:
     """One dataset's held-out targets: cold path and random vectors per id-dropout, then
     popularity (the same for every run)."""
-    lines = _header(COLUMNS, "median rank")
+    rows = []
     for g in groups:
         for method in METHODS[:2]:
             keys = [f"cold/{method}/{c}" for c in (*COLUMNS, "median_rank")]
             cells = [_cell(g["mean"][k], g["std"][k], 0 if k.endswith("rank") else 4) for k in keys]
-            lines.append(
-                f"| {method} | {g['id_dropout']:g} | {len(g['seeds'])} | " + " | ".join(cells) + " |"
-            )
+            rows.append([method, f"{g['id_dropout']:g}", str(len(g["seeds"])), *cells])
     first = groups[0]
     cells = [_cell(first["mean"][f"cold/popularity/{c}"], None, 4) for c in COLUMNS]
     rank = _cell(first["mean"]["cold/popularity/median_rank"], None, 0)
-    lines.append("| popularity (held-out count 0) | – | – | " + " | ".join(cells) + f" | {rank} |")
-    return "\n".join(lines)
+    rows.append(["popularity (held-out count 0)", "–", "–", *cells, rank])
+    return "\n".join(markdown_table(_header(COLUMNS, "median rank"), rows))
 
 
 def warm_table(groups: Sequence[Mapping[str, Any]], popularity: Mapping[str, float]) -> str:
     """One dataset's warm test (leave-one-out on the reduced data) per id-dropout, and popularity."""
-    lines = _header(WARM_COLUMNS, "train s")
+    rows = []
     for g in groups:
         cells = [_cell(g["mean"][f"warm/{c}"], g["std"][f"warm/{c}"]) for c in WARM_COLUMNS]
         seconds = _cell(g["mean"]["train_seconds"], g["std"]["train_seconds"], 0)
-        lines.append(
-            f"| model | {g['id_dropout']:g} | {len(g['seeds'])} | " + " | ".join(cells) + f" | {seconds} |"
-        )
-    cells = [_cell(popularity.get(c), None) for c in WARM_COLUMNS]
-    lines.append("| popularity | – | – | " + " | ".join(cells) + " | – |")
-    return "\n".join(lines)
+        rows.append(["model", f"{g['id_dropout']:g}", str(len(g["seeds"])), *cells, seconds])
+    rows.append(["popularity", "–", "–", *(_cell(popularity.get(c), None) for c in WARM_COLUMNS), "–"])
+    return "\n".join(markdown_table(_header(WARM_COLUMNS, "train s"), rows))
 
 
 def markdown(report: Mapping[str, Any]) -> str:

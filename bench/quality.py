@@ -53,6 +53,7 @@ import numpy as np
 
 from bench.context import load_average, measured, run_meta
 from bench.data import add_data_root_argument, dataset_file
+from bench.markdown import table as markdown_table
 from retrieval.artifacts import load_model
 from retrieval.config import apply_overrides
 from retrieval.data import DATASETS, load_interactions
@@ -520,18 +521,15 @@ def tables(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         )
         columns = [c for c in COLUMNS[key[1]] if any(c in g["mean"] for g in groups)]
         header = ["tower", "fusion (side information)", "seeds", *map(_label, columns), "train s"]
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        rows = []
         if baseline:
-            cells = [_cell(baseline.get(c), None) for c in columns]
-            lines.append("| most popular | – | – | " + " | ".join(cells) + " | – |")
+            rows.append(["most popular", "–", "–", *(_cell(baseline.get(c), None) for c in columns), "–"])
         for g in groups:
             fusion = g["fusion"] if g["fusion"] == "none" else f"{g['fusion']} ({g['side_features']})"
             cells = [_cell(g["mean"].get(c), g["std"].get(c)) for c in columns]
             seconds = _cell(g["mean"]["train_seconds"], g["std"]["train_seconds"], 0)
-            lines.append(
-                f"| `{g['tower']}` | {fusion} | {len(g['seeds'])} | " + " | ".join(cells) + f" | {seconds} |"
-            )
-        out.append((key[0], key[1], "\n".join(lines)))
+            rows.append([f"`{g['tower']}`", fusion, str(len(g["seeds"])), *cells, seconds])
+        out.append((key[0], key[1], "\n".join(markdown_table(header, rows))))
     return out
 
 
@@ -546,16 +544,13 @@ def paired_table(entry: Mapping[str, Any]) -> str:
     over the users, then each row's difference ± its standard error (bold beyond 2 errors)."""
     columns = [c for c in COLUMNS[entry["protocol"]] if c in entry["reference_mean"]]
     header = ["tower", "fusion", "seeds", *map(_label, columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     tower, _, fusion = entry["reference"].partition("-")
     cells = [f"{entry['reference_mean'][c]:.4f} ± {entry['reference_se'][c]:.4f}" for c in columns]
-    lines.append(f"| `{tower}` (reference) | {fusion} | – | " + " | ".join(cells) + " |")
+    rows = [[f"`{tower}` (reference)", fusion, "–", *cells]]
     for row in entry["rows"]:
         cells = [_signed(row["difference"][c], row["se"][c], row["relative"][c]) for c in columns]
-        lines.append(
-            f"| `{row['tower']}` | {row['fusion']} | {len(row['seeds'])} | " + " | ".join(cells) + " |"
-        )
-    return "\n".join(lines)
+        rows.append([f"`{row['tower']}`", row["fusion"], str(len(row["seeds"])), *cells])
+    return "\n".join(markdown_table(header, rows))
 
 
 def markdown(report: Mapping[str, Any]) -> str:

@@ -372,13 +372,11 @@ def _serve_group(config: ServerConfig, verbose: bool) -> int:
     (:mod:`retrieval.serving.group`) and loads no model itself."""
     from retrieval.serving import AccessControl
     from retrieval.serving.group import GroupOptions, serve_group
-    from retrieval.serving.logs import configure_logging
 
     for library in ("faiss", "tensorflow"):  # the workers' (the supervisor imports neither)
         blocked = library in sys.modules and sys.modules[library] is None
         if blocked or importlib.util.find_spec(library) is None:  # missing: one line naming the extra
             raise ModuleNotFoundError(f"No module named {library!r}", name=library)
-    configure_logging(config.log_format)
     try:
         access = AccessControl.from_config(config)  # a bad file fails here, before any worker starts
     except (OSError, ValueError) as e:

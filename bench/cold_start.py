@@ -45,6 +45,7 @@ import numpy as np
 
 from bench.context import load_average, measured, run_meta
 from bench.data import add_data_root_argument
+from bench.markdown import mean_cell
 from bench.markdown import table as markdown_table
 from bench.quality import DEFAULT_SEEDS, Dataset, Run, mean_std, resolve_dataset, run_config, run_one
 from retrieval.artifacts import ModelArtifact, cold_vectors, encode_histories, load_model
@@ -368,12 +369,6 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _cell(mean: float | None, std: float | None, digits: int = 4) -> str:
-    if mean is None:
-        return "–"
-    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
 _LABELS = {"recall@50": "Recall@50", "hr@50": "HR@50 (= Recall@50)", "ndcg@50": "NDCG@50"}
 
 
@@ -389,11 +384,11 @@ def cold_table(groups: Sequence[Mapping[str, Any]]) -> str:
     for g in groups:
         for method in METHODS[:2]:
             keys = [f"cold/{method}/{c}" for c in (*COLUMNS, "median_rank")]
-            cells = [_cell(g["mean"][k], g["std"][k], 0 if k.endswith("rank") else 4) for k in keys]
+            cells = [mean_cell(g["mean"][k], g["std"][k], 0 if k.endswith("rank") else 4) for k in keys]
             rows.append([method, f"{g['id_dropout']:g}", str(len(g["seeds"])), *cells])
     first = groups[0]
-    cells = [_cell(first["mean"][f"cold/popularity/{c}"], None, 4) for c in COLUMNS]
-    rank = _cell(first["mean"]["cold/popularity/median_rank"], None, 0)
+    cells = [mean_cell(first["mean"][f"cold/popularity/{c}"], None, 4) for c in COLUMNS]
+    rank = mean_cell(first["mean"]["cold/popularity/median_rank"], None, 0)
     rows.append(["popularity (held-out count 0)", "–", "–", *cells, rank])
     return "\n".join(markdown_table(_header(COLUMNS, "median rank"), rows))
 
@@ -402,10 +397,10 @@ def warm_table(groups: Sequence[Mapping[str, Any]], popularity: Mapping[str, flo
     """One dataset's warm test (leave-one-out on the reduced data) per id-dropout, and popularity."""
     rows = []
     for g in groups:
-        cells = [_cell(g["mean"][f"warm/{c}"], g["std"][f"warm/{c}"]) for c in WARM_COLUMNS]
-        seconds = _cell(g["mean"]["train_seconds"], g["std"]["train_seconds"], 0)
+        cells = [mean_cell(g["mean"][f"warm/{c}"], g["std"][f"warm/{c}"]) for c in WARM_COLUMNS]
+        seconds = mean_cell(g["mean"]["train_seconds"], g["std"]["train_seconds"], 0)
         rows.append(["model", f"{g['id_dropout']:g}", str(len(g["seeds"])), *cells, seconds])
-    rows.append(["popularity", "–", "–", *(_cell(popularity.get(c), None) for c in WARM_COLUMNS), "–"])
+    rows.append(["popularity", "–", "–", *(mean_cell(popularity.get(c), None) for c in WARM_COLUMNS), "–"])
     return "\n".join(markdown_table(_header(WARM_COLUMNS, "train s"), rows))
 
 

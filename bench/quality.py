@@ -53,6 +53,7 @@ import numpy as np
 
 from bench.context import load_average, measured, run_meta
 from bench.data import add_data_root_argument, dataset_file
+from bench.markdown import mean_cell
 from bench.markdown import table as markdown_table
 from retrieval.artifacts import load_model
 from retrieval.config import apply_overrides
@@ -504,12 +505,6 @@ def _label(metric: str) -> str:
     return f"{LABELS.get(family, family)}@{k}"
 
 
-def _cell(mean: float | None, std: float | None, digits: int = 4) -> str:
-    if mean is None:
-        return "–"
-    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
 def tables(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """``(dataset, protocol, Markdown table)`` per dataset × protocol of the report's groups:
     the popularity baseline, then one row per tower/fusion."""
@@ -523,11 +518,11 @@ def tables(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         header = ["tower", "fusion (side information)", "seeds", *map(_label, columns), "train s"]
         rows = []
         if baseline:
-            rows.append(["most popular", "–", "–", *(_cell(baseline.get(c), None) for c in columns), "–"])
+            rows.append(["most popular", "–", "–", *(mean_cell(baseline.get(c), None) for c in columns), "–"])
         for g in groups:
             fusion = g["fusion"] if g["fusion"] == "none" else f"{g['fusion']} ({g['side_features']})"
-            cells = [_cell(g["mean"].get(c), g["std"].get(c)) for c in columns]
-            seconds = _cell(g["mean"]["train_seconds"], g["std"]["train_seconds"], 0)
+            cells = [mean_cell(g["mean"].get(c), g["std"].get(c)) for c in columns]
+            seconds = mean_cell(g["mean"]["train_seconds"], g["std"]["train_seconds"], 0)
             rows.append([f"`{g['tower']}`", fusion, str(len(g["seeds"])), *cells, seconds])
         out.append((key[0], key[1], "\n".join(markdown_table(header, rows))))
     return out

@@ -13,6 +13,7 @@ import pytest
 
 from bench import paired as paired_bench
 from bench import quality
+from bench.markdown import mean_cell
 from retrieval.data.loaders import load_interactions
 from retrieval.evaluation import UserMetrics, compare_user_metrics
 from retrieval.training import presets
@@ -131,8 +132,8 @@ def test_slices_keep_the_first_users_and_what_the_format_carries(tmp_path: Path)
 def test_mean_std_is_the_sample_deviation() -> None:
     assert quality.mean_std([0.1, 0.2, 0.6]) == pytest.approx((0.3, np.std([0.1, 0.2, 0.6], ddof=1)))
     assert quality.mean_std([0.25]) == (0.25, None)  # one seed: no spread to report
-    assert quality._cell(0.25, None) == "0.2500"
-    assert quality._cell(0.123456, 0.01) == "0.1235 ± 0.0100"
+    assert mean_cell(0.25, None) == "0.2500"
+    assert mean_cell(0.123456, 0.01) == "0.1235 ± 0.0100"
 
 
 def _table_rows(markdown: str, heading: str) -> dict[str, dict[str, str]]:

@@ -71,6 +71,7 @@ DEV_TOOLS = [
     "pytest>=8,<10",
     "pytest-timeout>=2.3,<3",
     "pytest-xdist>=3.6,<4",  # make test and test-fast run on two workers (tests/conftest.py)
+    "uv>=0.9,<0.14",  # tests/test_packaging.py's fresh venvs, filled in seconds from its cache
     "hypothesis>=6.100,<7",
     # Exact: their output is checked (ruff format --check) or their verdict changes by release.
     "ruff==0.17.6",

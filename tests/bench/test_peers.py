@@ -433,16 +433,16 @@ def test_a_finished_run_is_read_back_only_with_the_same_settings_and_config(
 
 
 @pytest.mark.network  # installs the peers' venvs from PyPI (once, into the cache)
-@pytest.mark.slow  # trains four models in four processes: about 5 minutes here (shared machine)
+@pytest.mark.slow  # trains four models in four processes: 45-70 s here
 @pytest.mark.timeout(900)  # installs both peers' venvs on a new machine (~100 s here)
 def test_smoke_run_trains_both_peers_and_ours_and_compares_them(shared_data: Path, tmp_path: Path) -> None:
-    """``bench.peers --smoke`` end to end on ML-100K's first 100 users, one epoch, one pair per
+    """``bench.peers --smoke`` end to end on ML-100K's first 40 users, one epoch, one pair per
     protocol: installs the peers' venvs (once, in the cache), runs RecBole's SASRec and
     DeepMatch's YouTubeDNN with their own code in their own processes, our two towers, and
     scores all four with our evaluator on one split."""
     out = tmp_path / "smoke"
     models = ["sasrec", "SASRec", "youtubednn", "YouTubeDNN"]
-    assert peers.main(["--smoke", "--max-users", "100", "--models", *models, "--out", str(out)]) == 0
+    assert peers.main(["--smoke", "--max-users", "40", "--models", *models, "--out", str(out)]) == 0
     report = json.loads((out / "results.json").read_text())
     runs = {(r["protocol"], r["side"], r["model"]): r for r in report["runs"]}
     assert set(runs) == {

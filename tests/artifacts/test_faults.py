@@ -858,8 +858,9 @@ def start_training(
 def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
     """The kill -9 series' children (a training, a deploy), forked with TensorFlow imported: a
     fresh interpreter's ~6 s of imports, paid once instead of in each of ~30 children."""
-    with ForkServer(tmp_path_factory.mktemp("fork-server")) as server:
-        yield server
+    server = ForkServer(tmp_path_factory.mktemp("fork-server"))
+    yield server
+    server.close()
 
 
 # The kill -9 series during training below is marked slow: 5 to 11 s a test here (a child trains

@@ -173,7 +173,7 @@ def test_checkpoint_restores_weights_optimizer_and_random_state(tmp_path) -> Non
 
     def fresh(seed: int) -> Any:
         keras.utils.set_random_seed(seed)
-        model = build_model(ModelConfig(tower="sasrec", dim=8, max_len=5, dropout=0.5), 21)
+        model = build_model(ModelConfig(tower="sasrec", dim=8, max_len=5, dropout=0.5, num_blocks=1), 21)
         model.set_objective(None)
         model.task = SampledSoftmaxTask(CandidateSampler.from_counts(np.ones(21), "uniform", seed=seed), 5)
         model.compile(optimizer=make_optimizer(TrainConfig(), 1e-3), jit_compile=False)
@@ -195,7 +195,7 @@ def test_checkpoint_restores_weights_optimizer_and_random_state(tmp_path) -> Non
     for va, vb in zip(a.variables, b.variables, strict=True):
         np.testing.assert_allclose(np.asarray(va), np.asarray(vb), rtol=1e-6, atol=1e-8)
     # A model with other variables refuses the checkpoint.
-    other = build_model(ModelConfig(tower="sasrec", dim=16, max_len=5), 21)
+    other = build_model(ModelConfig(tower="sasrec", dim=16, max_len=5, num_blocks=1), 21)
     other.compile(optimizer=keras.optimizers.Adam(), jit_compile=False)
     with pytest.raises(ValueError, match="different model"):
         load_checkpoint(tmp_path / "ckpt", other, a.task.variables)
@@ -422,14 +422,21 @@ def test_a_trimmed_batch_has_the_loss_of_the_padded_one(tower: str, objective: s
     assert loss(trimmed, trimmed_y) == pytest.approx(loss(x, y), rel=1e-5)
 
 
+@pytest.fixture(scope="module")
+def comirec_run(synthetic_csv, tmp_path_factory) -> tuple[Config, retrieval.training.run.TrainResult, Path]:
+    """A 1-epoch run under the ComiRec protocol: its config, metrics and artifact folder."""
+    config = tiny_config(synthetic_csv, "data.protocol=comirec", "train.epochs=1")
+    out = tmp_path_factory.mktemp("comirec") / "m"
+    return config, retrieval.training.run.train(config, out, verbose=0), out
+
+
 @pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
-def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path, exported) -> None:
+def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path, comirec_run) -> None:
     from retrieval.data.interactions import build_sequences
     from retrieval.data.loaders import load_interactions
     from retrieval.data.splits import comirec_split
 
-    config = tiny_config(synthetic_csv, "data.protocol=comirec", "train.epochs=1")
-    metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
+    _, metrics, _ = comirec_run
     parts = comirec_split(build_sequences(load_interactions(synthetic_csv)).sequences, seed=42)
     # Objective "last": one example per event after a user's first, training users only.
     assert metrics.train_examples == sum(len(s) - 1 for s in parts.train)
@@ -444,14 +451,13 @@ def test_comirec_protocol_trains_on_training_users_only(synthetic_csv, tmp_path,
 
 
 @pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
-def test_per_user_test_metrics_average_to_the_runs_own(synthetic_csv, tmp_path) -> None:
+def test_per_user_test_metrics_average_to_the_runs_own(comirec_run) -> None:
     from retrieval.artifacts.model import load_model
     from retrieval.training.inputs import InMemoryData
 
-    config = tiny_config(synthetic_csv, "data.protocol=comirec", "train.epochs=1")
-    metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
+    config, metrics, out = comirec_run
     data = InMemoryData(config)
-    per_user = data.user_metrics(load_model(tmp_path / "m"), "test")
+    per_user = data.user_metrics(load_model(out), "test")
     assert {len(v) for v in per_user.values()} == {len(data.rules.split.test_targets)}
     assert set(per_user) == set(metrics.test) - {"diversity@20", "diversity@50"}
     for name, values in per_user.items():
@@ -459,14 +465,14 @@ def test_per_user_test_metrics_average_to_the_runs_own(synthetic_csv, tmp_path) 
 
 
 @pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
-def test_loo_refit_trains_on_validation_events_and_tests_like_loo(synthetic_csv, tmp_path, exported) -> None:
+def test_loo_refit_trains_on_validation_events_and_tests_like_loo(
+    synthetic_csv, tmp_path, exported, full_run
+) -> None:
     from retrieval.data.interactions import build_sequences
     from retrieval.data.loaders import load_interactions
 
     sequences = build_sequences(load_interactions(synthetic_csv)).sequences
-    loo = retrieval.training.run.train(
-        tiny_config(synthetic_csv, "train.epochs=1"), tmp_path / "a", verbose=0
-    )
+    loo, _ = full_run  # the same data and model under leave-one-out
     config = tiny_config(synthetic_csv, "data.protocol=loo-refit", "train.epochs=1")
     refit = retrieval.training.run.train(config, tmp_path / "b", verbose=0)
     # Objective "last": one example per training event after a user's first; refit has one more
@@ -611,12 +617,20 @@ def test_the_plateau_schedule_decays_from_the_best_weights_when_validation_stall
     assert metrics.best_step == 20 * (int(np.argmax(history)) + 1)
 
 
-def test_without_validation_the_plateau_schedule_decays_over_the_budget_s_end(
-    synthetic_csv, tmp_path, exported
-) -> None:
-    budget = ["train.epochs=none", "train.max_steps=100", "train.eval_every_steps=20", "train.patience=0"]
-    config = tiny_config(synthetic_csv, *budget, "train.lr_schedule=plateau", "train.cooldown_fraction=0.2")
+PLATEAU_WITHOUT_VALIDATION = [
+    *["train.epochs=none", "train.max_steps=100", "train.eval_every_steps=20", "train.patience=0"],
+    *["train.lr_schedule=plateau", "train.cooldown_fraction=0.2", "train.learning_rate=0.01"],
+]
+
+
+@pytest.fixture(scope="module")
+def plateau_run(
+    synthetic_csv, tmp_path_factory
+) -> tuple[retrieval.training.run.TrainResult, list[np.ndarray], list[dict[str, Any]]]:
+    """An uninterrupted :data:`PLATEAU_WITHOUT_VALIDATION` run: its metrics, final weights and the
+    cooldown's state after each of its 5 rounds."""
     states: list[dict[str, Any]] = []
+    weights: list[np.ndarray] = []
     with pytest.MonkeyPatch.context() as mp:
         original = Cooldown.on_epoch_end
         mp.setattr(
@@ -624,17 +638,28 @@ def test_without_validation_the_plateau_schedule_decays_over_the_budget_s_end(
             "on_epoch_end",
             lambda self, e, logs=None: (original(self, e, logs), states.append(self.get_state())),
         )
-        metrics = retrieval.training.run.train(config, tmp_path / "m", verbose=0)
+        mp.setattr(retrieval.training.run, "save_model", lambda m, *a, **k: weights.extend(m.get_weights()))
+        metrics = retrieval.training.run.train(
+            tiny_config(synthetic_csv, *PLATEAU_WITHOUT_VALIDATION),
+            tmp_path_factory.mktemp("plateau") / "m",
+            verbose=0,
+        )
+    return metrics, [np.array(w) for w in weights], states
+
+
+def test_without_validation_the_plateau_schedule_decays_over_the_budget_s_end(plateau_run) -> None:
+    metrics, _, states = plateau_run
     assert metrics.steps_trained == 100
     assert states == [{"start": None, "steps": 0}] * 3 + [{"start": 80, "steps": 20}] * 2
 
 
-def test_a_run_resumed_in_its_decay_continues_the_same_decay(synthetic_csv, tmp_path, exported) -> None:
+def test_a_run_resumed_in_its_decay_continues_the_same_decay(
+    synthetic_csv, tmp_path, exported, plateau_run
+) -> None:
     """The plateau decay began at step 80 of 100; a crash right after that round's checkpoint
     resumes into the decay (at the peak rate the last round's weights would differ)."""
-    budget = ["train.epochs=none", "train.max_steps=100", "train.eval_every_steps=20", "train.patience=0"]
-    config = tiny_config(synthetic_csv, *budget, "train.lr_schedule=plateau", "train.learning_rate=0.01")
-    full = retrieval.training.run.train(config, tmp_path / "full", verbose=0)
+    config = tiny_config(synthetic_csv, *PLATEAU_WITHOUT_VALIDATION)
+    full, weights, _ = plateau_run
     with crash_after_round(3):
         retrieval.training.run.train(config, tmp_path / "m", verbose=0)
     state = json.loads((run_folder(tmp_path / "m") / "checkpoint" / "state.json").read_text())
@@ -642,7 +667,7 @@ def test_a_run_resumed_in_its_decay_continues_the_same_decay(synthetic_csv, tmp_
     resumed = retrieval.training.run.train(config, tmp_path / "m", verbose=0, resume=True)
     assert resumed.steps_trained == full.steps_trained == 100
     np.testing.assert_allclose(resumed.train_loss_per_epoch, full.train_loss_per_epoch, rtol=1e-6)
-    for a, b in zip(exported[-1], exported[0], strict=True):
+    for a, b in zip(exported[-1], weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 

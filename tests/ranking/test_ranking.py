@@ -596,25 +596,11 @@ def test_retrieval_fit_on_clicks_trains_the_ranker_alone_then_fits_the_blend(set
 # --- the CLI ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def retriever_dirs(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    out = tmp_path_factory.mktemp("ranking")
-    model_dir, index_dir = out / "model", out / "index"
-    code = run_tool(
-        "train",
-        "--data", str(synthetic_csv), "--model", "youtubednn", "--out", str(model_dir), "--epochs", "2",
-        "--dim", "8", "--max-len", "8", "--negatives", "10", "--seed", "1", "--quiet",
-    )  # fmt: skip
-    assert code == 0
-    assert run_tool("build_index", "--model", str(model_dir), "--out", str(index_dir)) == 0
-    return model_dir, index_dir
-
-
 @pytest.mark.slow  # a second end-to-end run of a path the fast tier covers
 def test_cli_trains_evaluates_and_writes_a_loadable_artifact(
-    synthetic_csv: Path, retriever_dirs: tuple[Path, Path], tmp_path: Path, capsys
+    synthetic_csv: Path, model_versions: list[tuple[Path, Path, str]], tmp_path: Path, capsys
 ) -> None:
-    model_dir, index_dir = retriever_dirs
+    model_dir, index_dir, _ = model_versions[0]  # the session's retriever: what is checked holds for any
     out = tmp_path / "dstn"
     code = run_tool(
         "train_ranker",

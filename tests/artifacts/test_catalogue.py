@@ -54,12 +54,12 @@ def attributes_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "Toy.txt"
 
 
-def _train(data: Path, out: Path, *options: str, tower: str = "sasrec", epochs: int = 8) -> Path:
+def _train(data: Path, out: Path, *options: str) -> Path:
     # The library's defaults (a dot-product model), not the sasrec preset's; cosine by options.
     defaults = out.parent / f"{out.name}-config.json"
-    defaults.write_text(config_to_json(Config(model=ModelConfig(tower=tower))))
+    defaults.write_text(config_to_json(Config(model=ModelConfig(tower="sasrec"))))
     code = run_tool(
-        "train", "--data", str(data), "--config", str(defaults), "--out", str(out), "--epochs", str(epochs),
+        "train", "--data", str(data), "--config", str(defaults), "--out", str(out), "--epochs", "8",
         "--dim", "16", "--max-len", "12", "--seed", "1", "--quiet", *options,
     )  # fmt: skip
     assert code == 0
@@ -449,22 +449,21 @@ def test_bad_changes_leave_the_root_unchanged(
 
 
 def test_a_model_without_attributes_removes_items_but_refuses_cold_start(
-    attributes_data: Path, tmp_path: Path
+    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
 ) -> None:
     """Removal needs no vector (it used to be refused with "cannot embed items it never saw").
-    What is checked holds for any tower and any training: one epoch of YouTube DNN (~2 s where
-    SASRec's graph takes ~10 s to build)."""
-    model_dir = _train(attributes_data, tmp_path / "ids-only", tower="youtubednn", epochs=1)
-    assert run_tool("build_index", "--model", str(model_dir), "--out", str(tmp_path / "index")) == 0
+    What is checked holds for any tower and any training: the session's one-epoch YouTube DNN
+    (conftest's ``model_versions``, items ``i0``..``i39`` of a log without attributes)."""
+    model_dir, index_dir, _ = model_versions[0]
     root = tmp_path / "live"
-    publish_deployment(model_dir, tmp_path / "index", root)
+    publish_deployment(model_dir, index_dir, root)
     with pytest.raises(ArtifactError, match="trained without item attributes, so it cannot embed items"):
         change_catalogue(root, [CatalogueItem("x", ("0",))])
-    assert change_catalogue(root, remove=["5", "24"]).removed == 2
+    assert change_catalogue(root, remove=["i5", "i24"]).removed == 2
     for compacted in (False, True):
         served = load_deployment(root)
-        assert not served.retrieve(["1"], k=5, allow=["5", "24"]).items
-        assert [i for i, _, _ in served.retrieve(["1"], k=5, allow=["6"]).items] == ["6"]
+        assert not served.retrieve(["i1"], k=5, allow=["i5", "i24"]).items
+        assert [i for i, _, _ in served.retrieve(["i1"], k=5, allow=["i6"]).items] == ["i6"]
         if not compacted:
             assert change_catalogue(root, compact=True).compacted
     whole = set(read_manifest(deployment_dirs(root)[0], "model")["files"])

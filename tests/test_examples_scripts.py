@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 
-pytestmark = pytest.mark.slow  # each runs an example script end to end: 2-12 s
+pytestmark = pytest.mark.slow  # one interpreter runs the example scripts end to end: ~15 s of CPU
 
 EXAMPLES = REPO_ROOT / "examples"
 RECOMMENDED = re.compile(r"^ +(\S+) +score +-?\d+\.\d{3} +interest \d+$", re.MULTILINE)

@@ -50,7 +50,7 @@ OVERRIDES = ["model.tower=youtubednn", "model.dim=8", "model.max_len=6", "train.
 OVERRIDES += ["train.batch_size=64", "train.num_negatives=5"]
 LOSS_RTOL = 1e-3  # default Adam, see the module docstring
 EXACT_RTOL = 1e-5  # train.dense_gradients=true
-TIMEOUT = 80  # seconds for one run of the tool (they take 10-25 s on 2 busy cores)
+TIMEOUT = 240  # seconds for one run of the tool: 10-25 s on 2 busy cores, past 80 s under a load of 10
 
 
 def free_ports(n: int) -> list[int]:

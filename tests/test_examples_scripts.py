@@ -31,8 +31,8 @@ for script, argv in json.loads(sys.argv[1]):
         try:
             runpy.run_path(script, run_name="__main__")
             code = 0
-        except SystemExit as e:  # the scripts end in sys.exit(main())
-            code = e.code if isinstance(e.code, int) else 1
+        except SystemExit as e:  # the scripts end in sys.exit(main()); None is 0, as for the interpreter
+            code = e.code or 0 if e.code is None or isinstance(e.code, int) else 1
         except Exception:  # the case fails on its own, with its traceback
             code = 1
             traceback.print_exc()
@@ -44,12 +44,14 @@ other; prints ``[exit code, stdout, stderr]`` of each as JSON."""
 
 
 def missing_column_log(folder: Path) -> Path:
+    """A log without the example's default user column (``uid``)."""
     log = folder / "visits.csv"
     log.write_text("visitor,page,seen_at\nv1,a,1\n")
     return log
 
 
 def visits_log(folder: Path) -> Path:
+    """12 visitors, 5 of 7 pages each, one a day, with columns of their own names and ISO times."""
     log = folder / "visits.csv"
     rows = [f"v{u},page{(u + s) % 7},2024-05-0{1 + s}T10:00:00Z" for u in range(12) for s in range(5)]
     log.write_text("visitor,page,seen_at\n" + "\n".join(rows) + "\n")

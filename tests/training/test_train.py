@@ -345,7 +345,7 @@ def planted_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     "tower", tiered(["sasrec", "bert4rec", "youtubednn"], slow={"bert4rec", "sasrec"})
 )  # 2-6 s each
 def test_every_objective_learns_a_planted_order_with_length_buckets(
-    planted_csv, tmp_path, tower: str
+    planted_csv, tmp_path, exported, tower: str
 ) -> None:
     """Eight epochs with length buckets beat popularity on the held-out (leave-one-out test)
     targets by a wide margin (here: HR@10 0.81 to 1.0 against 0.24, NDCG@10 0.49 to 0.90

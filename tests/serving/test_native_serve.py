@@ -412,53 +412,67 @@ def test_native_hot_reload_under_load_fails_no_call(
         assert process.returncode == 0, log.read_text()
 
 
-@pytest.mark.slow  # a native group on a watched deployment, a version published under load: ~40 s
-def test_a_native_group_reloads_in_two_phases_under_load_failing_no_call(
-    model_versions: list[tuple[Path, Path, str]], live: Path, tmp_path: Path
-) -> None:
-    """``--processes 2 --watch``: every worker loads, then all swap (the supervisor's two phases)."""
+@pytest.fixture(scope="module")
+def native_group(
+    model_versions: list[tuple[Path, Path, str]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Group, Path, int]]:
+    """A native group watching a deployment (the first version published) with a metrics port,
+    for the next two tests (a group's start is two TensorFlow processes: ~7 s of CPU): the group,
+    the deployment folder and the metrics port. Skips without the engine."""
+    built()
+    folder = tmp_path_factory.mktemp("native-group")
+    live = folder / "live"
+    publish_deployment(*model_versions[0][:2], live)
     metrics_port = free_port()
     args = ["--engine", "native", "--watch", str(live), "--watch-interval", "0.05"]
-    with Group(tmp_path, *args, "--metrics-port", str(metrics_port)) as group:
-        answered = reload_under_load(group.address, live, group.process, group.log, model_versions)
-        v2 = model_versions[1][2]
-        assert f"the group now serves model {v2}" in group.log.read_text()
-        # The workers' counts, summed by the supervisor (each worker moves its own every second).
-        ok = ("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))
-        deadline = time.monotonic() + SLACK
-        while (samples := scrape(metrics_port)).get(ok) != answered:
-            assert time.monotonic() < deadline, (samples.get(ok), answered)
-            time.sleep(0.2)
-        assert samples[("retrieval_model_info", (("model_version", v2),))] == 1
-        assert samples[("retrieval_workers", ())] == 2
-        assert group.stop()[0] == 0
+    with Group(folder, *args, "--metrics-port", str(metrics_port)) as group:
+        yield group, live, metrics_port
+
+
+@pytest.mark.slow  # a native group on a watched deployment, a version published under load: ~40 s
+def test_a_native_group_reloads_in_two_phases_under_load_failing_no_call(
+    model_versions: list[tuple[Path, Path, str]], native_group: tuple[Group, Path, int]
+) -> None:
+    """``--processes 2 --watch``: every worker loads, then all swap (the supervisor's two phases).
+    (The next test kills a worker of the same group, then stops it: exit code 0.)"""
+    group, live, metrics_port = native_group
+    answered = reload_under_load(group.address, live, group.process, group.log, model_versions)
+    v2 = model_versions[1][2]
+    assert f"the group now serves model {v2}" in group.log.read_text()
+    # The workers' counts, summed by the supervisor (each worker moves its own every second).
+    ok = ("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))
+    deadline = time.monotonic() + SLACK
+    while (samples := scrape(metrics_port)).get(ok) != answered:
+        assert time.monotonic() < deadline, (samples.get(ok), answered)
+        time.sleep(0.2)
+    assert samples[("retrieval_model_info", (("model_version", v2),))] == 1
+    assert samples[("retrieval_workers", ())] == 2
 
 
 @pytest.mark.slow  # a native group under load, one of whose workers is killed and replaced: ~40 s
 def test_a_killed_worker_of_a_native_group_leaves_it_serving_under_load(
-    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
+    model_versions: list[tuple[Path, Path, str]], native_group: tuple[Group, Path, int]
 ) -> None:
     """``--processes 2 --engine native``: kill -9 of one worker; the other keeps SERVING (no
     probe reads NOT_SERVING), no call of 4 health-checked clients fails, the replacement
     serves; SIGTERM stops the group (exit 0, no worker left)."""
-    built()
-    (model_dir, index_dir, _), _ = model_versions
-    history = list(read_model_vocab(model_dir).ids[:5])
-    with Group(tmp_path, "--engine", "native", "--model", str(model_dir), "--index", str(index_dir)) as group:
-        first = group.workers
-        with Availability(group.address, history) as load:
-            load.wait_for(ok=40)
-            os.kill(first[0], signal.SIGKILL)
-            group.wait_for_log(UP, count=2)
-            load.wait_for(load.ok + 40)
-            deadline = time.monotonic() + 60
-            while load.probes["SERVING"] <= 20 and time.monotonic() < deadline:
-                time.sleep(0.05)
-        assert not load.failed, load.failed
-        assert load.not_serving == 0 and load.probes["SERVING"] > 20, load.probes
-        assert load.unreachable <= 2, load.probes
-        replaced = group.workers
-        assert len(replaced) == 2 and first[1] in replaced and first[0] not in replaced
-        assert "(native engine)" in group.log.read_text()
-        assert group.stop()[0] == 0
+    group = native_group[0]
+    history = list(read_model_vocab(model_versions[0][0]).ids[:5])
+    first = group.workers
+    ups = group.log.read_text().count(UP)
+    with Availability(group.address, history) as load:
+        load.wait_for(ok=40)
+        os.kill(first[0], signal.SIGKILL)
+        group.wait_for_log(UP, count=ups + 1)
+        load.wait_for(load.ok + 40)
+        deadline = time.monotonic() + 60
+        while load.probes["SERVING"] <= 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert not load.failed, load.failed
+    assert load.not_serving == 0 and load.probes["SERVING"] > 20, load.probes
+    assert load.unreachable <= 2, load.probes
+    replaced = group.workers
+    assert len(replaced) == 2 and first[1] in replaced and first[0] not in replaced
+    assert "(native engine)" in group.log.read_text()
+    assert group.stop()[0] == 0
     assert not any(alive(pid) for pid in replaced)

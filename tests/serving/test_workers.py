@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,126 +69,182 @@ def history(model_versions: list[tuple[Path, Path, str]]) -> list[str]:
     return list(read_model_vocab(model_versions[0][0]).ids[:5])
 
 
+@dataclass(frozen=True)
+class TlsGroup:
+    """A group over TLS with a DIN ranker in every worker and a metrics port, and what it serves."""
+
+    group: Group
+    ranker_dir: Path
+    certificates: dict[str, Path]
+    metrics_port: int
+
+
+@pytest.fixture(scope="module")
+def tls_group(
+    model_versions: list[tuple[Path, Path, str]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TlsGroup]:
+    """One group for the tests that leave it running until the last of them stops it (a group's
+    start is two TensorFlow processes: ~7 s of CPU)."""
+    (model_dir, index_dir, version), _ = model_versions
+    folder = tmp_path_factory.mktemp("tls-group")
+    ranker_dir = save_din(folder / "din", read_model_vocab(model_dir), version, 0)
+    files = write_certificates(folder)
+    metrics_port = free_port()
+    args = ["--model", str(model_dir), "--index", str(index_dir), "--ranker", str(ranker_dir)]
+    args += ["--metrics-port", str(metrics_port)]
+    args += ["--tls-cert", str(files["server.pem"]), "--tls-key", str(files["server.key"])]
+    with Group(folder, *args) as group:
+        yield TlsGroup(group, ranker_dir, files, metrics_port)
+
+
+@pytest.mark.slow  # starts a group (shared with the next test): ~15 s
+def test_a_served_port_is_shared_only_inside_one_group(
+    model_versions: list[tuple[Path, Path, str]],
+    tls_group: TlsGroup,
+    tmp_path: Path,
+) -> None:
+    (model_dir, index_dir, _), _ = model_versions
+    group, args = tls_group.group, ["--model", str(model_dir), "--index", str(index_dir)]
+    second = subprocess.run(
+        [*Group(tmp_path, *args, port=group.port).command], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert second.returncode == 2
+    assert f"cannot serve gRPC on 127.0.0.1:{group.port}: the address is in use" in second.stderr
+    single = subprocess.run(
+        [*Group(tmp_path, *args, port=group.port).command, "--processes", "1"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert single.returncode == 2 and "the address is in use" in single.stderr
+    assert group.process.poll() is None  # the group goes on serving
+
+
 @pytest.mark.slow  # a group of two TensorFlow processes: ~15 s
 def test_a_group_answers_as_one_process_does_over_tls_on_both_workers_with_metrics_summed(
-    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
+    model_versions: list[tuple[Path, Path, str]], tls_group: TlsGroup
 ) -> None:
     """Plain and reranked requests (a DIN ranker in every worker) answer as one process does."""
     (model_dir, index_dir, version), _ = model_versions
-    vocab = read_model_vocab(model_dir)
-    ranker_dir = save_din(tmp_path / "din", vocab, version, 0)
-    ids = list(vocab.ids)
-    files = write_certificates(tmp_path)
-    tls = ["--tls-cert", str(files["server.pem"]), "--tls-key", str(files["server.key"])]
-    metrics_port = free_port()
-    args = ["--model", str(model_dir), "--index", str(index_dir), "--ranker", str(ranker_dir)]
-    args += ["--metrics-port", str(metrics_port), *tls]
+    ids = list(read_model_vocab(model_dir).ids)
+    files, metrics_port = tls_group.certificates, tls_group.metrics_port
     reranks = [Rerank("din", 10) if i % 3 == 0 else None for i in range(30)]
     requests = [(ids[i : i + 1 + i % 4], 1 + i % 7, rerank) for i, rerank in enumerate(reranks)]
-    single = Retriever.from_dirs(model_dir, index_dir, [ranker_dir])
+    single = Retriever.from_dirs(model_dir, index_dir, [tls_group.ranker_dir])
     with serving(single) as address, RetrievalClient(address) as client:
         expected = [client.retrieve(history, k, rerank=rerank) for history, k, rerank in requests]
     assert sum(e.ranker_version != "" for e in expected) == 10  # the reranked ones
-    with Group(tmp_path, *args) as group:
-        workers = group.workers
-        assert len(workers) == 2
-        # One connection per client: the kernel spreads them over the workers.
-        clients = [RetrievalClient(group.address, tls_ca=files["ca.pem"], retries=0) for _ in range(20)]
-        try:
-            for i, (history, k, rerank) in enumerate(requests):
-                got = clients[i % len(clients)].retrieve(history, k, rerank=rerank)
-                assert got.items == expected[i].items and got.model_version == version
-                assert got.ranker_version == expected[i].ranker_version
-                if rerank is not None:
-                    np.testing.assert_allclose(got.rank_scores, expected[i].rank_scores, rtol=1e-6)
-            for c in clients:
-                c.retrieve(requests[0][0], 3)
-            assert all(connections(pid, group.port) > 0 for pid in workers), "a worker got no connection"
-            for c in clients:
-                assert c.health() == "SERVING"
-        finally:
-            for c in clients:
-                c.close()
-        sent = len(requests) + len(clients)
-        ok = ("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))
+    group = tls_group.group
+    workers = group.workers
+    assert len(workers) == 2
+    # One connection per client: the kernel spreads them over the workers.
+    clients = [RetrievalClient(group.address, tls_ca=files["ca.pem"], retries=0) for _ in range(20)]
+    try:
+        for i, (history, k, rerank) in enumerate(requests):
+            got = clients[i % len(clients)].retrieve(history, k, rerank=rerank)
+            assert got.items == expected[i].items and got.model_version == version
+            assert got.ranker_version == expected[i].ranker_version
+            if rerank is not None:
+                np.testing.assert_allclose(got.rank_scores, expected[i].rank_scores, rtol=1e-6)
+        for c in clients:
+            c.retrieve(requests[0][0], 3)
+        assert all(connections(pid, group.port) > 0 for pid in workers), "a worker got no connection"
+        for c in clients:
+            assert c.health() == "SERVING"
+    finally:
+        for c in clients:
+            c.close()
+    sent = len(requests) + len(clients)
+    ok = ("retrieval_requests_total", (("code", "OK"), ("method", "Retrieve")))
+    samples = scrape(metrics_port)
+    deadline = time.monotonic() + 30  # a native worker moves its counts every second
+    while samples.get(ok, 0) < sent and time.monotonic() < deadline:
+        time.sleep(0.2)
         samples = scrape(metrics_port)
-        deadline = time.monotonic() + 30  # a native worker moves its counts every second
-        while samples.get(ok, 0) < sent and time.monotonic() < deadline:
-            time.sleep(0.2)
-            samples = scrape(metrics_port)
-        assert samples[ok] == sent
-        assert samples[("retrieval_request_seconds_count", (("code", "OK"), ("method", "Retrieve")))] == sent
-        assert samples[("retrieval_model_info", (("model_version", version),))] == 1
-        assert samples[("retrieval_workers", ())] == 2
-        assert group.stop()[0] == 0
+    assert samples[ok] == sent
+    assert samples[("retrieval_request_seconds_count", (("code", "OK"), ("method", "Retrieve")))] == sent
+    assert samples[("retrieval_model_info", (("model_version", version),))] == 1
+    assert samples[("retrieval_workers", ())] == 2
+    assert group.stop()[0] == 0
     assert not any(alive(pid) for pid in workers)
+
+
+GRACE = 1.0
+"""The ``--grace`` of :func:`replacing_group`: the stop the last worker test holds up."""
+
+
+@pytest.fixture(scope="module")
+def replacing_group(
+    model_versions: list[tuple[Path, Path, str]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Group, int]]:
+    """A group with a metrics port (and ``--grace 1``) whose workers the next two tests kill and
+    stop, the second stopping the group: the group and its metrics port."""
+    (model_dir, index_dir, _), _ = model_versions
+    metrics_port = free_port()
+    args = ["--model", str(model_dir), "--index", str(index_dir), "--metrics-port", str(metrics_port)]
+    with Group(tmp_path_factory.mktemp("replacing-group"), *args, "--grace", str(GRACE)) as group:
+        yield group, metrics_port
 
 
 @pytest.mark.slow  # a group under load, one of whose workers is killed and replaced: ~30 s
 def test_a_killed_worker_leaves_the_group_serving_under_load(
-    model_versions: list[tuple[Path, Path, str]], history: list[str], tmp_path: Path
+    replacing_group: tuple[Group, int], history: list[str]
 ) -> None:
     """kill -9 of one worker: the other keeps SERVING (a probe on a new connection never reads
     NOT_SERVING), no call of 4 health-checked clients fails, the replacement serves once
-    loaded, and ``retrieval_worker_up`` follows."""
-    (model_dir, index_dir, _), _ = model_versions
-    metrics_port = free_port()
-    args = ["--model", str(model_dir), "--index", str(index_dir), "--metrics-port", str(metrics_port)]
-    with Group(tmp_path, *args) as group:
-        first = group.workers
-        assert worker_up(metrics_port) == {"0": 1, "1": 1}
-        with Availability(group.address, history) as load:
-            load.wait_for(ok=40)
-            os.kill(first[0], signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            while worker_up(metrics_port) != {"0": 0, "1": 1}:  # seen at once, while it is replaced
-                assert time.monotonic() < deadline, worker_up(metrics_port)
-                time.sleep(0.05)
-            group.wait_for_log(UP, count=2)
-            load.wait_for(load.ok + 40)
-            # A quick replacement (under a second on a quiet machine) leaves few probes: go on
-            # probing the group until it has answered more than 20, none NOT_SERVING.
-            while load.probes["SERVING"] <= 20 and time.monotonic() < deadline:
-                time.sleep(0.05)
-        assert not load.failed, load.failed
-        assert load.not_serving == 0 and load.probes["SERVING"] > 20, load.probes
-        assert load.unreachable <= 2, load.probes  # a probe meeting the dead worker's closing socket
-        assert worker_up(metrics_port) == {"0": 1, "1": 1}
-        replaced = group.workers
-        assert len(replaced) == 2 and first[1] in replaced and first[0] not in replaced
-        assert f"worker 0 (pid {first[0]}) exited with code -9" in group.log.read_text()
-        assert group.stop()[0] == 0
+    loaded, and ``retrieval_worker_up`` follows. (The next test stops the group: exit code 0.)"""
+    group, metrics_port = replacing_group
+    first = group.workers
+    ups = group.log.read_text().count(UP)
+    assert worker_up(metrics_port) == {"0": 1, "1": 1}
+    with Availability(group.address, history) as load:
+        load.wait_for(ok=40)
+        os.kill(first[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while worker_up(metrics_port) != {"0": 0, "1": 1}:  # seen at once, while it is replaced
+            assert time.monotonic() < deadline, worker_up(metrics_port)
+            time.sleep(0.05)
+        group.wait_for_log(UP, count=ups + 1)
+        load.wait_for(load.ok + 40)
+        # A quick replacement (under a second on a quiet machine) leaves few probes: go on
+        # probing the group until it has answered more than 20, none NOT_SERVING.
+        while load.probes["SERVING"] <= 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert not load.failed, load.failed
+    assert load.not_serving == 0 and load.probes["SERVING"] > 20, load.probes
+    assert load.unreachable <= 2, load.probes  # a probe meeting the dead worker's closing socket
+    assert worker_up(metrics_port) == {"0": 1, "1": 1}
+    replaced = group.workers
+    assert len(replaced) == 2 and first[1] in replaced and first[0] not in replaced
+    assert f"worker 0 (pid {first[0]}) exited with code -9" in group.log.read_text()
 
 
 @pytest.mark.slow  # a group, one of whose workers is stopped, replaced, then stuck in the stop: ~40 s
 def test_a_stopped_worker_is_replaced_and_cannot_hold_the_group_stop(
-    model_versions: list[tuple[Path, Path, str]], history: list[str], tmp_path: Path
+    replacing_group: tuple[Group, int], history: list[str]
 ) -> None:
     """SIGSTOP of a worker (hung): the supervisor notices the missing heartbeats, kills it with
     an ERROR naming it and starts a replacement that answers every new connection. Then SIGTERM
     with the other worker stopped: the group exits 0 within its grace and the margin."""
-    (model_dir, index_dir, _), _ = model_versions
-    grace = 1.0
-    with Group(
-        tmp_path, "--model", str(model_dir), "--index", str(index_dir), "--grace", str(grace)
-    ) as group:
-        first = group.workers
-        os.kill(first[1], signal.SIGSTOP)
-        stopped = time.monotonic()
-        group.wait_for_log(f"worker 1 (pid {first[1]}) exited with code -9: killed", timeout=120)
-        took = time.monotonic() - stopped
-        # Its last answer came up to a ping interval before the SIGSTOP; 30 s: a loaded machine's slack.
-        assert HEARTBEAT_TIMEOUT - HEARTBEAT_INTERVAL - 0.5 <= took <= HEARTBEAT_TIMEOUT + 30
-        group.wait_for_log(UP, count=2)
-        assert not alive(first[1])
-        for _ in range(10):  # new connections, spread over both workers
-            with RetrievalClient(group.address, timeout=10, retries=0) as client:
-                assert client.retrieve(history, 5).items
-        second = group.workers
-        os.kill(second[0], signal.SIGSTOP)
-        code, took = group.stop()
-        assert code == 0 and took <= grace + STOP_MARGIN + 30
-        assert not any(alive(pid) for pid in second)
+    group, _ = replacing_group
+    first = group.workers
+    ups = group.log.read_text().count(UP)
+    os.kill(first[1], signal.SIGSTOP)
+    stopped = time.monotonic()
+    group.wait_for_log(f"worker 1 (pid {first[1]}) exited with code -9: killed", timeout=120)
+    took = time.monotonic() - stopped
+    # Its last answer came up to a ping interval before the SIGSTOP; 30 s: a loaded machine's slack.
+    assert HEARTBEAT_TIMEOUT - HEARTBEAT_INTERVAL - 0.5 <= took <= HEARTBEAT_TIMEOUT + 30
+    group.wait_for_log(UP, count=ups + 1)
+    assert not alive(first[1])
+    for _ in range(10):  # new connections, spread over both workers
+        with RetrievalClient(group.address, timeout=10, retries=0) as client:
+            assert client.retrieve(history, 5).items
+    second = group.workers
+    os.kill(second[0], signal.SIGSTOP)
+    code, took = group.stop()
+    assert code == 0 and took <= GRACE + STOP_MARGIN + 30
+    assert not any(alive(pid) for pid in second)
 
 
 @pytest.mark.slow  # a watched deployment served by a group, a version published under load: ~25 s
@@ -261,28 +318,6 @@ def test_workers_stop_when_their_supervisor_is_killed_and_remove_the_metrics_fol
             time.sleep(0.1)
         hold_ports("127.0.0.1", group.port)[0][0].close()  # nobody holds the port any more
         assert not list(temporary.glob("mitt-metrics-*"))  # the last worker out removed it
-
-
-@pytest.mark.slow  # starts a group: ~15 s
-def test_a_served_port_is_shared_only_inside_one_group(
-    model_versions: list[tuple[Path, Path, str]], tmp_path: Path
-) -> None:
-    (model_dir, index_dir, _), _ = model_versions
-    args = ["--model", str(model_dir), "--index", str(index_dir)]
-    with Group(tmp_path, *args) as group:
-        second = subprocess.run(
-            [*Group(tmp_path, *args, port=group.port).command], cwd=REPO_ROOT, capture_output=True, text=True
-        )
-        assert second.returncode == 2
-        assert f"cannot serve gRPC on 127.0.0.1:{group.port}: the address is in use" in second.stderr
-        single = subprocess.run(
-            [*Group(tmp_path, *args, port=group.port).command, "--processes", "1"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-        )
-        assert single.returncode == 2 and "the address is in use" in single.stderr
-        assert group.stop()[0] == 0
 
 
 def test_a_group_claims_its_port_against_single_servers_and_groups(retriever: Retriever) -> None:

@@ -18,6 +18,7 @@ from tests.helpers import (
     RANKER_ITEMS,
     RANKER_MAX_LEN,
     REPO_ROOT,
+    compile_for_fit,
     make_ranker,
     tiered,
 )
@@ -221,7 +222,7 @@ def test_the_logit_is_the_scaled_ranker_part_plus_an_affine_retrieval_term(name:
         ranker({k: v for k, v in x.items() if k != "retrieval_scores"})
 
 
-@pytest.mark.parametrize("name", tiered(ranker_names(), slow={"dien", "dstn", "afm"}))  # 2-4 s each
+@pytest.mark.parametrize("name", tiered(ranker_names(), slow={"dien", "dstn", "afm"}))  # 1-3 s of CPU each
 def test_training_from_the_retrievers_order_learns_the_rankers_part(name: str) -> None:
     # From the default start (g = 0) with uninformative retrieval scores: the gate must open.
     ranker = make_ranker(name, ranker_scale_init=0.0)
@@ -229,7 +230,7 @@ def test_training_from_the_retrievers_order_learns_the_rankers_part(name: str) -
     x["retrieval_scores"] = np.random.default_rng(1).normal(size=y.shape).astype(np.float32)
     mask = x["candidates"] > 0
     before = float(click_loss(y, ranker(x), mask))
-    ranker.compile(optimizer=keras.optimizers.Adam(0.02), jit_compile=False)
+    compile_for_fit(ranker, 0.02)
     # 60 steps: AFM's own logit starts near 0 (zero biases, tiny products), so g = 0 and f ≈ 0
     # are close to a saddle that takes it ~40 steps to leave; the others leave at once.
     ranker.fit(x, y, batch_size=16, epochs=10, shuffle=False, verbose=0)
@@ -259,7 +260,7 @@ def clustered_task(n: int = 96, seed: int = 0) -> tuple[dict[str, np.ndarray], n
     return x, labels.astype(np.float32)
 
 
-# 2-4 s each, all in the full suite: the fast tier trains DIN above (learns the ranker's part)
+# 1-3 s of CPU each, all in the full suite: the fast tier trains DIN above (learns the ranker's part)
 @pytest.mark.parametrize("name", tiered(ranker_names(), slow=set(ranker_names())))
 def test_a_few_training_steps_reduce_the_click_loss(name: str) -> None:
     ranker = make_ranker(name)
@@ -270,7 +271,7 @@ def test_a_few_training_steps_reduce_the_click_loss(name: str) -> None:
         return float(click_loss(y, ranker(x, training=False), mask))
 
     before = loss()
-    ranker.compile(optimizer=keras.optimizers.Adam(0.02), jit_compile=False)
+    compile_for_fit(ranker, 0.02)
     ranker.fit(x, y, batch_size=16, epochs=5, shuffle=False, verbose=0)  # 30 steps
     after = loss()
     print(f"{name}: click loss {before:.3f} -> {after:.3f}")

@@ -183,6 +183,7 @@ def test_checkpoint_restores_weights_optimizer_and_random_state(tmp_path) -> Non
     x = {"items": rng.integers(1, 21, (16, 5)).astype(np.int32)}
     y = rng.integers(1, 21, (16, 5)).astype(np.int32)
     a = fresh(0)
+    a.optimizer.build(a.trainable_variables)  # as fit_under does: the step is traced once
     a.train_on_batch(x, y)
     save_checkpoint(tmp_path / "ckpt", a, a.task.variables, {"epoch": 1})
     b = fresh(1)  # other initial weights, seeds and sampler

@@ -371,12 +371,13 @@ def test_server_reflection_is_checked_as_the_python_engine_checks_it(
     assert counted[(*labels, ("method", "ServerReflectionInfo"), ("reason", "rate_limit"))] == 1
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Waits until ``check()`` (both engines re-read the file within about a second)."""
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0, every: float = 0.05) -> None:
+    """Waits until ``check()``, looking every ``every`` seconds (both engines re-read the file
+    within about a second)."""
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"not seen within {timeout} s: {what}"
-        time.sleep(0.05)
+        time.sleep(every)
 
 
 def test_the_access_file_is_reread_and_a_bad_one_leaves_the_last_good_in_force(
@@ -673,7 +674,8 @@ def test_identities_swapped_under_load_answer_every_call_with_one_or_the_other(
             with grpc.insecure_channel(address) as channel:
                 for text, code in [(without, "UNAUTHENTICATED"), (ACCESS, "OK")] * 6:
                     access_file.write_text(text)
-                    wait_for(partial(answered, channel, code), code)
+                    # Re-read every 20 ms: a look every 5 ms (a call each) sees it soon after.
+                    wait_for(partial(answered, channel, code), code, every=0.005)
             stop.set()
             for caller in callers:
                 caller.result(timeout=30)

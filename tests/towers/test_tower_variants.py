@@ -11,6 +11,7 @@ from retrieval.training.config import ModelConfig
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import SampledSoftmaxTask
 from retrieval.training.model import TwoTowerModel, build_model
+from tests.helpers import compile_for_fit
 from towers import ItemTower, build_user_tower
 from towers.dr import dynamic_interest_count
 from towers.sa import attention_penalty_term
@@ -274,7 +275,7 @@ def test_attention_penalty_makes_heads_attend_to_different_items() -> None:
     assert model.user_tower.attention_penalty == 1.0
     sampler = CandidateSampler.from_counts(np.ones(NUM_ITEMS + 1), "uniform")
     model.task = SampledSoftmaxTask(sampler, num_negatives=10)
-    model.compile(optimizer=keras.optimizers.Adam(0.05), jit_compile=False)
+    compile_for_fit(model, 0.05)
     x, y = left_padded([12] * 32, 12, seed=8), np.arange(32, dtype=np.int32) % NUM_ITEMS + 1
 
     def penalty() -> float:

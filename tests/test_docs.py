@@ -10,8 +10,7 @@ code span that starts a command, as in the tables of the tools page) is parsed: 
 continuations joined, comments dropped, commands split at ``&&``, ``;``, ``|`` and ``&``, leading
 ``VAR=value`` assignments dropped, ``$MITT_DATA`` expanded.
 
-Run for real, each in a fresh folder and a process of its own (forked from one interpreter that
-has loaded the command lines, :class:`CommandRunner`):
+Run for real, each in a fresh folder:
 
 * ``--help`` of every command the docs name: ``mitt COMMAND`` (through ``python -m retrieval.cli``,
   the program the ``mitt`` script runs) and ``python tools/NAME.py`` (the scripts, including the
@@ -41,13 +40,11 @@ every relative link of ``README.md`` reaches a file (and heading) that exists.
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -234,105 +231,6 @@ def program(command: Command) -> tuple[str, list[str]] | None:
     return None
 
 
-FORKING_RUNNER = """
-import importlib, json, os, runpy, signal, sys, tempfile, traceback
-from retrieval.cli.dispatch import COMMANDS
-for command in COMMANDS.values():  # what the commands import: once here, not once per command
-    importlib.import_module(f"retrieval.cli.{command.module}")
-for line in sys.stdin:
-    job = json.loads(line)
-    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    pid = os.fork()
-    if pid == 0:  # the command, as `python -m MODULE ARGS` or `python SCRIPT ARGS` runs it
-        os.chdir(job["cwd"])
-        os.environ.clear()
-        os.environ.update(job["env"])
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(out.fileno(), 1)
-        os.dup2(err.fileno(), 2)
-        signal.alarm(job["timeout"])
-        code = 0
-        try:
-            if job["module"]:
-                sys.argv = [job["module"], *job["args"]]  # run_module sets argv[0] to the file
-                runpy.run_module(job["module"], run_name="__main__", alter_sys=True)
-            else:
-                sys.argv = [job["script"], *job["args"]]
-                sys.path[0] = os.path.dirname(os.path.abspath(job["script"]))
-                runpy.run_path(job["script"], run_name="__main__")
-        except SystemExit as e:  # as the interpreter exits: None is 0, an int the code, else printed, 1
-            if e.code is None or isinstance(e.code, int):
-                code = e.code or 0
-            else:
-                print(e.code, file=sys.stderr)
-                code = 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    printed = []
-    for file in (out, err):
-        file.seek(0)
-        printed.append(file.read().decode(errors="replace"))
-    print(json.dumps([code, *printed]), flush=True)
-"""
-"""Reads jobs (JSON lines) on stdin and runs each in a child forked from this interpreter, which has
-imported the command lines once; writes back each one's ``[exit code, stdout, stderr]``."""
-
-
-class CommandRunner:
-    """Runs ``python -m retrieval.cli ...`` and ``python tools/NAME.py ...`` command lines, each in a
-    process of its own as the interpreter would, but forked from one interpreter that has the
-    command modules loaded (:data:`FORKING_RUNNER`): the dozens of commands the docs show cost
-    ~0.05 s of CPU each, not ~0.13 s (20 `mitt train --print-config`: 1.1 s, not 2.5 s)."""
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen[str] | None = None
-
-    def run(
-        self, argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 120
-    ) -> subprocess.CompletedProcess[str]:
-        """Like ``subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)``."""
-        assert argv[0] == sys.executable, argv
-        module = argv[2] if argv[1] == "-m" else None
-        script, args = (None, argv[3:]) if module else (argv[1], argv[2:])
-        if self.process is None:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", FORKING_RUNNER],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                cwd=REPO_ROOT,
-                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-            )
-        assert self.process.stdin is not None and self.process.stdout is not None
-        job = {"module": module, "script": script, "args": args, "cwd": str(cwd), "timeout": timeout}
-        self.process.stdin.write(json.dumps({**job, "env": dict(os.environ if env is None else env)}) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        assert line, f"the command runner ended (exit {self.process.wait()}): see its stderr above"
-        code, out, err = json.loads(line)
-        return subprocess.CompletedProcess(argv, code, out, err)
-
-    def close(self) -> None:
-        if self.process is not None:
-            self.process.communicate()  # its stdin closed, it ends
-            self.process = None
-
-
-RUNNER = CommandRunner()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _runner() -> Iterator[None]:
-    """Ends :data:`RUNNER`'s interpreter after this module's tests."""
-    yield
-    RUNNER.close()
-
-
 @cache
 def help_text(what: str) -> str:
     """``--help`` of a command (``mitt CMD`` or ``tools/NAME.py``), run for real."""
@@ -342,7 +240,7 @@ def help_text(what: str) -> str:
         argv = [*CLI, what.split()[1], "--help"]
     else:
         argv = [sys.executable, what, "--help"]
-    done = RUNNER.run(argv, REPO_ROOT)
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stderr}"
     return done.stdout
 
@@ -495,7 +393,7 @@ def test_quick_commands_run(tmp_path: Path) -> None:
                 continue  # a run's config.json: only its flags are checked
             script = [*CLI, name] if what.startswith("mitt ") else [sys.executable, str(REPO_ROOT / what)]
             argv = [*script, *args, *([] if "--print-config" in args else ["--print-config"])]
-            done = RUNNER.run(argv, cwd, env)
+            done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
             ran += 1
             printed = done.stdout + done.stderr
             if command.expected is not None:  # a console block shows what it prints

@@ -348,6 +348,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from retrieval.serving.native import NativeEngineMissing, choose_engine
 
     configure_logging(config.log_format)
+    _require_serve_extra()  # first: without it, the one line says which extra to install
     try:  # before any process starts: not built, or an option it lacks
         config = choose_engine(config)
     except (ValueError, NativeEngineMissing) as e:
@@ -359,6 +360,15 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if (config.processes or default_processes()) > 1:
         return _serve_group(config, args.verbose)
     return _serve(config, args.verbose)
+
+
+def _require_serve_extra() -> None:
+    """Raises :class:`ModuleNotFoundError` when FAISS or TensorFlow (the serve extra's) is missing,
+    without importing them (a group's supervisor imports neither; its workers do)."""
+    for library in ("faiss", "tensorflow"):
+        blocked = library in sys.modules and sys.modules[library] is None
+        if blocked or importlib.util.find_spec(library) is None:
+            raise ModuleNotFoundError(f"No module named {library!r}", name=library)
 
 
 def serve_worker(config: ServerConfig, verbose: bool, link: WorkerLink) -> int:
@@ -373,10 +383,6 @@ def _serve_group(config: ServerConfig, verbose: bool) -> int:
     from retrieval.serving import AccessControl
     from retrieval.serving.group import GroupOptions, serve_group
 
-    for library in ("faiss", "tensorflow"):  # the workers' (the supervisor imports neither)
-        blocked = library in sys.modules and sys.modules[library] is None
-        if blocked or importlib.util.find_spec(library) is None:  # missing: one line naming the extra
-            raise ModuleNotFoundError(f"No module named {library!r}", name=library)
     try:
         access = AccessControl.from_config(config)  # a bad file fails here, before any worker starts
     except (OSError, ValueError) as e:

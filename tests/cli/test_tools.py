@@ -31,7 +31,9 @@ ENTRIES = [*(f"tools/{tool}.py" for tool in TOOLS), *(f"mitt {name}" for name in
 HEAVY = ("tensorflow", "keras", "faiss", "pandas")
 STARTUP_NOISE = ("oneDNN", "absl::InitializeLog")
 NOT_IN_CLIENT = ("tensorflow", "keras", "faiss", "pandas", "pyarrow", "yaml", "tqdm", "matplotlib")
-"""Libraries a client-only install (``pip install 'mitt-retrieval[client]'``) does not have."""
+NOT_IN_CLIENT += ("retrieval.serving._native",)
+"""Libraries a client-only install (``pip install 'mitt-retrieval[client]'``) does not have, and the
+native engine, which no ``pip install`` builds."""
 
 CHILD = """
 import json, runpy, sys

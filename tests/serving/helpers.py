@@ -8,7 +8,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.native_echo import ToyKernel as SearchOnly
+from retrieval.api import SERVICE_NAME
 from retrieval.api.client import RetrievalClient
 from retrieval.api.v1 import retrieval_pb2
 from retrieval.serving import native
@@ -172,6 +175,31 @@ def health_status(address: str, credentials: grpc.ChannelCredentials | None = No
     ):
         response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+
+def wait_until_started(
+    process: subprocess.Popen[bytes], address: str, log: Path, timeout: float = 240.0
+) -> None:
+    """Waits until the server ``process`` reports SERVING on ``address``, asking on a new channel
+    each time: a channel refused while the server starts backs off its reconnects (a client's
+    ``wait_until_serving`` saw it up to 5 s late after a 12 s start).
+
+    Raises:
+        AssertionError: the process exited, or not SERVING after ``timeout`` s (``log`` in the message).
+    """
+    deadline = time.monotonic() + timeout
+    request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+    serving = health_pb2.HealthCheckResponse.SERVING
+    while True:
+        with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            try:
+                if health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status == serving:
+                    return
+            except grpc.RpcError:
+                pass  # not listening yet
+        assert process.poll() is None, f"the server exited: {log.read_text()}"
+        assert time.monotonic() < deadline, f"the server did not start: {log.read_text()}"
+        time.sleep(0.05)
 
 
 def check_health_ports(server: StartedServer, address: str, files: Mapping[str, Path]) -> str:

@@ -34,7 +34,7 @@ from retrieval.serving.native_metrics import SYNC_INTERVAL
 from retrieval.serving.retriever import Retriever
 from retrieval.serving.stopping import STOP_MARGIN
 from tests.helpers import REPO_ROOT, connected, scrape, serving
-from tests.serving.helpers import built, refusal
+from tests.serving.helpers import built, refusal, wait_until_started
 
 SLACK = 30.0
 """Seconds a loaded 2-core machine may add to a bound (process start-up aside)."""
@@ -184,11 +184,7 @@ def served(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes]
         )
     address = f"127.0.0.1:{port}"
     try:
-        try:
-            with RetrievalClient(address) as client:
-                client.wait_until_serving(timeout=240)
-        except Exception:
-            raise AssertionError(f"the native server did not start: {log.read_text()}") from None
+        wait_until_started(process, address, log)
         yield process, address, log
     finally:
         if process.poll() is None:

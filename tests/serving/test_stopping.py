@@ -22,6 +22,7 @@ from retrieval.artifacts.deployment import publish_deployment
 from retrieval.artifacts.model import read_model_vocab
 from retrieval.serving.stopping import STOP_MARGIN
 from tests.helpers import REPO_ROOT
+from tests.serving.helpers import wait_until_started
 
 SLACK = 15.0
 """Seconds a loaded 2-core machine may add to a bound (process start-up aside)."""
@@ -64,12 +65,11 @@ def start(command: list[str], log: Path, address: str) -> subprocess.Popen[bytes
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        with RetrievalClient(address) as client:
-            client.wait_until_serving(timeout=240)
+        wait_until_started(process, address, log)
     except BaseException:
         process.kill()
         process.wait()
-        raise AssertionError(f"the server did not start: {log.read_text()}") from None
+        raise
     return process
 
 

@@ -13,7 +13,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +68,9 @@ def history(model_versions: list[tuple[Path, Path, str]]) -> list[str]:
     return list(read_model_vocab(model_versions[0][0]).ids[:5])
 
 
-@dataclass(frozen=True)
-class TlsGroup:
-    """A group over TLS with a DIN ranker in every worker and a metrics port, and what it serves."""
-
-    group: Group
-    ranker_dir: Path
-    certificates: dict[str, Path]
-    metrics_port: int
+TlsGroup = tuple[Group, Path, dict[str, Path], int]
+"""A group over TLS with a DIN ranker in every worker and a metrics port: the group, the ranker's
+folder, the certificate files (:func:`tests.helpers.write_certificates`) and the metrics port."""
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +88,7 @@ def tls_group(
     args += ["--metrics-port", str(metrics_port)]
     args += ["--tls-cert", str(files["server.pem"]), "--tls-key", str(files["server.key"])]
     with Group(folder, *args) as group:
-        yield TlsGroup(group, ranker_dir, files, metrics_port)
+        yield group, ranker_dir, files, metrics_port
 
 
 @pytest.mark.slow  # starts a group (shared with the next test): ~15 s
@@ -104,7 +98,7 @@ def test_a_served_port_is_shared_only_inside_one_group(
     tmp_path: Path,
 ) -> None:
     (model_dir, index_dir, _), _ = model_versions
-    group, args = tls_group.group, ["--model", str(model_dir), "--index", str(index_dir)]
+    group, args = tls_group[0], ["--model", str(model_dir), "--index", str(index_dir)]
     second = subprocess.run(
         [*Group(tmp_path, *args, port=group.port).command], cwd=REPO_ROOT, capture_output=True, text=True
     )
@@ -127,14 +121,13 @@ def test_a_group_answers_as_one_process_does_over_tls_on_both_workers_with_metri
     """Plain and reranked requests (a DIN ranker in every worker) answer as one process does."""
     (model_dir, index_dir, version), _ = model_versions
     ids = list(read_model_vocab(model_dir).ids)
-    files, metrics_port = tls_group.certificates, tls_group.metrics_port
+    group, ranker_dir, files, metrics_port = tls_group
     reranks = [Rerank("din", 10) if i % 3 == 0 else None for i in range(30)]
     requests = [(ids[i : i + 1 + i % 4], 1 + i % 7, rerank) for i, rerank in enumerate(reranks)]
-    single = Retriever.from_dirs(model_dir, index_dir, [tls_group.ranker_dir])
+    single = Retriever.from_dirs(model_dir, index_dir, [ranker_dir])
     with serving(single) as address, RetrievalClient(address) as client:
         expected = [client.retrieve(history, k, rerank=rerank) for history, k, rerank in requests]
     assert sum(e.ranker_version != "" for e in expected) == 10  # the reranked ones
-    group = tls_group.group
     workers = group.workers
     assert len(workers) == 2
     # One connection per client: the kernel spreads them over the workers.

@@ -54,6 +54,7 @@ def run_script(verbose: bool) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=300, check=True, env=env)
 
 
+@pytest.mark.slow  # a fresh interpreter that imports TensorFlow: 6-7 s each
 @pytest.mark.parametrize("verbose", [False, True])
 def test_a_quiet_tool_drops_tensorflow_s_python_info_lines_and_keeps_its_warnings(verbose: bool) -> None:
     err = run_script(verbose).stderr

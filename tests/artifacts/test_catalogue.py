@@ -369,6 +369,7 @@ def _unit_attribute_mean(model_dir: Path, attributes: list[str]) -> np.ndarray:
     return mean / np.linalg.norm(mean)
 
 
+@pytest.mark.slow  # trains and deploys its own cosine model: ~10 s
 def test_a_cosine_model_serves_an_added_item_at_the_unit_mean_of_its_attributes(
     cosine_deployed: Path, tmp_path: Path
 ) -> None:

@@ -86,7 +86,7 @@ def stop_time(process: subprocess.Popen[bytes], bound: float) -> float:
     return time.monotonic() - started
 
 
-@pytest.mark.parametrize("stuck", ["health", "drain"])
+@pytest.mark.parametrize("stuck", ["health", pytest.param("drain", marks=pytest.mark.slow)])  # drain: ~7 s
 def test_a_stuck_step_of_the_stop_cannot_keep_the_server_running(stuck: str, tmp_path: Path) -> None:
     """``health``: the NOT_SERVING that starts the stop meets a watcher whose send never
     completes; the stop does not wait for it (exit 0). ``drain``: the shut-down itself never

@@ -34,8 +34,8 @@ TOKEN_ENV = "MITT_TOKEN"
 
 RECONNECT_BACKOFF = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
 """How soon a channel tries again to reach a replica it could not connect to: 0.1 s, growing to 1 s
-at most. gRPC's defaults (1 s, growing to 120 s) saw a server that started 12 s after the client
-4.5 s late, and a replica back from a restart as late."""
+at most. With gRPC's defaults (1 s, growing to 120 s), a server that starts while the client waits,
+or a replica back from a restart, is reached seconds late (tests/api/test_client_reconnect.py)."""
 
 
 def service_config(retries: int) -> str:

@@ -157,7 +157,7 @@ def fit_under(strategy: tf.distribute.Strategy, model: TwoTowerModel) -> Iterato
 
     The optimizer is built here under the default strategy too: Keras would build it inside the
     first traced step, and a step that creates variables is traced twice by ``tf.function``
-    (measured: a tiny run's CPU halved, the same losses).
+    (the same losses, half the tracing).
     """
     with strategy.scope():
         distributed = tf.distribute.has_strategy()  # False for the default strategy

@@ -15,7 +15,7 @@ from retrieval.training.losses.logits import (
 )
 from retrieval.training.losses.samplers import CandidateSampler
 from retrieval.training.losses.task import LOSSES, RetrievalTask, SampledSoftmaxTask, build_task
-from tests.helpers import tiered
+from tests.helpers import compile_for_fit, tiered
 
 
 def numpy_sampled_softmax(q, pos, pos_ids, neg, neg_ids, pos_logq, neg_logq, temperature, remove_hits):
@@ -588,8 +588,7 @@ def test_a_few_steps_reduce_every_loss(loss: str) -> None:
     y = (last % num_items + 1).astype(np.int32)
     model = build_model(ModelConfig(tower="youtubednn", dim=16, max_len=3), num_items + 1)
     model.task = task_for(loss, np.bincount(y, minlength=num_items + 1), y, num_negatives=10, seed=1)
-    model.compile(optimizer=keras.optimizers.Adam(0.02), jit_compile=False)
-    model.optimizer.build(model.trainable_variables)  # as fit_under does: the step is traced once
+    compile_for_fit(model, 0.02)  # the optimizer built first, as fit_under does: traced once
     history = model.fit({"items": x}, y, batch_size=128, epochs=6, verbose=0).history["loss"]
     assert history[-1] < 0.8 * history[0], history
 
